@@ -1,0 +1,30 @@
+# Set-up and test entry points. `make demo` and `make test` work on a fresh machine (Python 3.11 + pip + PyPI).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.xlgen-installed
+
+.PHONY: install demo test test-fast bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Installs xlgen (editable) with the test, parity and tpu extras, pinned by constraints.txt.
+$(STAMP): $(PY) setup.py constraints.txt
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=15 tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+demo: $(STAMP)
+	$(VENV)/bin/xlgen train --config=configs/pretrain/txl_tiny.py --config.demo=True --workdir=workdirs/demo
+
+clean:
+	rm -rf $(VENV) workdirs .pytest_cache

@@ -1,0 +1,41 @@
+"""xlgen: Transformer-XL, XLNet and Funnel-Transformer pretraining and finetuning on JAX/Flax."""
+from setuptools import find_packages, setup
+
+setup(
+    name="xlgen",
+    version="0.1.0",
+    description="Pretraining and finetuning for Transformer-XL, XLNet and Funnel-Transformer on JAX/Flax (NNX).",
+    python_requires=">=3.11",
+    packages=find_packages(include=["xlgen", "xlgen.*", "data_pipelines", "data_pipelines.*", "configs", "configs.*"]),
+    package_data={"data_pipelines": ["assets/*"], "configs": ["**/*.py"]},
+    include_package_data=True,
+    # Exact versions of everything tested are in constraints.txt (`make` installs with `-c constraints.txt`).
+    install_requires=[
+        "jax>=0.10.2,<0.11",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "ml-collections>=1.1,<2",
+        "sentencepiece>=0.2,<0.3",
+        "tensorflow-datasets>=4.9.10,<5",
+        "grain>=0.2.18,<0.3",
+        "array-record>=0.8,<0.9",
+        "numpy>=2.0,<3",
+        "tensorboardX>=2.6,<3",
+        "tqdm>=4.66",
+        "rich>=13",
+        "scipy>=1.13",
+        "scikit-learn>=1.5",
+        "safetensors>=0.4",
+        "tokenizers>=0.14,<0.15",
+        "absl-py>=2",
+        "etils[epath]>=1.7",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3.5"],
+        "parity": ["torch==2.13.0", "transformers==4.34.1"],
+        "tpu": ["libtpu==0.0.42.1"],
+        "tf": ["tensorflow-cpu>=2.16"],
+    },
+    entry_points={"console_scripts": ["xlgen=xlgen.cli:main"]},
+)

@@ -1,0 +1,17 @@
+"""xlgen: Transformer-XL, XLNet and Funnel-Transformer on JAX/Flax (NNX).
+
+Public Python API:
+    xlgen.from_pretrained(path, **kwargs) -> a callable model (see README, "Python API").
+"""
+
+__version__ = "0.1.0"
+
+
+def from_pretrained(path, **kwargs):
+    """Load an xlgen workdir/checkpoint or a Hugging Face model directory. See `xlgen.pretrained`."""
+    from xlgen.pretrained import from_pretrained as _from_pretrained
+
+    return _from_pretrained(path, **kwargs)
+
+
+__all__ = ["from_pretrained", "__version__"]

@@ -1,0 +1,109 @@
+"""Small building blocks shared by the three model families.
+
+Every parameter carries logical axis names (stored as NNX `out_sharding` metadata, with eager sharding off so
+modules can be built with or without a mesh). The trainer maps logical names to mesh axes with the rules in
+`xlgen.sharding`. Logical names used by models:
+
+    vocab   vocabulary rows of embeddings / softmax
+    embed   model width d_model (also adaptive-embedding widths)
+    heads   attention heads n_head
+    kv      per-head width d_head
+    mlp     feed-forward width d_inner
+    layers  stacked-layer axis (scan over layers)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+LogicalAxes = Sequence[Optional[str]]
+
+
+def param(rngs: nnx.Rngs, init: Callable, shape: Sequence[int], axes: LogicalAxes,
+          dtype=jnp.float32) -> nnx.Param:
+    """A parameter `init(key, shape, dtype)` annotated with logical axis names (len(axes) == len(shape))."""
+    if len(axes) != len(shape):
+        raise ValueError(f"logical axes {tuple(axes)} do not match shape {tuple(shape)}")
+    return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes), eager_sharding=False)
+
+
+def normal(std: float) -> Callable:
+    return nnx.initializers.normal(stddev=std)
+
+
+zeros = nnx.initializers.zeros_init()
+ones = nnx.initializers.ones_init()
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last axis (width `embed`), computed in float32. Post-LN everywhere in the XL family."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-12, rngs: nnx.Rngs):
+        self.eps = eps
+        self.scale = param(rngs, ones, (dim,), ("embed",))
+        self.bias = param(rngs, zeros, (dim,), ("embed",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        mean = xf.mean(-1, keepdims=True)
+        var = jnp.square(xf - mean).mean(-1, keepdims=True)
+        y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.scale[...] + self.bias[...]).astype(x.dtype)
+
+
+class Dense(nnx.Module):
+    """y = x @ kernel (+ bias); kernel shape `in_shape + out_shape` with logical names `in_axes + out_axes`.
+
+    E.g. a head projection d_model -> (n_head, d_head): `Dense((d,), (n, dh), ("embed",), ("heads", "kv"))`.
+    """
+
+    def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], in_axes: LogicalAxes,
+                 out_axes: LogicalAxes, *, use_bias: bool = True, init_std: float = 0.02,
+                 kernel_init: Optional[Callable] = None, rngs: nnx.Rngs):
+        self.n_in = len(in_shape)
+        self.kernel = param(rngs, kernel_init or normal(init_std), tuple(in_shape) + tuple(out_shape),
+                            tuple(in_axes) + tuple(out_axes))
+        self.bias = param(rngs, zeros, tuple(out_shape), tuple(out_axes)) if use_bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k = self.kernel[...].astype(x.dtype)
+        y = jnp.tensordot(x, k, axes=(tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(y.dtype)
+        return y
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+    """ReLU / exact GELU / tanh-approximated GELU ("gelu_new", Funnel's HF default)."""
+    if name == "relu":
+        return jax.nn.relu
+    if name == "gelu":
+        return lambda x: jax.nn.gelu(x, approximate=False)
+    if name in ("gelu_new", "gelu_tanh"):
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    raise ValueError(f"unknown activation {name!r}; expected relu, gelu or gelu_new")
+
+
+class PositionwiseFF(nnx.Module):
+    """Post-LN feed-forward block: LN(x + drop(W2 drop_act(act(W1 x + b1)) + b2)).
+
+    `dropact` is Funnel's dropout after the activation; TXL/XLNet apply `dropout` there (pass dropact=dropout).
+    """
+
+    def __init__(self, d_model: int, d_inner: int, *, act: str = "relu", dropout: float = 0.0,
+                 dropact: Optional[float] = None, layer_norm_eps: float = 1e-12, init_std: float = 0.02,
+                 rngs: nnx.Rngs):
+        self.layer_1 = Dense((d_model,), (d_inner,), ("embed",), ("mlp",), init_std=init_std, rngs=rngs)
+        self.layer_2 = Dense((d_inner,), (d_model,), ("mlp",), ("embed",), init_std=init_std, rngs=rngs)
+        self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps, rngs=rngs)
+        self.act_name = act
+        self.drop_inner = nnx.Dropout(dropout if dropact is None else dropact, rngs=rngs)
+        self.drop_out = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = self.drop_inner(activation(self.act_name)(self.layer_1(x)))
+        return self.layer_norm(x + self.drop_out(self.layer_2(h)))

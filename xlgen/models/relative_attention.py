@@ -1,0 +1,235 @@
+"""The relative-attention core shared by Transformer-XL, XLNet and Funnel-Transformer.
+
+Score of query i against key j (Dai thesis Eq. 3.3 / XLNet §4.3, one head, before scaling):
+
+    A[i, j] = (q_i + u)·k_j                      content term        ("a + c")
+            + shift((q_i + v)·W_r R)[i, j]        position term       ("b + d")
+            + (q_i + b_s)·s_{ij}                  segment term        (XLNet, Funnel; optional)
+
+then `A / sqrt(d_head)`, masking, softmax (float32), dropout on the probabilities (`dropatt`) and the weighted
+sum of values. The position term is computed against a *sequence* of relative positions R_p (one row per
+distance, not per (i, j) pair) and moved into place by a gather-free shift (pad / reshape / slice).
+
+Tensor layout is batch-major throughout: queries `[b, q, n, d]`, keys/values `[b, k, n, d]`, position keys
+`[r, n, d]` (shared by the batch) or `[b, r, n, d]` (per-example, e.g. XLNet `bi_data` with a direction flag per
+row), scores `[b, n, q, k]`.
+
+Relative-position conventions (query i sits at absolute position mlen + i, key j at j, distance mlen + i - j):
+
+    kind   position sequence R_p                 shift offset  used by
+    "txl"  klen-1, klen-2, ..., 0                qlen - 1      Transformer-XL (causal)
+    "uni"  klen, klen-1, ..., 0                  qlen          XLNet attn_type="uni"
+    "bi"   klen, klen-1, ..., -qlen+1            qlen          XLNet attn_type="bi"
+
+For every kind, `relative_shift(x, klen=klen, offset=offset)` maps x[i, p] to out[i, j] with p = offset - i + j,
+i.e. the row holding distance mlen + i - j. Funnel's pooled queries use `stride` > 1 (p = offset - stride*i + j).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from xlgen.models.layers import Dense, LayerNorm, param, normal, zeros
+from flax import nnx
+
+MASK_VALUE = -1e30  # added to masked scores (float32); equals the original implementations' convention
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Relative positions and sinusoid encodings
+# ----------------------------------------------------------------------------------------------------------------
+
+def sinusoid_embedding(pos_seq: jax.Array, d_model: int, dtype=jnp.float32) -> jax.Array:
+    """Sinusoid encodings `[..., d_model]` = concat(sin(p·f), cos(p·f)) with f_i = 1 / 10000^(2i/d_model)."""
+    inv_freq = 1.0 / (10000 ** (jnp.arange(0, d_model, 2.0, dtype=jnp.float32) / d_model))
+    sinusoid = pos_seq.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.concatenate([jnp.sin(sinusoid), jnp.cos(sinusoid)], axis=-1).astype(dtype)
+
+
+def relative_position_sequence(qlen: int, klen: int, kind: str, clamp_len: Optional[int] = None) -> jax.Array:
+    """Relative distances R_p for `kind` in {"txl", "uni", "bi"} (see module docstring), clamped to
+    [-clamp_len, clamp_len] when `clamp_len` is a positive int. Returns float32 `[r]`."""
+    if kind == "txl":
+        start, end = klen - 1, -1
+    elif kind == "uni":
+        start, end = klen, -1
+    elif kind == "bi":
+        start, end = klen, -qlen
+    else:
+        raise ValueError(f"unknown relative-position kind {kind!r}; expected 'txl', 'uni' or 'bi'")
+    pos_seq = jnp.arange(start, end, -1, dtype=jnp.float32)
+    if clamp_len is not None and clamp_len > 0:
+        pos_seq = jnp.clip(pos_seq, -clamp_len, clamp_len)
+    return pos_seq
+
+
+def shift_offset(qlen: int, kind: str) -> int:
+    """Offset p0 such that distance mlen+i-j sits at index p = p0 - i + j of `relative_position_sequence`."""
+    return qlen - 1 if kind == "txl" else qlen
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Gather-free shift
+# ----------------------------------------------------------------------------------------------------------------
+
+def relative_shift(x: jax.Array, *, klen: int, offset: int, stride: int = 1) -> jax.Array:
+    """out[..., i, j] = x[..., i, offset - stride*i + j] for i < q, j < klen, without a gather.
+
+    x: `[..., q, r]` scores against a relative-position sequence. Entries whose source index falls outside
+    [0, r) come out as zeros or neighbouring-row values and must be masked by the caller (as in the originals,
+    e.g. the causal upper triangle of Transformer-XL). Requires offset - stride*(q-1) >= 0.
+
+    Implementation: pad the r axis on the right so each row has room, flatten (q, r') row-major, drop the first
+    `offset` elements, and read rows of length r' - stride: element (i, j) of the result is then flat element
+    i*(r'-stride) + j + offset = i*r' + (offset - stride*i + j), i.e. row i, column offset - stride*i + j.
+    """
+    *lead, q, r = x.shape
+    if offset - stride * (q - 1) < 0:
+        raise ValueError(f"relative_shift: offset={offset} too small for {q} queries with stride {stride}")
+    width = max(r, offset + klen, stride + klen)  # every needed source column exists; rows long enough to slice
+    if width > r:
+        x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, 0), (0, width - r)])
+    flat = x.reshape(*lead, q * width)
+    need = offset + q * (width - stride)
+    if need > q * width:
+        flat = jnp.pad(flat, [(0, 0)] * len(lead) + [(0, need - q * width)])
+    flat = jax.lax.slice_in_dim(flat, offset, need, axis=-1)
+    return flat.reshape(*lead, q, width - stride)[..., :klen]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Score terms and the attention itself
+# ----------------------------------------------------------------------------------------------------------------
+
+def content_scores(q_head: jax.Array, k_head: jax.Array, r_w_bias: jax.Array) -> jax.Array:
+    """(q + u)·k: q `[b,q,n,d]`, k `[b,k,n,d]`, u `[n,d]` -> `[b,n,q,k]`."""
+    return jnp.einsum("bind,bjnd->bnij", q_head + r_w_bias.astype(q_head.dtype), k_head)
+
+
+def position_scores(q_head: jax.Array, k_head_r: jax.Array, r_r_bias: jax.Array, *, klen: int, offset: int,
+                    stride: int = 1) -> jax.Array:
+    """shift((q + v)·W_r R): q `[b,q,n,d]`, position keys `[r,n,d]` or `[b,r,n,d]`, v `[n,d]` -> `[b,n,q,klen]`."""
+    qv = q_head + r_r_bias.astype(q_head.dtype)
+    if k_head_r.ndim == 3:
+        raw = jnp.einsum("bind,jnd->bnij", qv, k_head_r)
+    else:
+        raw = jnp.einsum("bind,bjnd->bnij", qv, k_head_r)
+    return relative_shift(raw, klen=klen, offset=offset, stride=stride)
+
+
+def segment_scores(q_head: jax.Array, seg_embed: jax.Array, r_s_bias: jax.Array, seg_mat: jax.Array) -> jax.Array:
+    """(q + b_s)·s_ij with s_ij = seg_embed[1] if i, j are in different segments else seg_embed[0].
+
+    q `[b,q,n,d]`, seg_embed `[2,n,d]`, r_s_bias `[n,d]`, seg_mat `[b,q,k]` (bool/0-1: different segment)
+    -> `[b,n,q,k]` (a select between the two per-(i) scores, no gather).
+    """
+    ef = jnp.einsum("bind,snd->bnis", q_head + r_s_bias.astype(q_head.dtype), seg_embed.astype(q_head.dtype))
+    diff = seg_mat.astype(bool)[:, None]  # [b,1,q,k]
+    return jnp.where(diff, ef[..., 1:2], ef[..., 0:1])
+
+
+def relative_attention(q_head: jax.Array, k_head: jax.Array, v_head: jax.Array, *, r_w_bias: jax.Array,
+                       position_term: Optional[jax.Array] = None, segment_term: Optional[jax.Array] = None,
+                       mask: Optional[jax.Array] = None, dropatt: Optional[Callable] = None,
+                       scale: Optional[float] = None, return_probs: bool = False):
+    """Softmax((content + position + segment) * scale, masked) · V.
+
+    q `[b,q,n,d]`, k/v `[b,k,n,d]`; position/segment terms `[b,n,q,k]` (already shifted); `mask` broadcastable
+    to `[b,n,q,k]`, True where query i may NOT attend key j (XLNet `perm_mask` convention). Scores and softmax in
+    float32. Returns attn_vec `[b,q,n,d]` (and the probabilities `[b,n,q,k]` when `return_probs`).
+    """
+    d_head = q_head.shape[-1]
+    scale = 1.0 / math.sqrt(d_head) if scale is None else scale
+    scores = content_scores(q_head, k_head, r_w_bias).astype(jnp.float32)
+    if position_term is not None:
+        scores = scores + position_term.astype(jnp.float32)
+    if segment_term is not None:
+        scores = scores + segment_term.astype(jnp.float32)
+    scores = scores * scale
+    if mask is not None:
+        scores = jnp.where(mask, MASK_VALUE, scores)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs_d = dropatt(probs) if dropatt is not None else probs
+    attn_vec = jnp.einsum("bnij,bjnd->bind", probs_d.astype(v_head.dtype), v_head)
+    return (attn_vec, probs) if return_probs else attn_vec
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The attention layer (projections + core + post-LN residual)
+# ----------------------------------------------------------------------------------------------------------------
+
+class RelativeMultiHeadAttention(nnx.Module):
+    """Projections around `relative_attention`, with a post-LN residual:
+
+        out = LN(query_input + drop(attn_vec · W_o))
+
+    Parameters (logical axes): q, k, v: `[embed, heads, kv]` (+ optional bias `[heads, kv]`), r: `[embed, heads,
+    kv]`, o: `[heads, kv, embed]`, and per-layer u, v biases `[heads, kv]` when `own_biases` (TXL/XLNet
+    `untie_r`); segment parameters (`seg_embed [2, heads, kv]`, `r_s_bias`) when `segments`. Each model maps its
+    checkpoint layout (HF/TF) onto these names.
+    """
+
+    def __init__(self, d_model: int, n_head: int, d_head: int, *, dropout: float = 0.0, dropatt: float = 0.0,
+                 qkv_bias: tuple = (False, False, False), o_bias: bool = False, own_biases: bool = True,
+                 segments: bool = False, layer_norm_eps: float = 1e-12, init_std: float = 0.02,
+                 rngs: nnx.Rngs):
+        hd = (n_head, d_head)
+        ax_in, ax_out = ("embed",), ("heads", "kv")
+        self.n_head, self.d_head = n_head, d_head
+        self.q = Dense((d_model,), hd, ax_in, ax_out, use_bias=qkv_bias[0], init_std=init_std, rngs=rngs)
+        self.k = Dense((d_model,), hd, ax_in, ax_out, use_bias=qkv_bias[1], init_std=init_std, rngs=rngs)
+        self.v = Dense((d_model,), hd, ax_in, ax_out, use_bias=qkv_bias[2], init_std=init_std, rngs=rngs)
+        self.r = Dense((d_model,), hd, ax_in, ax_out, use_bias=False, init_std=init_std, rngs=rngs)
+        self.o = Dense(hd, (d_model,), ax_out, ("embed",), use_bias=o_bias, init_std=init_std, rngs=rngs)
+        if own_biases:
+            self.r_w_bias = param(rngs, normal(init_std), hd, ax_out)
+            self.r_r_bias = param(rngs, normal(init_std), hd, ax_out)
+        if segments:
+            if own_biases:
+                self.r_s_bias = param(rngs, normal(init_std), hd, ax_out)
+            self.seg_embed = param(rngs, normal(init_std), (2,) + hd, (None,) + ax_out)
+        self.segments = segments
+        self.own_biases = own_biases
+        self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps, rngs=rngs)
+        self.drop = nnx.Dropout(dropout, rngs=rngs)
+        self.dropatt = nnx.Dropout(dropatt, rngs=rngs)
+
+    def biases(self, shared: Optional[dict]) -> dict:
+        """The u / v / b_s biases to use: this layer's own (untie_r) or the model-wide `shared` ones."""
+        if self.own_biases:
+            b = {"r_w_bias": self.r_w_bias[...], "r_r_bias": self.r_r_bias[...]}
+            if self.segments:
+                b["r_s_bias"] = self.r_s_bias[...]
+            return b
+        if shared is None:
+            raise ValueError("layer built with own_biases=False needs the model's shared biases")
+        return shared
+
+    def attend(self, query_input: jax.Array, k_head: jax.Array, v_head: jax.Array, k_head_r: jax.Array, *,
+               klen: int, offset: int, stride: int = 1, mask=None, seg_mat=None, shared_biases=None,
+               position_term=None) -> jax.Array:
+        """One attention + post-LN residual for `query_input [b,q,d]` against precomputed key/value/position
+        heads (lets XLNet's query stream reuse the content stream's heads). `position_term` overrides the
+        shifted position scores (Funnel's factorized form)."""
+        b = self.biases(shared_biases)
+        q_head = self.q(query_input)
+        if position_term is None:
+            position_term = position_scores(q_head, k_head_r, b["r_r_bias"], klen=klen, offset=offset,
+                                            stride=stride)
+        segment_term = None
+        if self.segments and seg_mat is not None:
+            segment_term = segment_scores(q_head, self.seg_embed[...], b["r_s_bias"], seg_mat)
+        attn_vec = relative_attention(q_head, k_head, v_head, r_w_bias=b["r_w_bias"], position_term=position_term,
+                                      segment_term=segment_term, mask=mask, dropatt=self.dropatt)
+        return self.layer_norm(query_input + self.drop(self.o(attn_vec)))
+
+    def __call__(self, query_input: jax.Array, kv_input: jax.Array, pos_emb: jax.Array, *, offset: int,
+                 stride: int = 1, mask=None, seg_mat=None, shared_biases=None) -> jax.Array:
+        """query_input `[b,q,d]`, kv_input `[b,k,d]` (e.g. concat(memory, h)), pos_emb `[r,d]` or `[b,r,d]`."""
+        return self.attend(query_input, self.k(kv_input), self.v(kv_input), self.r(pos_emb),
+                           klen=kv_input.shape[1], offset=offset, stride=stride, mask=mask, seg_mat=seg_mat,
+                           shared_biases=shared_biases)
