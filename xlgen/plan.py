@@ -1,0 +1,425 @@
+"""`xlgen plan`: compile the real sharded train step for a TPU topology on any machine and report whether it fits.
+
+    xlgen plan --config=configs/pretrain/xlnet_large.py --topology=v3:16x32 [--num_slices=N]
+               [--config.KEY=VALUE ...] [--json[=PATH]]
+
+What happens (nothing is allocated, no TPU is needed; `libtpu` from the `tpu` extra provides the compiler):
+  1. the config is loaded exactly as `xlgen train` loads it (`xlgen.config.load_config`);
+  2. the topology's compile-only devices come from `jax.experimental.topologies` (`xlgen.topology`);
+  3. the mesh is built from `config.mesh` over those devices with the trainer's `xlgen.sharding.make_mesh`
+     (several slices: `data` spans slices over DCN, the other axes stay inside a slice);
+  4. `xlgen.train.build_program(config, mesh)` builds the SAME jitted, sharded, donating train step `xlgen train`
+     runs; it is traced and AOT-compiled on `program.abstract_state()` / `program.abstract_batch()`;
+  5. the compiled executable's `memory_analysis()` (per device: arguments, outputs, aliased (donated), temporaries,
+     code) and `cost_analysis()` are reported with the chip's HBM and peak bf16 FLOP/s.
+
+FLOPs are given three ways: XLA's `cost_analysis()` (per device × devices; note XLA counts the body of a `while`
+loop ONCE, so with scan over layers it undercounts and is flagged), matmul FLOPs counted on the traced jaxpr
+(scan-aware; includes rematerialisation), and the analytic model FLOPs of `xlgen.flops` (6·N·D-style, no remat).
+The predicted step time is the compute-bound time `matmul FLOPs per device / peak` (or XLA's own roofline estimate
+when it is larger and not loop-affected); MFU = model FLOPs / (devices · peak · step time). Both are optimistic
+bounds: communication that does not overlap and memory-bound ops are not modelled beyond XLA's estimate.
+
+`python -m xlgen.plan --table A.json B.json ...` renders saved `--json` reports as the markdown pod table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+GiB = 1024 ** 3
+
+
+# ----------------------------------------------------------------------------------------------------- FLOP counting
+
+def _subjaxprs(params: Dict[str, Any]):
+    """(jaxpr, multiplier, is_branch) for every sub-jaxpr in an equation's params."""
+    from jax.extend import core
+
+    for key, val in params.items():
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        for v in vals:
+            if isinstance(v, core.ClosedJaxpr):
+                yield key, v.jaxpr
+            elif isinstance(v, core.Jaxpr):
+                yield key, v
+
+
+def jaxpr_matmul_flops(jaxpr) -> tuple[float, bool]:
+    """Global FLOPs of every `dot_general` in `jaxpr` (2·out·contracted), scan bodies × length, cond = max branch.
+
+    Returns (flops, saw_while_loop) — a `while` with unknown trip count is counted once and flagged.
+    """
+    total, saw_while = 0.0, False
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval
+            out = eqn.outvars[0].aval
+            total += 2.0 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in lhs_contract)
+            continue
+        if name == "cond":
+            branch = [jaxpr_matmul_flops(b.jaxpr) for b in eqn.params["branches"]]
+            total += max(f for f, _ in branch)
+            saw_while |= any(w for _, w in branch)
+            continue
+        mult = eqn.params.get("length", 1) if name == "scan" else 1
+        saw_while |= name == "while"
+        for _, sub in _subjaxprs(eqn.params):
+            f, w = jaxpr_matmul_flops(sub)
+            total += mult * f
+            saw_while |= w
+    return total, saw_while
+
+
+# ----------------------------------------------------------------------------------------------------- memory helpers
+
+def _bytes_per_device(tree) -> int:
+    """Sum over ShapeDtypeStruct leaves of the bytes one device holds (its shard), given their shardings."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = tuple(leaf.shape)
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            shape = sharding.shard_shape(shape)
+        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def state_breakdown(abstract_state) -> Dict[str, int]:
+    """Per-device bytes of the train state split by the top-level field names (params / opt_state / mems / ...)."""
+    import jax
+
+    groups: Dict[str, int] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_state)[0]:
+        head = _path_head(path)
+        groups[head] = groups.get(head, 0) + _bytes_per_device([leaf])
+    groups["total"] = sum(groups.values())
+    return groups
+
+
+def _path_head(path) -> str:
+    if not path:
+        return "state"
+    k = path[0]
+    for attr in ("name", "key", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+_OOM_RE = re.compile(r"required for .*?\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM \(([\d.]+)([KMGT]?)\)",
+                     re.S)
+_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4}
+
+
+def parse_oom(message: str) -> Optional[Dict[str, int]]:
+    """XLA TPU's 'Ran out of memory on HBM ... required (16.02G) exceeds available HBM (15.48G)' -> bytes."""
+    m = _OOM_RE.search(message)
+    if not m:
+        return None
+    return {"required": int(float(m[1]) * _UNITS[m[2]]), "available": int(float(m[3]) * _UNITS[m[4]])}
+
+
+# ----------------------------------------------------------------------------------------------------- the plan
+
+def build_mesh(config, devices, num_slices: int):
+    """The trainer's mesh over `devices`; with several slices the `data` axis is laid over DCN (across slices)."""
+    from xlgen import sharding
+
+    if num_slices == 1:
+        return sharding.make_mesh(config.mesh, devices)
+    import jax
+    from jax.experimental import mesh_utils
+
+    shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor], len(devices))
+    if shape[0] % num_slices:
+        raise ValueError(f"mesh.data={shape[0]} must be a multiple of --num_slices={num_slices} (data parallelism "
+                         f"spans slices over DCN; fsdp and tensor stay inside a slice)")
+    ici = (shape[0] // num_slices, shape[1], shape[2])
+    dcn = (num_slices, 1, 1)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+    single = sharding.make_mesh({"data": ici[0], "fsdp": ici[1], "tensor": ici[2]}, devices[:math.prod(ici)])
+    return jax.sharding.Mesh(grid, sharding.MESH_AXES, axis_types=single.axis_types)  # same axis types as train
+
+
+def plan(config, topology: str, num_slices: int = 1, *, config_path: str = "", overrides: Sequence[str] = ()
+         ) -> Dict[str, Any]:
+    """Compile the train step of `config` for `topology` and return the report dict (see module docstring)."""
+    import jax
+
+    from xlgen import topology as topo
+    from xlgen.train import build_program
+
+    t = topo.parse_topology(topology, num_slices)
+    devices = topo.topology_devices(t)
+    hbm, peak = topo.per_device(t, devices)
+    mesh = build_mesh(config, devices, num_slices)
+    report: Dict[str, Any] = {
+        "config": config_path,
+        "overrides": list(overrides),
+        "model": {k: _plain(config.model[k]) for k in config.model.keys()},
+        "topology": t.name,
+        "num_slices": t.num_slices,
+        "device_kind": devices[0].device_kind,
+        "chips": t.num_chips,
+        "devices": len(devices),
+        "mesh": dict(mesh.shape),
+        "mesh_rules": _plain(config.mesh.get("rules", None)),
+        "hbm_per_device": hbm,
+        "peak_bf16_flops_per_device": peak,
+    }
+
+    t0 = time.perf_counter()
+    program = build_program(config, mesh)
+    state, batch = program.abstract_state(), program.abstract_batch()
+    report["global_batch_size"] = _batch_size(batch)
+    report["state_bytes_per_device"] = state_breakdown(state)
+    report["batch_bytes_per_device"] = _bytes_per_device(batch)
+    with jax.set_mesh(mesh):
+        traced = program.train_step.trace(state, batch)
+        matmul_flops, has_while = jaxpr_matmul_flops(traced.jaxpr.jaxpr)
+        lowered = traced.lower()
+        t1 = time.perf_counter()
+        try:
+            compiled = lowered.compile()
+            oom = None
+        except Exception as e:  # XLA refuses programs that do not fit HBM: that is an answer, not a crash
+            oom = parse_oom(str(e))
+            if oom is None:
+                raise
+    report["trace_lower_time_s"] = round(t1 - t0, 2)
+    report["compile_time_s"] = round(time.perf_counter() - t1, 2)
+    n = len(devices)
+    analytic = float(program.analytic_flops_per_step)
+    report["flops_per_step"] = {"analytic_model": analytic, "matmul_jaxpr": matmul_flops}
+
+    if oom is not None:
+        report["fits"] = False
+        report["memory_per_device"] = {"total": oom["required"], "hbm_usable": oom["available"]}
+        report["over_by_bytes"] = oom["required"] - oom["available"]
+    else:
+        ma = compiled.memory_analysis()
+        mem = {
+            "arguments": int(ma.argument_size_in_bytes),
+            "outputs": int(ma.output_size_in_bytes),
+            "aliased": int(ma.alias_size_in_bytes),
+            "temp": int(ma.temp_size_in_bytes),
+            "code": int(ma.generated_code_size_in_bytes),
+        }
+        mem["total"] = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temp"] + mem["code"]
+        report["memory_per_device"] = mem
+        report["fits"] = mem["total"] <= hbm
+        report["over_by_bytes"] = max(0, mem["total"] - hbm)
+        cost = compiled.cost_analysis() or {}
+        if isinstance(cost, (list, tuple)):  # older jax returned one dict per computation
+            cost = cost[0] if cost else {}
+        xla_flops = float(cost.get("flops", 0.0)) * n
+        report["flops_per_step"]["xla_cost_analysis"] = xla_flops
+        report["flops_per_step"]["xla_counts_loop_bodies_once"] = bool(has_while or _has_while(compiled))
+        report["xla_optimal_seconds"] = float(cost.get("optimal_seconds", 0.0) or 0.0)
+
+    # Predicted step time: compute-bound on the executed matmuls; XLA's roofline when it is trustworthy and larger.
+    step = matmul_flops / n / peak
+    loops = report["flops_per_step"].get("xla_counts_loop_bodies_once", has_while)
+    if not loops and report.get("xla_optimal_seconds", 0.0) > step:
+        step = report["xla_optimal_seconds"]
+    report["step_time_s"] = step
+    report["mfu"] = analytic / (n * peak * step) if step > 0 else 0.0
+    tokens = getattr(program, "tokens_per_step", None)
+    if tokens:
+        report["tokens_per_step"] = int(tokens)
+        report["tokens_per_sec"] = tokens / step
+    report["suggestions"] = [] if report["fits"] else suggestions(config, report)
+    return report
+
+
+def _has_while(compiled) -> bool:
+    try:
+        return " while(" in compiled.as_text()
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _batch_size(batch) -> int:
+    import jax
+
+    leaves = jax.tree.leaves(batch)
+    return int(leaves[0].shape[0]) if leaves else 0
+
+
+def _plain(x):
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "to_dict"):
+        return {k: _plain(v) for k, v in x.to_dict().items()}
+    return str(x)
+
+
+def suggestions(config, report: Dict[str, Any]) -> List[str]:
+    """What to change when the step does not fit, ordered by what dominates the per-device memory."""
+    out = []
+    state = report["state_bytes_per_device"]
+    mesh = report["mesh"]
+    hbm = report["hbm_per_device"]
+    total = report["memory_per_device"]["total"]
+    over = report["over_by_bytes"]
+    s_gib = state["total"] / GiB
+    out.append(f"needs {total / GiB:.2f} GiB per device, has {hbm / GiB:.2f} GiB (over by {over / GiB:.2f} GiB)")
+    params_like = state["total"] - state.get("mems", 0)
+    if params_like > 0.25 * total:
+        out.append(f"train state is {s_gib:.2f} GiB per device: shard it more — raise mesh.fsdp (now {mesh['fsdp']}) "
+                   f"with mesh.rules=fsdp or fsdp_tp, taking devices from mesh.data")
+    remat = _find_key(config, ("remat", "remat_policy"))
+    if remat is not None and remat in (False, "none", "", None):
+        out.append(f"turn on rematerialisation ({remat[0] if isinstance(remat, tuple) else 'model.remat'}=True): "
+                   "activations dominate")
+    out.append("halve the per-device batch: gradient accumulation (optimizer.grad_accum_steps) or more devices "
+               f"(global batch {report.get('global_batch_size')} over {mesh['data'] * mesh['fsdp']} batch shards)")
+    if state.get("mems", 0) > 0:
+        out.append(f"recurrent memory takes {state['mems'] / GiB:.2f} GiB per device: a shorter mem_len shrinks it "
+                   "and the attention over it")
+    return out
+
+
+def _find_key(config, names):
+    for section in ("model", "train", "optimizer"):
+        node = config.get(section, None)
+        if node is not None:
+            for n in names:
+                if n in node:
+                    return node[n]
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------- rendering
+
+def _gib(b: float) -> str:
+    return f"{b / GiB:.2f} GiB"
+
+
+def _flops(f: Optional[float]) -> str:
+    if f is None:
+        return "-"
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if f >= scale:
+            return f"{f / scale:.2f} {unit}"
+    return f"{f:.3g} FLOP"
+
+
+def render_text(r: Dict[str, Any]) -> str:
+    m, mem, fl = r["mesh"], r["memory_per_device"], r["flops_per_step"]
+    lines = [
+        f"config            {r['config']} {' '.join(r['overrides'])}",
+        f"topology          {r['topology']} x{r['num_slices']} slice(s): {r['chips']} chips, {r['devices']} devices "
+        f"({r['device_kind']})",
+        f"mesh              data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']}  rules={r['mesh_rules']}",
+        f"global batch      {r['global_batch_size']}",
+        f"state / device    " + ", ".join(f"{k} {_gib(v)}" for k, v in r["state_bytes_per_device"].items()),
+    ]
+    if "arguments" in mem:
+        lines.append(f"HBM / device      arguments {_gib(mem['arguments'])} + outputs {_gib(mem['outputs'])} "
+                     f"- aliased {_gib(mem['aliased'])} + temp {_gib(mem['temp'])} + code {_gib(mem['code'])}")
+    lines.append(f"total / capacity  {_gib(mem['total'])} / {_gib(r['hbm_per_device'])}  -> "
+                 + ("FITS" if r["fits"] else f"DOES NOT FIT (over by {_gib(r['over_by_bytes'])})"))
+    xla = fl.get("xla_cost_analysis")
+    note = " (while-loop bodies counted once)" if fl.get("xla_counts_loop_bodies_once") else ""
+    lines += [
+        f"FLOPs / step      model {_flops(fl['analytic_model'])}, matmuls (jaxpr) {_flops(fl['matmul_jaxpr'])}, "
+        f"XLA cost_analysis {_flops(xla)}{note}",
+        f"step time         {r['step_time_s'] * 1e3:.1f} ms predicted (peak {r['peak_bf16_flops_per_device'] / 1e12:.1f}"
+        f" TFLOP/s bf16 per device), MFU {100 * r['mfu']:.1f}%"
+        + (f", {r['tokens_per_sec']:.3g} tokens/s" if "tokens_per_sec" in r else ""),
+        f"compile           {r['compile_time_s']:.1f} s (trace+lower {r['trace_lower_time_s']:.1f} s)",
+    ]
+    for s in r.get("suggestions", []):
+        lines.append(f"suggestion        {s}")
+    return "\n".join(lines)
+
+
+TABLE_HEADER = ("| config | topology (devices) | mesh data×fsdp×tensor | rules | batch | state / device | "
+                "HBM / device (of) | fits | model FLOPs / step | step time | MFU | compile |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def render_row(r: Dict[str, Any]) -> str:
+    m = r["mesh"]
+    cfg = os.path.basename(r["config"]).removesuffix(".py")
+    if r["overrides"]:
+        cfg += " " + " ".join(f"`{o.removeprefix('--config.')}`" for o in r["overrides"])
+    fits = "yes" if r["fits"] else f"no (+{r['over_by_bytes'] / GiB:.1f} GiB)"
+    return (f"| {cfg} | {r['topology']} ({r['devices']}) | {m['data']}×{m['fsdp']}×{m['tensor']} | {r['mesh_rules']} | "
+            f"{r['global_batch_size']} | {_gib(r['state_bytes_per_device']['total'])} | "
+            f"{_gib(r['memory_per_device']['total'])} ({_gib(r['hbm_per_device'])}) | {fits} | "
+            f"{_flops(r['flops_per_step']['analytic_model'])} | {r['step_time_s'] * 1e3:.0f} ms | "
+            f"{100 * r['mfu']:.0f}% | {r['compile_time_s']:.0f} s |")
+
+
+def render_table(reports: Sequence[Dict[str, Any]]) -> str:
+    return "\n".join([TABLE_HEADER] + [render_row(r) for r in reports])
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xlgen plan", description=__doc__.split("\n\n")[0],
+                                epilog="Any --config.KEY=VALUE overrides the config as in `xlgen train`.")
+    p.add_argument("--config", help="config file (configs/pretrain/*.py)")
+    p.add_argument("--topology", help="TPU topology, e.g. v3:16x32, v4:4x4x8, v5e:16x16")
+    p.add_argument("--num_slices", type=int, default=1, help="number of slices (multislice over DCN)")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the report as JSON to PATH (or stdout with no PATH)")
+    p.add_argument("--table", nargs="+", metavar="REPORT.json",
+                   help="render saved --json reports as a markdown table and exit")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from xlgen.config import load_config, parse_overrides
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides, rest = parse_overrides(argv)
+    args = _parser().parse_args(rest)
+    if args.table:
+        reports = []
+        for path in args.table:
+            with open(path) as f:
+                reports.append(json.load(f))
+        print(render_table(reports))
+        return 0
+    if not args.config or not args.topology:
+        _parser().error("--config and --topology are required")
+    config = load_config(args.config, overrides)
+    override_list = [f"--config.{k}={v}" for k, v in overrides.items()]
+    report = plan(config, args.topology, args.num_slices, config_path=args.config, overrides=override_list)
+    if args.json is None:
+        print(render_text(report))
+    else:
+        text = json.dumps(report, indent=2, sort_keys=True)
+        if args.json == "-":
+            print(text)
+        else:
+            tmp = f"{args.json}.tmp-{os.getpid()}"
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(tmp, "w") as f:
+                f.write(text + "\n")
+            os.replace(tmp, args.json)
+            print(render_text(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
