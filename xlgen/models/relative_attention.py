@@ -121,6 +121,47 @@ def position_scores(q_head: jax.Array, k_head_r: jax.Array, r_r_bias: jax.Array,
     return relative_shift(raw, klen=klen, offset=offset, stride=stride)
 
 
+def factorized_position_encodings(q_pos: jax.Array, k_pos: jax.Array, d_model: int, dtype=jnp.float32):
+    """Per-position sin/cos factors of the gather-free ("factorized") position term (Funnel `rel_attn_type`).
+
+    With angles a_i = ω q_pos[i], b_j = ω k_pos[j] (ω the `sinusoid_embedding` frequencies, d_model/2 of them),
+    the identities sin(a-b) = sin a cos b - cos a sin b and cos(a-b) = cos a cos b + sin a sin b give
+
+        [sin(a_i-b_j), cos(a_i-b_j)] = phi_i ⊙ psi_j + pi_i ⊙ omega_j      (elementwise, width d_model)
+        phi = [sin a, sin a], pi = [cos a, cos a], psi = [cos b, sin b], omega = [-sin b, cos b],
+
+    i.e. the sinusoid encoding of the distance q_pos[i] - k_pos[j] without building it. Returns
+    `(phi, pi)` `[q, d_model]` (query side) and `(psi, omega)` `[k, d_model]` (key side).
+    """
+    inv_freq = 1.0 / (10000 ** (jnp.arange(0, d_model, 2.0, dtype=jnp.float32) / d_model))
+    a = q_pos.astype(jnp.float32)[:, None] * inv_freq
+    b = k_pos.astype(jnp.float32)[:, None] * inv_freq
+    sin_a, cos_a, sin_b, cos_b = jnp.sin(a), jnp.cos(a), jnp.sin(b), jnp.cos(b)
+    phi = jnp.concatenate([sin_a, sin_a], -1)
+    pi = jnp.concatenate([cos_a, cos_a], -1)
+    psi = jnp.concatenate([cos_b, sin_b], -1)
+    omega = jnp.concatenate([-sin_b, cos_b], -1)
+    return (phi.astype(dtype), pi.astype(dtype)), (psi.astype(dtype), omega.astype(dtype))
+
+
+def factorized_position_scores(q_head: jax.Array, r_kernel: jax.Array, r_r_bias: jax.Array, q_enc, k_enc
+                               ) -> jax.Array:
+    """Position term ((q + v)·W_r^T) · sinusoid(q_pos_i - k_pos_j) without a shift or gather.
+
+    q `[b,q,n,d]`, r_kernel `[d_model,n,d]` (the `r` projection), v `[n,d]`, `q_enc = (phi, pi)` `[q,d_model]`,
+    `k_enc = (psi, omega)` `[k,d_model]` from `factorized_position_encodings` -> `[b,n,q,k]`. Equals
+    `position_scores` on the sinusoid encodings of the distances (same W_r), for any (e.g. strided) positions.
+    Costs b·n·q·k·2·d_model multiply-adds (vs. b·n·q·r·d_head for the shift form) but is all plain matmuls.
+    """
+    phi, pi = q_enc
+    psi, omega = k_enc
+    qv = q_head + r_r_bias.astype(q_head.dtype)
+    q_r = jnp.einsum("bind,Dnd->binD", qv, r_kernel.astype(q_head.dtype))  # (q+v) W_r^T  [b,q,n,D]
+    q_r = jnp.concatenate([q_r * phi[:, None].astype(q_r.dtype), q_r * pi[:, None].astype(q_r.dtype)], -1)
+    k_r = jnp.concatenate([psi, omega], -1).astype(q_r.dtype)  # [k, 2D]
+    return jnp.einsum("binD,jD->bnij", q_r, k_r)
+
+
 def segment_scores(q_head: jax.Array, seg_embed: jax.Array, r_s_bias: jax.Array, seg_mat: jax.Array) -> jax.Array:
     """(q + b_s)·s_ij with s_ij = seg_embed[1] if i, j are in different segments else seg_embed[0].
 
