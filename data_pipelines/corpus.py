@@ -100,8 +100,9 @@ def encode_lines(tokenizer, lines: Sequence[str], layout: str, use_eod: bool = T
         continue
       sent_id = not sent_id
       cur = np.asarray([eod], dtype=np.int32)
-    elif isinstance(tokenizer, vocab_lib.SymbolVocab):
-      cur = tokenizer.encode_array(line.strip(), add_eos=False)
+    elif isinstance(tokenizer, vocab_lib.SymbolVocab):  # char/byte keep the newline; words get no <eos> here
+      text = line.strip() + ("\n" if tokenizer.level != "word" else "")
+      cur = tokenizer.encode_array(text, add_eos=False)
     else:
       cur = np.asarray(tokenizer.encode(line.strip()), dtype=np.int32)
     chunks.append(cur)

@@ -48,6 +48,7 @@ class LMStreamPipeline:
     else:
       self.steps_per_pass = (self.row_len - 1) // self.tgt_len
     self.num_steps = self.steps_per_pass if finite else None
+    self.tokenizer = corpus.tokenizer
     self.vocab_size = corpus.tokenizer.vocab_size
 
   def pass_offset(self, p: int) -> int:

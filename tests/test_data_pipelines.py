@@ -1,0 +1,289 @@
+"""Input pipelines: stream continuity, bi_data reversal, resume determinism, multi-process equality, XLNet
+permutation-mask invariants, span statistics, MLM masking."""
+import numpy as np
+import pytest
+
+import data_pipelines as dp
+from data_pipelines import corpus as corpus_lib
+from data_pipelines import lm, mlm, vocab, xlnet
+from data_pipelines.rng import keyed_rng
+
+
+def _sentences(n_lines, seed=0):
+  r = np.random.default_rng(seed)
+  words = ["".join(r.choice(list("abcdefghij"), size=r.integers(1, 7))) for _ in range(300)]
+  lines = []
+  for i in range(n_lines):
+    if i % 9 == 8:
+      lines.append("")  # end of document
+    else:
+      lines.append(" ".join(r.choice(words, size=r.integers(2, 12))) + ".")
+  return lines
+
+
+@pytest.fixture(scope="module")
+def char_sentences():
+  lines = _sentences(3000)
+  tok = vocab.SymbolVocab.build("char", ["\n".join(lines)])
+  ids, sent, docs = corpus_lib.encode_lines(tok, lines, "sentences")
+  return corpus_lib.TokenCorpus([ids], [sent], tok, "synthetic", docs)
+
+
+@pytest.fixture(scope="module")
+def char_stream():
+  ids = np.arange(50_000, dtype=np.int32) % 61 + 9
+  tok = vocab.SymbolVocab("char", list(vocab.XLNET_SPECIALS) + [chr(65 + i) for i in range(61)])
+  return corpus_lib.TokenCorpus([ids], None, tok, "counting")
+
+
+def _concat(batches):
+  return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+# ------------------------------------------------------------------------------------------------ Transformer-XL
+def test_lm_stream_continuity_and_passes(char_stream):
+  p = lm.LMStreamPipeline(char_stream, global_batch_size=6, tgt_len=32, seed=3)
+  sp = p.steps_per_pass
+  prev = p.batch(0)
+  assert prev["stream_reset"].all()
+  for step in range(1, sp + 3):
+    b = p.batch(step)
+    np.testing.assert_array_equal(b["labels"][:, :-1], b["input_ids"][:, 1:])
+    if step % sp:
+      assert not b["stream_reset"].any()
+      np.testing.assert_array_equal(b["input_ids"][:, 0], prev["labels"][:, -1])  # every row continues
+      # rows are the contiguous streams of batchify: row r starts at r * L
+      start = p.row_start(step, 0) % char_stream.num_tokens
+      np.testing.assert_array_equal(b["input_ids"][0], char_stream.tokens(start, 32))
+    else:
+      assert b["stream_reset"].all()
+    prev = b
+  assert p.pass_offset(1) != p.pass_offset(2)  # random rotations per pass
+
+
+def test_lm_multiprocess_and_resume(char_stream):
+  one = lm.LMStreamPipeline(char_stream, global_batch_size=8, tgt_len=16, seed=1)
+  parts = [lm.LMStreamPipeline(char_stream, global_batch_size=8, tgt_len=16, seed=1, process_index=i,
+                               process_count=4) for i in range(4)]
+  for step in (0, 5, one.steps_per_pass + 2):
+    full = one.batch(step)
+    glued = _concat([q.batch(step) for q in parts])
+    for k in full:
+      np.testing.assert_array_equal(full[k], glued[k])
+
+
+def test_lm_eval_covers_stream(char_stream):
+  ev = lm.LMStreamPipeline(char_stream, global_batch_size=4, tgt_len=100, finite=True)
+  batches = list(ev)
+  assert len(batches) == ev.num_steps
+  labels = np.concatenate([b["labels"] for b in batches], axis=1)
+  mask = np.concatenate([b["label_mask"] for b in batches], axis=1).astype(bool)
+  L = char_stream.num_tokens // 4
+  for r in range(4):
+    np.testing.assert_array_equal(labels[r][mask[r]], char_stream.tokens(r * L + 1, L - 1))
+
+
+def test_demo_config_needs_no_preparation():
+  cfg = dp.default_config("lm")
+  cfg.batch_size, cfg.tgt_len = 4, 64
+  tr, va = dp.make_pipeline(cfg), dp.make_pipeline(cfg, split="valid")
+  assert tr.vocab_size == va.vocab_size == 74
+  text = tr.tokenizer.decode(tr.batch(0)["input_ids"][0])
+  assert text.startswith("First Citizen:\nBefore we proceed")
+  assert va.num_steps > 0 and va.corpus.num_tokens < tr.corpus.num_tokens / 5
+  with pytest.raises(ValueError, match="unknown config.data key"):
+    dp.make_pipeline({"pipeline": "lm", "tgt_lenn": 3})
+
+
+def test_corpus_smaller_than_global_batch(char_stream):
+  with pytest.raises(ValueError, match="counting: corpus too small"):
+    lm.LMStreamPipeline(char_stream, global_batch_size=2000, tgt_len=32)
+  with pytest.raises(ValueError, match="synthetic: corpus too small"):
+    xlnet.XLNetPipeline(corpus_lib.TokenCorpus([np.zeros(100, np.int32) + 20], [np.zeros(100, bool)],
+                                               char_stream.tokenizer, "synthetic"),
+                        global_batch_size=4, seq_len=64, reuse_len=32, num_predict=10)
+
+
+# ------------------------------------------------------------------------------------------------------- XLNet
+def _xl(corpus, **kw):
+  args = dict(global_batch_size=8, seq_len=64, reuse_len=32, perm_size=16, num_predict=12, bi_data=True, seed=7)
+  args.update(kw)
+  return xlnet.XLNetPipeline(corpus, **args)
+
+
+def test_xlnet_perm_mask_invariants(char_sentences):
+  p = _xl(char_sentences)
+  S, R, P = p.seq_len, p.reuse_len, p.num_predict
+  batches = _concat([p.batch(s) for s in range(0, 300, 1)])  # 2400 examples
+  n = len(batches["input_ids"])
+  assert n >= 2000
+  ids, seg, pm = batches["input_ids"], batches["token_type_ids"], batches["perm_mask"].astype(bool)
+  tm, tid, tmask = batches["target_mapping"], batches["target_ids"], batches["target_mask"]
+  func = (ids == p.sep_id) | (ids == p.cls_id)
+  # exactly num_predict one-hot targets, split num_predict - num_predict//2 / num_predict//2 between the halves
+  assert (tmask == 1).all() and (tm.sum(-1) == 1).all()
+  is_tgt = tm.sum(1).astype(bool)
+  assert (is_tgt.sum(1) == P).all()
+  assert (is_tgt[:, :R].sum(1) == P - P // 2).all()
+  pos = tm.argmax(-1)
+  assert (np.diff(pos, axis=1) > 0).all()                          # ascending positions
+  np.testing.assert_array_equal(tid, np.take_along_axis(ids, pos, 1))  # target = the token itself
+  assert not (is_tgt & func).any()                                 # <sep>/<cls> never targets
+  ctx = ~is_tgt & ~func
+  halves = [slice(0, R), slice(R, S)]
+  # cross-half rule
+  assert pm[:, :R, R:].all() and not pm[:, R:, :R].any()
+  eye = np.eye(S, dtype=bool)
+  assert pm[:, eye][is_tgt].all()                                  # targets never see themselves
+  for h in halves:
+    blk = pm[:, h, h]
+    t, c = is_tgt[:, h], ctx[:, h]
+    # everyone sees context tokens; context tokens see no targets
+    assert not (blk & c[:, None, :]).any()
+    assert (blk | ~(c[:, :, None] & t[:, None, :])).all()
+    # among targets, "i sees j" is a strict total order (a transitive tournament)
+    for e in range(0, n, 97):
+      ti = np.flatnonzero(t[e])
+      sees = ~blk[e][np.ix_(ti, ti)]
+      k = len(ti)
+      assert not sees[np.eye(k, dtype=bool)].any()
+      off = ~np.eye(k, dtype=bool)
+      assert (sees ^ sees.T)[off].all()
+      assert sorted(sees.sum(1).tolist()) == list(range(k))
+  # segment ids and layout: [reuse | A <sep> B <sep> <cls>], 0 ... 0 1 ... 1 2
+  assert (ids[:, -1] == p.cls_id).all() and (ids[:, -2] == p.sep_id).all()
+  assert (seg[:, :R] == 0).all() and (seg[:, -1] == 2).all() and (seg[:, -2] == 1).all()
+  assert (np.diff(seg[:, :-1], axis=1) >= 0).all()
+  first_b = (seg == 1).argmax(1)
+  assert (ids[np.arange(n), first_b - 1] == p.sep_id).all()
+  assert ((ids == p.sep_id).sum(1) >= 2).all()
+  assert 0.3 < batches["nsp_label"].mean() < 0.7
+
+
+def test_xlnet_streams_bidirectional(char_sentences):
+  p = _xl(char_sentences)
+  R, L = p.reuse_len, p.row_len
+  b0, b1 = p.batch(0), p.batch(1)
+  assert (b0["is_forward"] == np.tile([True, False], 4)).all()
+  for s in range(4):
+    fwd = char_sentences.tokens(s * L, L)
+    for step in range(3):
+      b = p.batch(step)
+      np.testing.assert_array_equal(b["input_ids"][2 * s, :R], fwd[step * R:(step + 1) * R])
+      np.testing.assert_array_equal(b["input_ids"][2 * s + 1, :R], fwd[::-1][step * R:(step + 1) * R])
+  assert b0["stream_reset"].all() and not b1["stream_reset"].any()
+  # continuity: the reuse part of step t+1 directly follows the reuse part of step t, per direction
+  row_f = np.concatenate([p.batch(t)["input_ids"][0, :R] for t in range(4)])
+  row_b = np.concatenate([p.batch(t)["input_ids"][1, :R] for t in range(4)])
+  np.testing.assert_array_equal(row_f, char_sentences.tokens(0, 4 * R))
+  np.testing.assert_array_equal(row_b, char_sentences.tokens(0, L)[::-1][:4 * R])
+
+
+def test_xlnet_resume_and_processes(char_sentences):
+  k = 11
+  run = _xl(char_sentences)
+  uninterrupted = [run.batch(s) for s in range(k + 6)][k:]
+  fresh = _xl(char_sentences)
+  resumed = [fresh.batch(s) for s in range(k, k + 6)]
+  for a, b in zip(uninterrupted, resumed):
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+  parts = [_xl(char_sentences, process_index=i, process_count=2) for i in range(2)]
+  for step in (0, k):
+    full = run.batch(step)
+    glued = _concat([q.batch(step) for q in parts])
+    for key in full:
+      np.testing.assert_array_equal(full[key], glued[key])
+  other_seed = _xl(char_sentences, seed=8).batch(k)
+  assert not np.array_equal(other_seed["perm_mask"], run.batch(k)["perm_mask"])
+
+
+def test_xlnet_uni_mode(char_sentences):
+  p = _xl(char_sentences, bi_data=False, global_batch_size=3)
+  b = p.batch(2)
+  assert b["is_forward"].all()
+  L = p.row_len
+  np.testing.assert_array_equal(b["input_ids"][2, :32], char_sentences.tokens(2 * L + 64, 32))
+
+
+@pytest.mark.parametrize("unit,fraction", [("word", 1 / 6), ("piece", 1 / 7)])
+def test_span_fraction_and_lengths(unit, fraction):
+  rng = keyed_rng(0, 99, 1)
+  is_start = np.ones(200_000, bool)
+  mask, spans = xlnet.sample_mask(rng, is_start, goal=None, span_unit=unit, return_spans=True)
+  assert abs(mask.mean() - fraction) < 0.005, mask.mean()
+  counts = np.bincount(spans, minlength=6)[1:6] / len(spans)
+  expect = (1 / np.arange(1, 6)) / (1 / np.arange(1, 6)).sum()
+  np.testing.assert_allclose(counts, expect, atol=0.01)
+
+
+def test_word_spans_cover_whole_words():
+  rng = keyed_rng(0, 99, 2)
+  is_start = rng.random(20_000) < 0.4
+  is_start[0] = True
+  mask, spans = xlnet.sample_mask(rng, is_start, goal=None, span_unit="word", return_spans=True)
+  edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
+  begins, ends = edges[::2], edges[1::2]
+  assert is_start[begins].all()                                          # spans start at a word start
+  assert np.concatenate([is_start, [True]])[ends].all()                  # and end at the next word start
+  words_per_span = [is_start[b:e].sum() for b, e in zip(begins, ends)]
+  assert sum(words_per_span) == sum(spans)
+  # the original (piece) mode: spans of n pieces starting at word starts
+  mask_p = xlnet.sample_mask(rng, is_start, goal=None, span_unit="piece")
+  edges = np.flatnonzero(np.diff(np.concatenate([[0], mask_p.astype(int), [0]])))
+  assert is_start[edges[::2]].all()
+  # goal: exactly the goal after fill-up, never on functional positions, reversed sampling too
+  func = np.zeros(20_000, bool); func[::50] = True
+  for rev in (False, True):
+    m = xlnet.sample_mask(rng, is_start[:256], goal=43, functional=func[:256], reverse=rev)
+    assert m.sum() == 43 and not (m & func[:256]).any()
+
+
+def test_trim_closed_form_matches_loop():
+  for la in range(0, 30):
+    for lb in range(0, 30):
+      for tot in range(1, 40):
+        a, b = la, lb
+        while a + b > tot:
+          if a > b:
+            a -= 1
+          else:
+            b -= 1
+        assert xlnet.trim_to_length(la, lb, tot) == (a, b)
+
+
+# --------------------------------------------------------------------------------------------------------- MLM
+def test_mlm_masking(char_stream):
+  p = mlm.MLMPipeline(char_stream, global_batch_size=64, seq_len=66, seed=2)
+  b = p.batch(3)
+  lm_ = b["label_mask"].astype(bool)
+  assert (lm_.sum(1) == round(0.15 * 64)).all() and not lm_[:, [0, -1]].any()
+  assert (b["labels"][:, 0] == p.cls_id).all() and (b["labels"][:, -1] == p.sep_id).all()
+  np.testing.assert_array_equal(b["input_ids"][~lm_], b["labels"][~lm_])
+  changed = b["input_ids"][lm_]
+  frac_mask = (changed == p.mask_id).mean()
+  assert 0.7 < frac_mask < 0.9
+  parts = [mlm.MLMPipeline(char_stream, global_batch_size=64, seq_len=66, seed=2, process_index=i,
+                           process_count=2) for i in range(2)]
+  glued = _concat([q.batch(3) for q in parts])
+  for k in b:
+    np.testing.assert_array_equal(b[k], glued[k])
+  # one epoch visits every chunk once
+  seen = [p.chunk_index(s, r) for s in range(p.num_chunks // 64) for r in range(64)]
+  assert len(set(seen)) == len(seen)
+
+
+def test_perm_index_matches_original_reshape_transpose_shuffle():
+  """rank(p) = p - p % ps + π(p % ps) is the original reshape([-1, ps]) -> transpose -> shuffle rows -> transpose."""
+  m, ps = 24, 8
+  pi = np.random.default_rng(0).permutation(ps)
+  t = np.arange(m).reshape(-1, ps).T          # [ps, m/ps]
+  original = t[pi].T.reshape(-1)              # rows shuffled by π
+  np.testing.assert_array_equal(original, (np.arange(m) // ps) * ps + np.tile(pi, m // ps))
+  # and local_perm uses it: with every token a target, i sees j iff rank(j) < rank(i)
+  ids = np.full(m, 20); is_masked = np.ones(m, bool)
+  rng = keyed_rng(5, 1, 2)
+  pm, tgt = xlnet.local_perm(rng, ids, is_masked, ps, sep_id=4, cls_id=3)
+  pi2 = keyed_rng(5, 1, 2).permutation(ps)
+  rank = (np.arange(m) // ps) * ps + np.tile(pi2, m // ps)
+  np.testing.assert_array_equal(pm, rank[:, None] <= rank[None, :])
