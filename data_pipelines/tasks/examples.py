@@ -1,0 +1,54 @@
+"""Example records shared by every task reader, and the error type for malformed task files."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Tuple, Union
+
+
+class TaskDataError(ValueError):
+    """A task file is malformed. The message starts with `path:line:` (text files) or `path: record ...` (JSON)."""
+
+
+def where(path: str, line: int | None = None, record: str | None = None) -> str:
+    if line is not None:
+        return f"{path}:{line}"
+    if record is not None:
+        return f"{path}: record {record}"
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class TextExample:
+    """One (pair of) text(s) with a label: GLUE and long-text classification. `label` is an int class index,
+    a float (regression) or None (unlabelled test split). `guid` is the id used in submission files."""
+    guid: str
+    text_a: str
+    text_b: Optional[str]
+    label: Union[int, float, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceExample:
+    """RACE: one question with its options. `endings[k]` is the question completed with option k (the original's
+    "_"-filling or "question option" concatenation)."""
+    guid: str
+    context: str
+    endings: Tuple[str, ...]
+    label: Optional[int]
+    level: str  # "high" | "middle"
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadExample:
+    """One SQuAD question. `answers` are (text, char_start) into `context`; empty for unanswerable (v2.0) and for
+    test files."""
+    qas_id: str
+    question: str
+    context: str
+    answers: Tuple[Tuple[str, int], ...]
+    is_impossible: bool
+
+
+Example = Union[TextExample, ChoiceExample, SquadExample]
+Examples = List[Example]

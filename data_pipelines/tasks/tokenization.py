@@ -1,0 +1,173 @@
+"""Task tokenizers that also return character offsets into the ORIGINAL text.
+
+Finetuning needs two things the pretraining tokenizers do not: the ids of the special tokens that frame a task input
+(`<cls>`, `<sep>`, `<pad>`), and, for SQuAD, where each piece came from in the original text so that a predicted
+piece span maps back to the exact original characters.
+
+* `SentencePieceTaskTokenizer` (XLNet, `spiece.model`): XLNet's `preprocess_text` (``/'' -> ", optional accent
+  stripping and lower-casing) is applied character by character while remembering the source index of every output
+  character; SentencePiece then reports byte offsets of every piece in the preprocessed text; composing the two gives
+  exact original character spans. This replaces the original's approximate LCS alignment (`squad_utils.py`) with an
+  exact one: same pieces, same spans whenever the LCS succeeds.
+* `WordPieceTaskTokenizer` (Funnel/BERT, `vocab.txt`): the `tokenizers` library reports original offsets itself.
+
+Both expose `encode(text) -> list[int]` and `encode_with_offsets(text) -> (ids, starts, ends)` where
+`text[starts[i]:ends[i]]` is the original text piece i covers (leading whitespace excluded; zero width for pieces
+that cover only whitespace, e.g. a lone "▁").
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+Offsets = Tuple[List[int], List[int], List[int]]
+
+
+def preprocess_with_map(text: str, *, lower: bool = False, keep_accents: bool = False
+                        ) -> Tuple[str, List[int], List[int]]:
+    """XLNet `prepro_utils.preprocess_text` without whitespace collapsing (SentencePiece collapses whitespace itself
+    and reports offsets through it). Returns (new_text, src, src_end): new_text[k] comes from text[src[k]:src_end[k]]
+    (two characters for `` and '')."""
+    out: List[str] = []
+    src: List[int] = []
+    src_end: List[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        two = text[i:i + 2]
+        if two in ("``", "''"):  # LaTeX-style quotes -> "
+            out.append('"')
+            src.append(i)
+            src_end.append(i + 2)
+            i += 2
+            continue
+        pieces = text[i]
+        if not keep_accents:
+            pieces = "".join(c for c in unicodedata.normalize("NFKD", pieces) if not unicodedata.combining(c))
+        if lower:
+            pieces = pieces.lower()
+        for c in pieces:
+            out.append(c)
+            src.append(i)
+            src_end.append(i + 1)
+        i += 1
+    return "".join(out), src, src_end
+
+
+def _byte_to_char(s: str) -> np.ndarray:
+    """b2c[k] = index of the character that UTF-8 byte k of `s` belongs to; b2c[len(bytes)] = len(s)."""
+    lens = [len(c.encode("utf-8")) for c in s]
+    b2c = np.repeat(np.arange(len(s), dtype=np.int64), lens)
+    return np.concatenate([b2c, [len(s)]])
+
+
+class SentencePieceTaskTokenizer:
+    """XLNet-style SentencePiece tokenizer with exact original-character offsets."""
+
+    style = "xlnet"
+
+    def __init__(self, model_file: str | None = None, *, model_proto: bytes | None = None, lower: bool = False,
+                 keep_accents: bool = False):
+        import sentencepiece as spm
+
+        self.sp = spm.SentencePieceProcessor()
+        if model_proto is not None:
+            self.sp.LoadFromSerializedProto(model_proto)
+        else:
+            if not model_file or not os.path.exists(model_file):
+                raise FileNotFoundError(f"{model_file}: SentencePiece model not found")
+            self.sp.Load(model_file)
+        self.lower, self.keep_accents = lower, keep_accents
+        self.vocab_size = self.sp.GetPieceSize()
+
+        def special(piece: str) -> int:
+            i = self.sp.PieceToId(piece)
+            if i == self.sp.unk_id() and piece != self.sp.IdToPiece(self.sp.unk_id()):
+                raise ValueError(f"{model_file or '<proto>'}: SentencePiece model has no {piece} piece "
+                                 "(train it with --control_symbols=<cls>,<sep>,<pad>,<mask>,<eod>)")
+            return i
+
+        self.cls_id, self.sep_id, self.pad_id = special("<cls>"), special("<sep>"), special("<pad>")
+
+    def encode_with_offsets(self, text: str) -> Offsets:
+        pre, src, src_end = preprocess_with_map(text, lower=self.lower, keep_accents=self.keep_accents)
+        proto = self.sp.encode(pre, return_type="proto")
+        b2c = _byte_to_char(pre)
+        ids, starts, ends = [], [], []
+        for p in proto.pieces:
+            b, e = int(b2c[p.begin]), int(b2c[p.end])
+            while b < e and pre[b].isspace():  # "▁word" covers the space before the word
+                b += 1
+            ids.append(p.id)
+            if b >= e:  # whitespace-only or empty surface: zero width at its end
+                o = src[e] if e < len(src) else len(text)
+                starts.append(o)
+                ends.append(o)
+            else:
+                starts.append(src[b])
+                ends.append(src_end[e - 1])
+        # Zero-width pieces take the start of the next real piece so spans stay monotone.
+        for k in range(len(ids) - 2, -1, -1):
+            if starts[k] == ends[k] and k + 1 < len(ids):
+                starts[k] = ends[k] = min(starts[k], starts[k + 1])
+        return ids, starts, ends
+
+    def encode(self, text: str) -> List[int]:
+        pre, _, _ = preprocess_with_map(text, lower=self.lower, keep_accents=self.keep_accents)
+        return list(self.sp.EncodeAsIds(pre))
+
+
+class WordPieceTaskTokenizer:
+    """BERT/Funnel WordPiece (`vocab.txt`) through the `tokenizers` library; offsets come from the library."""
+
+    style = "funnel"
+
+    def __init__(self, vocab_file: str, *, lower: bool = True):
+        from tokenizers import BertWordPieceTokenizer
+
+        if not os.path.exists(vocab_file):
+            raise FileNotFoundError(f"{vocab_file}: WordPiece vocabulary not found")
+        self.tok = BertWordPieceTokenizer(vocab_file, lowercase=lower)
+        self.vocab_size = self.tok.get_vocab_size()
+        vocab = self.tok.get_vocab()
+        for name in ("[CLS]", "[SEP]", "[PAD]"):
+            if name not in vocab:
+                raise ValueError(f"{vocab_file}: vocabulary has no {name} token")
+        self.cls_id, self.sep_id, self.pad_id = vocab["[CLS]"], vocab["[SEP]"], vocab["[PAD]"]
+
+    def encode_with_offsets(self, text: str) -> Offsets:
+        enc = self.tok.encode(text, add_special_tokens=False)
+        return list(enc.ids), [o[0] for o in enc.offsets], [o[1] for o in enc.offsets]
+
+    def encode(self, text: str) -> List[int]:
+        return list(self.tok.encode(text, add_special_tokens=False).ids)
+
+
+def load_task_tokenizer(path: str, *, lower: bool | None = None):
+    """A tokenizer from a file or a model directory: `spiece.model`/`*.model` -> SentencePiece (XLNet),
+    `vocab.txt` -> WordPiece (Funnel). `lower` defaults to False for SentencePiece (released XLNet is cased) and
+    True for WordPiece (released Funnel is uncased)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        for name in ("spiece.model", "tokenizer.model", "vocab.txt"):
+            if os.path.exists(os.path.join(path, name)):
+                return load_task_tokenizer(os.path.join(path, name), lower=lower)
+        raise FileNotFoundError(f"{path}: no spiece.model, tokenizer.model or vocab.txt in this directory")
+    if path.endswith(".model"):
+        return SentencePieceTaskTokenizer(path, lower=bool(lower))
+    if path.endswith(".txt"):
+        return WordPieceTaskTokenizer(path, lower=True if lower is None else lower)
+    raise ValueError(f"{path}: unknown tokenizer file (expected a SentencePiece .model or a WordPiece vocab.txt)")
+
+
+def cover_span(starts: Sequence[int], ends: Sequence[int], char_start: int, char_end: int) -> Tuple[int, int]:
+    """Smallest piece span [i, j] (inclusive) whose characters cover [char_start, char_end). Pieces of zero width
+    are never chosen as span ends. Raises ValueError if no piece overlaps the span."""
+    i = next((k for k in range(len(starts)) if ends[k] > char_start and ends[k] > starts[k]), None)
+    j = next((k for k in range(len(starts) - 1, -1, -1) if starts[k] < char_end and ends[k] > starts[k]), None)
+    if i is None or j is None or j < i:
+        raise ValueError(f"no piece covers characters [{char_start}, {char_end})")
+    return i, j

@@ -1,0 +1,79 @@
+"""Finetuning task registry: what each task reads, predicts and is scored by.
+
+Names: `glue/{cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli}`, `squad/v1.1`, `squad/v2.0`, `race` (also `race/high`,
+`race/middle` to train/evaluate one level), and the long-text classification tasks `imdb`, `yelp2`, `yelp5`,
+`dbpedia`, `ag`, `amazon2`, `amazon5` (also accepted with a `classification/` prefix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional, Tuple
+
+from data_pipelines.tasks import classification as _cls
+from data_pipelines.tasks import glue as _glue
+from data_pipelines.tasks import race as _race
+from data_pipelines.tasks import squad as _squad
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str                                 # "classification" | "regression" | "squad" | "multiple_choice"
+    num_labels: int                           # classes (1 for regression / span tasks, options for RACE)
+    label_names: Optional[Tuple[str, ...]]    # strings written to submission files
+    metrics: Tuple[str, ...]                  # metric names reported on dev
+    primary_metric: str                       # selects the best checkpoint (higher is better)
+    eval_splits: Tuple[str, ...] = ("dev",)
+    test_splits: Tuple[str, ...] = ("test",)
+    submission: str = ""                      # GLUE submission stem
+    version: str = ""                         # SQuAD version
+
+    def read(self, data_dir: str, split: str, *, skip_malformed: bool = False):
+        """Examples of `split` from the official files in `data_dir`."""
+        if self.name.startswith("glue/"):
+            return _glue.read_glue(self.name[5:], data_dir, split, skip_malformed=skip_malformed)
+        if self.kind == "squad":
+            names = {"train": f"train-{self.version}.json", "dev": f"dev-{self.version}.json",
+                     "test": f"test-{self.version}.json"}
+            path = os.path.join(data_dir, names.get(split, split))
+            return _squad.read_squad(path, version=self.version, require_answers=split in ("train", "dev"))
+        if self.kind == "multiple_choice":
+            levels = (self.name.split("/")[1],) if "/" in self.name else _race.LEVELS
+            return _race.read_race(data_dir, split, levels)
+        return _cls.read_classification(self.name, data_dir, split)
+
+    @property
+    def is_regression(self) -> bool:
+        return self.kind == "regression"
+
+
+def _glue_task(name: str) -> Task:
+    spec = _glue.GLUE_TASKS[name]
+    metrics = {"cola": ("mcc",), "mrpc": ("accuracy", "f1"), "qqp": ("accuracy", "f1"),
+               "stsb": ("pearson", "spearman")}.get(name, ("accuracy",))
+    primary = {"cola": "mcc", "stsb": "pearson"}.get(name, "accuracy")
+    eval_splits = ("dev", "dev_mismatched") if name == "mnli" else ("dev",)
+    test_splits = ("test", "test_mismatched") if name == "mnli" else ("test",)
+    return Task(f"glue/{name}", "regression" if spec.labels is None else "classification",
+                1 if spec.labels is None else len(spec.labels), spec.labels, metrics, primary, eval_splits,
+                test_splits, submission=spec.submission)
+
+
+TASKS = {f"glue/{n}": _glue_task(n) for n in _glue.GLUE_TASKS if n != "ax"}
+for _v in ("v1.1", "v2.0"):
+    TASKS[f"squad/{_v}"] = Task(f"squad/{_v}", "squad", 1, None, ("exact", "f1"),
+                                "best_f1" if _v == "v2.0" else "f1", test_splits=(), version=_v)
+for _n in ("race", "race/high", "race/middle"):
+    TASKS[_n] = Task(_n, "multiple_choice", 4, ("A", "B", "C", "D"), ("accuracy",), "accuracy")
+for _n, _k in _cls.NUM_CLASSES.items():
+    TASKS[_n] = Task(_n, "classification", _k, tuple(str(i + 1) for i in range(_k)), ("accuracy",), "accuracy",
+                     test_splits=())
+
+
+def get_task(name: str) -> Task:
+    key = name[len("classification/"):] if name.startswith("classification/") else name
+    if key not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[key]
