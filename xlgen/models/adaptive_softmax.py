@@ -1,0 +1,251 @@
+"""Adaptive input embeddings (Baevski & Auli, 2019) and the projected adaptive softmax (Grave et al., 2017).
+
+The vocabulary [0, V) is split by `cutoffs` c_1 < ... < c_K into a head [0, c_1) and K tail clusters
+[c_k, c_{k+1}) (c_{K+1} = V). With `div_val` > 1, cluster k has its own table `[V_k, d_embed // div_val**k]` and a
+projection to the model width d_proj; with `div_val` == 1 there is one table `[V, d_embed]` (sliced per cluster)
+and a projection only if d_embed != d_proj. This matches the original Transformer-XL code and HF's
+`AdaptiveEmbedding` / `ProjectedAdaptiveLogSoftmax`.
+
+Input:  e(x) = sqrt(d_proj) · P_k^T E_k[x - c_k]                      (x in cluster k)
+Output: log p(x) = log softmax_head(h)[x]                             (x in the head)
+        log p(x) = log softmax_head(h)[c_1 + k - 1] + log softmax_k(h)[x - c_k]   (x in tail cluster k)
+with softmax_head over [E_0 P_0 h + b_0 ; W_c h + b_c] (the shortlist plus one logit per tail cluster) and
+softmax_k over E_k P_k h + b_k. Output tables/projections may be tied to the input ones (`tie_weights`, and
+`tie_projs[k]`, HF's `proj_share_all_but_first`).
+
+Layouts (ours; the HF loader transposes): tables `[V_k, d_k]` ("vocab", "embed"), projections `[d_k, d_proj]`
+(None, "embed"): the input side computes `E[x] @ P`, the output side `h @ P^T`. Output log-probs and NLLs are
+float32. `nll` never materialises `[..., V]`: it gathers the target rows and computes each cluster's log-normaliser
+in vocabulary blocks (an online logsumexp under `jax.checkpoint`), so memory is O(tokens x block).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from xlgen.models.layers import normal, param, zeros
+
+_NEG = -1e30  # finite "minus infinity" for padded vocabulary rows
+
+
+def cluster_bounds(vocab_size: int, cutoffs: Sequence[int]) -> list:
+    """[(start, end)] for the head and every tail cluster. Raises on non-increasing or out-of-range cutoffs."""
+    cuts = list(cutoffs)
+    if any(c <= 0 or c >= vocab_size for c in cuts) or any(a >= b for a, b in zip(cuts, cuts[1:])):
+        raise ValueError(f"cutoffs {cuts} must be strictly increasing and inside (0, vocab_size={vocab_size})")
+    ends = [0] + cuts + [vocab_size]
+    return list(zip(ends[:-1], ends[1:]))
+
+
+def cluster_dims(d_embed: int, n_clusters: int, div_val: int) -> list:
+    """Embedding width per cluster (head first): d_embed // div_val**k; one table when div_val == 1."""
+    if div_val == 1:
+        return [d_embed]
+    dims = [d_embed // (div_val ** k) for k in range(n_clusters + 1)]
+    if min(dims) < 1:
+        raise ValueError(f"div_val={div_val} leaves a cluster with width 0 (d_embed={d_embed}, {n_clusters} tails)")
+    return dims
+
+
+def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, block: int) -> jax.Array:
+    """logsumexp_v (h · table[v] + bias[v]) in float32 for h `[N, d]`, table `[V, d]`, bias `[V]` -> `[N]`.
+
+    For V > block, the rows are processed in blocks with an online logsumexp inside a checkpointed scan, so
+    neither the forward nor the backward pass holds more than `[N, block]` logits.
+    """
+    vocab, width = table.shape
+    if vocab <= block:
+        logits = jnp.einsum("nd,vd->nv", h, table.astype(h.dtype), preferred_element_type=jnp.float32)
+        return jax.nn.logsumexp(logits + bias.astype(jnp.float32), axis=-1)
+    n_blocks = -(-vocab // block)
+    pad = n_blocks * block - vocab
+    table = jnp.pad(table, ((0, pad), (0, 0))).reshape(n_blocks, block, width)
+    bias = jnp.pad(bias.astype(jnp.float32), (0, pad), constant_values=_NEG).reshape(n_blocks, block)
+
+    @jax.checkpoint
+    def step(carry, xs):
+        m, s = carry
+        t, b = xs
+        logits = jnp.einsum("nd,vd->nv", h, t.astype(h.dtype), preferred_element_type=jnp.float32) + b
+        m_new = jnp.maximum(m, logits.max(-1))
+        s = s * jnp.exp(m - m_new) + jnp.exp(logits - m_new[:, None]).sum(-1)
+        return (m_new, s), None
+
+    init = (jnp.full(h.shape[:1], _NEG, jnp.float32), jnp.zeros(h.shape[:1], jnp.float32))
+    (m, s), _ = jax.lax.scan(step, init, (table, bias))
+    return m + jnp.log(s)
+
+
+class AdaptiveEmbedding(nnx.Module):
+    """Adaptive input representation: ids `[...]` -> `[..., d_proj]` scaled by sqrt(d_proj) (see module doc)."""
+
+    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1,
+                 *, init_std: float = 0.02, proj_init_std: float = 0.01, rngs: nnx.Rngs):
+        self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
+        self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))
+        self.dims = tuple(cluster_dims(d_embed, len(self.bounds) - 1, div_val))
+        sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
+        self.tables = nnx.List([param(rngs, normal(init_std), (v, d), ("vocab", "embed"))
+                                for v, d in zip(sizes, self.dims)])
+        needs_proj = [d != d_proj for d in self.dims] if div_val == 1 else [True] * len(self.dims)
+        self.projs = nnx.List([param(rngs, normal(proj_init_std), (d, d_proj), (None, "embed")) if p else None
+                               for d, p in zip(self.dims, needs_proj)])
+
+    def cluster_weights(self, k: int):
+        """(table rows `[V_k, d_k]`, projection `[d_k, d_proj]` or None) of cluster k (head = 0)."""
+        if self.div_val == 1:
+            s, e = self.bounds[k]
+            proj = self.projs[0]
+            return self.tables[0][s:e], (None if proj is None else proj[...])
+        proj = self.projs[k]
+        return self.tables[k][...], proj[...]
+
+    def __call__(self, ids: jax.Array, dtype=jnp.float32) -> jax.Array:
+        scale = math.sqrt(self.d_proj)
+        if self.div_val == 1:
+            emb = jnp.take(self.tables[0][...], ids, axis=0, mode="clip").astype(dtype)
+            if self.projs[0] is not None:
+                emb = emb @ self.projs[0][...].astype(dtype)
+            return emb * jnp.asarray(scale, dtype)
+        out = jnp.zeros(ids.shape + (self.d_proj,), dtype)
+        for k, (s, e) in enumerate(self.bounds):
+            local = jnp.clip(ids - s, 0, e - s - 1)
+            emb_k = jnp.take(self.tables[k][...], local, axis=0).astype(dtype) @ self.projs[k][...].astype(dtype)
+            out = jnp.where(((ids >= s) & (ids < e))[..., None], emb_k, out)
+        return out * jnp.asarray(scale, dtype)
+
+
+class AdaptiveLogSoftmax(nnx.Module):
+    """Projected adaptive log-softmax over `vocab_size` classes (see module doc).
+
+    Own parameters: output biases (one `[V]` vector when div_val == 1, else one per cluster), the tail-cluster
+    logits `cluster_weight [K, d_embed]` / `cluster_bias [K]`, and output tables / projections that are not tied
+    to `embedding` (`tie_weights=False`, or `tie_projs[k]` False). Call `log_probs(h, embedding)` or
+    `nll(h, labels, embedding)`, passing the model's `AdaptiveEmbedding` (tied weights are read from it).
+    """
+
+    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1,
+                 *, tie_weights: bool = True, tie_projs: Optional[Sequence[bool]] = None, init_std: float = 0.02,
+                 proj_init_std: float = 0.01, block_size: int = 16384, rngs: nnx.Rngs):
+        self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
+        self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))
+        n_clusters = len(self.bounds) - 1
+        self.dims = tuple(cluster_dims(d_embed, n_clusters, div_val))
+        tie_projs = tuple(tie_projs) if tie_projs is not None else (False,) * (n_clusters + 1)
+        if len(tie_projs) != n_clusters + 1:
+            raise ValueError(f"tie_projs has {len(tie_projs)} entries; expected {n_clusters + 1} (head + tails)")
+        self.tie_weights, self.tie_projs, self.block_size = tie_weights, tie_projs, block_size
+        sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
+        self.tables = None if tie_weights else nnx.List(
+            [param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)])
+        self.biases = nnx.List([param(rngs, zeros, (v,), ("vocab",)) for v in sizes])
+        projs = []
+        for k in range(n_clusters + 1):
+            d_k = self.dims[0 if div_val == 1 else k]
+            needs = d_k != d_proj if div_val == 1 else True
+            own = needs and not tie_projs[k]
+            projs.append(param(rngs, normal(proj_init_std), (d_k, d_proj), (None, "embed")) if own else None)
+        self.projs = nnx.List(projs)
+        if n_clusters:
+            self.cluster_weight = param(rngs, normal(init_std), (n_clusters, d_embed), (None, "embed"))
+            self.cluster_bias = param(rngs, zeros, (n_clusters,), (None,))
+        self.n_clusters = n_clusters
+
+    # -- weights of one cluster ------------------------------------------------------------------------------------
+    def cluster_weights(self, k: int, embedding: Optional[AdaptiveEmbedding]):
+        """(table `[V_k, d_k]`, bias `[V_k]`, projection `[d_k, d_proj]` or None) of output cluster k."""
+        s, e = self.bounds[k]
+        t = 0 if self.div_val == 1 else k
+        if self.tie_weights:
+            if embedding is None:
+                raise ValueError("tied adaptive softmax needs the AdaptiveEmbedding it is tied to")
+            table = embedding.tables[t][...]
+        else:
+            table = self.tables[t][...]
+        bias = self.biases[t][...]
+        if self.div_val == 1:
+            table, bias = table[s:e], bias[s:e]
+        proj = self.projs[k]
+        if proj is not None:
+            proj = proj[...]
+        elif self.tie_projs[k] and embedding is not None:
+            proj = embedding.projs[t]
+            proj = None if proj is None else proj[...]
+        return table, bias, proj
+
+    @staticmethod
+    def _project(h: jax.Array, proj: Optional[jax.Array]) -> jax.Array:
+        return h if proj is None else h @ proj.astype(h.dtype).T
+
+    def _head(self, h: jax.Array, embedding):
+        """Projected hidden `[..., d_embed]` and the head logits (shortlist + cluster logits), float32."""
+        table, bias, proj = self.cluster_weights(0, embedding)
+        hp = self._project(h, proj)
+        logits = jnp.einsum("...d,vd->...v", hp, table.astype(hp.dtype), preferred_element_type=jnp.float32)
+        logits = logits + bias.astype(jnp.float32)
+        if self.n_clusters:
+            c = jnp.einsum("...d,kd->...k", hp, self.cluster_weight[...].astype(hp.dtype),
+                           preferred_element_type=jnp.float32) + self.cluster_bias[...].astype(jnp.float32)
+            logits = jnp.concatenate([logits, c], -1)
+        return hp, logits
+
+    # -- outputs ---------------------------------------------------------------------------------------------------
+    def log_probs(self, h: jax.Array, embedding: Optional[AdaptiveEmbedding] = None) -> jax.Array:
+        """Full log-probabilities `[..., V]` (float32) for hidden states h `[..., d_proj]`."""
+        _, head_logits = self._head(h, embedding)
+        head_lp = jax.nn.log_softmax(head_logits, -1)
+        shortlist = self.bounds[0][1]
+        parts = [head_lp[..., :shortlist]]
+        for k in range(1, self.n_clusters + 1):
+            table, bias, proj = self.cluster_weights(k, embedding)
+            hk = self._project(h, proj)
+            logits = jnp.einsum("...d,vd->...v", hk, table.astype(hk.dtype), preferred_element_type=jnp.float32)
+            parts.append(head_lp[..., shortlist + k - 1:shortlist + k]
+                         + jax.nn.log_softmax(logits + bias.astype(jnp.float32), -1))
+        return jnp.concatenate(parts, -1)
+
+    def nll(self, h: jax.Array, labels: jax.Array, embedding: Optional[AdaptiveEmbedding] = None) -> jax.Array:
+        """-log p(labels) `[...]` (float32) for h `[..., d_proj]`, labels `[...]`; labels < 0 are ignored (nll 0).
+
+        Head: target logit by a row gather, normaliser over the shortlist and cluster logits. Tail k: the
+        cluster's head log-prob plus gathered target logit minus the cluster log-normaliser (blocked logsumexp).
+        Every token computes every cluster's normaliser (static shapes); only its own cluster is selected.
+        """
+        lead = labels.shape
+        h = h.reshape(-1, h.shape[-1])
+        labels = labels.reshape(-1)
+        shortlist = self.bounds[0][1]
+        table0, bias0, proj0 = self.cluster_weights(0, embedding)
+        h0 = self._project(h, proj0)
+        head_table, head_bias = table0, bias0
+        if self.n_clusters:
+            head_table = jnp.concatenate([table0, self.cluster_weight[...].astype(table0.dtype)], 0)
+            head_bias = jnp.concatenate([bias0, self.cluster_bias[...].astype(bias0.dtype)], 0)
+        head_lse = logsumexp_rows(h0, head_table, head_bias, block=self.block_size)
+
+        def target_logit(hk, table, bias, idx):
+            rows = jnp.take(table, idx, axis=0).astype(hk.dtype)
+            return (jnp.einsum("nd,nd->n", hk, rows, preferred_element_type=jnp.float32)
+                    + jnp.take(bias, idx).astype(jnp.float32))
+
+        # head column of each label: the label itself (shortlist) or its cluster's logit
+        cluster = jnp.zeros_like(labels)
+        for k, (s, _) in enumerate(self.bounds[1:], start=1):
+            cluster = jnp.where(labels >= s, k, cluster)
+        head_col = jnp.where(cluster == 0, labels, shortlist + cluster - 1)
+        head_col = jnp.clip(head_col, 0, head_table.shape[0] - 1)
+        lp = target_logit(h0, head_table, head_bias, head_col) - head_lse
+        for k in range(1, self.n_clusters + 1):
+            s, e = self.bounds[k]
+            table, bias, proj = self.cluster_weights(k, embedding)
+            hk = self._project(h, proj)
+            local = jnp.clip(labels - s, 0, e - s - 1)
+            tail = target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
+            lp = lp + jnp.where(cluster == k, tail, 0.0)
+        nll = jnp.where(labels >= 0, -lp, 0.0)
+        return nll.reshape(lead)
