@@ -1,0 +1,158 @@
+"""The `xlgen` command.
+
+    xlgen train    --config=PATH [--config.KEY=VALUE ...] --workdir=DIR   pretrain; re-run to resume
+    xlgen eval     --config=PATH [--config.KEY=VALUE ...] --workdir=DIR   evaluate the latest checkpoint
+    xlgen prepare  ...    tokenizers and corpora        (data_pipelines.prepare:main)
+    xlgen finetune ...    GLUE / SQuAD / RACE / ...     (xlgen.finetune:main)
+    xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
+
+Common options of train/eval:
+    --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`
+                             when such a device node exists (/dev/accel*, /dev/vfio/*, /dev/nvidia0), else `cpu`.
+    --distributed=auto|on|off  call jax.distributed.initialize(). `auto`: when launched by
+                             launch/local_multiprocess.sh (XLGEN_COORDINATOR/XLGEN_NUM_PROCESSES/XLGEN_PROCESS_ID), or
+                             on a multi-host TPU slice / SLURM job (JAX reads the cluster environment).
+Subcommands import their modules lazily so `xlgen --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib
+import logging
+import os
+import sys
+from typing import List, Optional
+
+DELEGATED = {
+    "prepare": "data_pipelines.prepare:main",
+    "finetune": "xlgen.finetune:main",
+    "plan": "xlgen.plan:main",
+}
+USAGE = __doc__
+
+
+def _default_platform() -> str:
+    if os.environ.get("JAX_PLATFORMS"):
+        return os.environ["JAX_PLATFORMS"]
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return "tpu"
+    if os.path.exists("/dev/nvidia0"):
+        return "gpu"
+    return "cpu"
+
+
+def _want_distributed(mode: str) -> bool:
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    if os.environ.get("XLGEN_NUM_PROCESSES") and int(os.environ["XLGEN_NUM_PROCESSES"]) > 1:
+        return True
+    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    if "," in hosts:
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1
+
+
+def setup_runtime(platform: str, distributed: str) -> None:
+    """Platform, CPU collectives and jax.distributed — before anything touches a device."""
+    os.environ["JAX_PLATFORMS"] = platform
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax is chatty at INFO
+    except ImportError:  # pragma: no cover
+        pass
+    import jax
+
+    if _want_distributed(distributed):
+        if platform == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if os.environ.get("XLGEN_COORDINATOR"):
+            jax.distributed.initialize(coordinator_address=os.environ["XLGEN_COORDINATOR"],
+                                       num_processes=int(os.environ["XLGEN_NUM_PROCESSES"]),
+                                       process_id=int(os.environ["XLGEN_PROCESS_ID"]))
+        else:
+            jax.distributed.initialize()
+
+
+def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"xlgen {cmd}", description=f"xlgen {cmd} (config overrides: --config.KEY=VALUE)")
+    p.add_argument("--config", required=True, help="config file with get_config(), e.g. configs/pretrain/txl_tiny.py")
+    p.add_argument("--workdir", required=True, help="run directory (checkpoints/, metrics.jsonl, tensorboard/)")
+    p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect, else cpu)")
+    p.add_argument("--distributed", default="auto", choices=("auto", "on", "off"))
+    return p
+
+
+def _train_or_eval(cmd: str, argv: List[str]) -> int:
+    from xlgen import config as config_lib
+
+    try:
+        overrides, rest = config_lib.parse_overrides(argv)
+    except config_lib.ConfigError as e:
+        print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    args = _train_eval_parser(cmd).parse_args(rest)
+    try:
+        config = config_lib.load_config(args.config, overrides)
+    except config_lib.ConfigError as e:
+        print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    setup_runtime(args.platform or _default_platform(), args.distributed)
+    import jax
+
+    from xlgen.train import loop
+
+    try:
+        if cmd == "train":
+            summary = loop.train(config, args.workdir, config_path=args.config)
+        else:
+            rec = loop.evaluate(config, args.workdir)
+            if jax.process_index() == 0:
+                print("eval: " + "  ".join(f"{k} {v}" for k, v in rec.items()), flush=True)
+            return 0
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    if jax.process_index() == 0:
+        wd = summary["workdir"]
+        cfg_args = " ".join([f"--config={args.config}"] + [f"--config.{k}={v}" for k, v in overrides.items()
+                                                             if k != "total_steps"])
+        print(f"\ndone: step {summary['step']}." + (f"  last eval: " + "  ".join(
+            f"{k} {v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float)) if "eval" in summary else ""))
+        print(f"  checkpoints  {wd}/checkpoints/   (Orbax; latest = step {summary['step']})")
+        print(f"  metrics      {wd}/metrics.jsonl   tensorboard: tensorboard --logdir {wd}/tensorboard")
+        print(f"  config       {wd}/config.json")
+        print(f"  resume/extend: xlgen train {cfg_args} --config.total_steps=N --workdir={wd}")
+        print(f"  evaluate:      xlgen eval {cfg_args} --workdir={wd}")
+        print(f"  Python:        xlgen.from_pretrained('{wd}')", flush=True)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd in ("train", "eval"):
+        return _train_or_eval(cmd, rest)
+    if cmd in DELEGATED:
+        module, fn = DELEGATED[cmd].split(":")
+        try:
+            target = getattr(importlib.import_module(module), fn)
+        except ImportError as e:
+            print(f"xlgen {cmd}: not available ({e})", file=sys.stderr)
+            return 2
+        return int(target(rest) or 0)
+    print(f"xlgen: unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

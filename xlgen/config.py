@@ -1,0 +1,262 @@
+"""Config files, command-line overrides and the resolved `config.json`.
+
+A config file is a Python file with `get_config()` returning an `ml_collections.ConfigDict` (see
+`configs/pretrain/*.py`). Every key a run can use is declared there with its default, so that
+
+    --config.optimizer.learning_rate=3e-4      # type-checked against the declared default (int -> float ok)
+    --config.model.n_layer=4
+    --config.mesh.data=-1
+
+are checked: an unknown key is an error that lists the valid keys (with a "did you mean" suggestion), and a value that
+does not parse as the declared type is an error naming the key. Values are parsed as Python literals (`True`, `3e-4`,
+`(1, 2)`, `None`); strings need no quotes.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import json
+import os
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
+
+import ml_collections
+
+ConfigDict = ml_collections.ConfigDict
+
+
+class ConfigError(ValueError):
+    """A bad config file, key or value (the message names the file or key)."""
+
+
+def load_config_file(path: str) -> ConfigDict:
+    """Import `path` and return its `get_config()` (unlocked copy)."""
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: config file not found")
+    spec = importlib.util.spec_from_file_location(f"xlgen_config_{abs(hash(os.path.abspath(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a syntax/import error in the user's config: say which file
+        raise ConfigError(f"{path}: cannot import config file: {type(e).__name__}: {e}") from e
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"{path}: no get_config() function")
+    config = module.get_config()
+    if not isinstance(config, ConfigDict):
+        raise ConfigError(f"{path}: get_config() must return an ml_collections.ConfigDict, got {type(config).__name__}")
+    return ConfigDict(config.to_dict(), type_safe=True)
+
+
+def flat_keys(config: ConfigDict, prefix: str = "") -> List[str]:
+    """All leaf keys of a (nested) ConfigDict as dotted names, sorted."""
+    keys = []
+    for k, v in config.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, ConfigDict):
+            keys.extend(flat_keys(v, name + "."))
+        else:
+            keys.append(name)
+    return sorted(keys)
+
+
+def _parse_value(key: str, text: str, current: Any) -> Any:
+    """Parse `text` as the type of `current` (the declared default)."""
+    def literal():
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text  # a bare string
+
+    if isinstance(current, bool):
+        low = text.strip().lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"--config.{key}={text}: expected a bool (True/False)")
+    if isinstance(current, int):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = None
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"--config.{key}={text}: expected an int (declared default {current!r})")
+        return value
+    if isinstance(current, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"--config.{key}={text}: expected a float (declared default {current!r})") from None
+    if isinstance(current, str):
+        return text
+    if isinstance(current, (tuple, list)):
+        value = literal()
+        if isinstance(value, (int, float, str)):
+            value = (value,)
+        if not isinstance(value, (tuple, list)):
+            raise ConfigError(f"--config.{key}={text}: expected a tuple like (1, 2)")
+        return type(current)(value)
+    return literal()  # declared None or other: any literal
+
+
+def _unknown_key_error(key: str, valid: Sequence[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, valid, n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(f"unknown config key {key!r} ({where}).{hint}\nValid keys:\n  " + "\n  ".join(valid))
+
+
+def apply_override(config: ConfigDict, key: str, text: str) -> None:
+    """Set dotted `key` from the command-line string `text`, type-checked against the declared default."""
+    valid = flat_keys(config)
+    parts = key.split(".")
+    node = config
+    for i, part in enumerate(parts):
+        if not isinstance(node, ConfigDict) or part not in node:
+            raise _unknown_key_error(key, valid, "command line")
+        if i < len(parts) - 1:
+            node = node[part]
+    leaf = parts[-1]
+    current = node[leaf]
+    if isinstance(current, ConfigDict):
+        raise ConfigError(f"--config.{key}: is a section, set one of its keys: "
+                          + ", ".join(k for k in valid if k.startswith(key + ".")))
+    value = _parse_value(key, text, current)
+    with node.unlocked():
+        node[leaf] = value
+
+
+def parse_overrides(argv: Iterable[str]) -> Tuple[Dict[str, str], List[str]]:
+    """Split `--config.KEY=VALUE` arguments from the others. Returns ({key: text}, rest)."""
+    overrides, rest = {}, []
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--config."):
+            body = a[len("--config."):]
+            if "=" in body:
+                k, v = body.split("=", 1)
+            elif i + 1 < len(argv):
+                k, v = body, argv[i + 1]
+                i += 1
+            else:
+                raise ConfigError(f"{a}: missing value (use --config.KEY=VALUE)")
+            if k in overrides:
+                raise ConfigError(f"--config.{k} given twice")
+            overrides[k] = v
+        else:
+            rest.append(a)
+        i += 1
+    return overrides, rest
+
+
+def load_config(path: str, overrides: Dict[str, str] | Sequence[str] = ()) -> ConfigDict:
+    """`get_config()` of `path` with overrides applied (dict key->text, or a list of `--config.K=V` strings)."""
+    config = load_config_file(path)
+    if not isinstance(overrides, dict):
+        overrides, rest = parse_overrides(overrides)
+        if rest:
+            raise ConfigError(f"not config overrides: {rest}")
+    for k, v in overrides.items():
+        apply_override(config, k, v)
+    return config
+
+
+def check_keys(config: ConfigDict, schema: ConfigDict, where: str) -> None:
+    """Every leaf key of `config` must exist in `schema` (used for config.json of an existing workdir)."""
+    valid = flat_keys(schema)
+    for k in flat_keys(config):
+        if k not in valid:
+            raise _unknown_key_error(k, valid, where)
+
+
+def to_json_dict(config: ConfigDict) -> Dict[str, Any]:
+    return json.loads(config.to_json_best_effort())
+
+
+def from_json_dict(d: Dict[str, Any]) -> ConfigDict:
+    d = {k: v for k, v in d.items() if k != "xlgen"}
+    return ConfigDict(_tuplify(d), type_safe=True)
+
+
+def _tuplify(x):
+    if isinstance(x, dict):
+        return {k: _tuplify(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return tuple(_tuplify(v) for v in x)
+    return x
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Write JSON to a temp file next to `path`, then rename (never a half-written file)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_resolved_config(config: ConfigDict, workdir: str) -> str:
+    """Write `workdir/config.json` (the resolved config, tagged with an `xlgen` key so that
+    `xlgen.from_pretrained(workdir)` knows it is an xlgen workdir and not a Hugging Face directory)."""
+    from xlgen import __version__
+
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "config.json")
+    d = to_json_dict(config)
+    d["xlgen"] = {"version": __version__, "kind": "pretrain"}
+    write_json_atomic(path, d)
+    return path
+
+
+def read_workdir_config(workdir: str) -> ConfigDict | None:
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        try:
+            return from_json_dict(json.load(f))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: invalid JSON ({e})") from e
+
+
+def base_config() -> ConfigDict:
+    """Every training key with its default; config files start from this and set `model` and `data`.
+
+    model             family ("transformer_xl" | "xlnet" | "funnel") + the family config's fields
+    objective         "" = family default (txl_lm | xlnet_plm | funnel_mlm); or funnel_electra, or a registered one
+    objective_options loss_positions ("all" | "later_half", TXL), disc_coeff / generator_* (ELECTRA)
+    data              the data pipeline's keys (data_pipelines.default_config(pipeline), docs/data.md)
+    optimizer         see xlgen/optim.py
+    mesh              data / fsdp / tensor sizes (-1 = fill) and the rule preset (dp | fsdp | fsdp_tp)
+    checkpoint        every_steps, keep, async_save, save_mems
+    eval              split, steps (-1 = whole split), mem_len / same_length / clamp_len (TXL eval), metric
+    """
+    c = ConfigDict()
+    c.model = ConfigDict({"family": ""})
+    c.objective = ""
+    c.objective_options = ConfigDict(dict(
+        loss_positions="all",     # TXL: "all" or "later_half" (loss only on the second half of each segment)
+        disc_coeff=50.0,          # ELECTRA: loss = generator MLM + disc_coeff * discriminator BCE
+        generator_width=0.25,     # ELECTRA: generator d_model / d_inner / n_head shrink factor
+        temperature=1.0,          # ELECTRA: sampling temperature of replacements
+    ))
+    c.data = ConfigDict()
+    c.optimizer = ConfigDict(dict(
+        name="adamw", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine", poly_power=1.0, min_lr_ratio=0.0,
+        b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=0.25, lr_layer_decay_rate=1.0,
+        layer_decay_mode="lr", grad_accum_steps=1))
+    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
+    c.checkpoint = ConfigDict(dict(every_steps=1000, keep=3, async_save=True, save_mems=True))
+    # TXL eval: mem_len / same_length / clamp_len None = as in training (the papers evaluate with longer memory)
+    c.eval = ConfigDict(dict(split="valid", steps=-1, mem_len=None, same_length=None, clamp_len=None, metric="ppl"))
+    c.total_steps = 1000
+    c.log_every_steps = 50
+    c.eval_every_steps = 500     # 0 = never (not even at the end), -1 = only at the end
+    c.seed = 0
+    c.peak_flops_per_device = 0.0  # for MFU; e.g. 123e12 for a TPU v3 core pair (bf16)
+    c.tensorboard = True
+    return c

@@ -1,0 +1,82 @@
+"""Analytic training FLOPs per step (forward + backward = 3 x forward), for MFU.
+
+Counted: every matmul (2 * m * n * k), i.e. the dense projections, the feed-forward, the softmax / LM head, and
+the attention score and value products including the relative-position term:
+
+  per layer, per example, query length q, key length k = mem + q, heads n, head width dh, model width d:
+    projections   2 * q * d * (3 n dh)  (q, k, v over the segment)  + 2 * k_mem * d * 2 n dh (k, v over memory)
+                  + 2 * R * d * n dh  (position keys, R = k (+ q for bidirectional))  + 2 * q * n dh * d (output)
+    scores        2 * q * k * n dh * (2 + segment)    content + position (+ segment)
+    values        2 * q * k * n dh
+    ffn           2 * 2 * q * d * d_inner
+  LM head         2 * q * d * V (tied or not; adaptive softmax counted as its clusters)
+
+Element-wise work (softmax, LayerNorm, relative shift) is ignored, as in the usual 6ND-style accounting.
+Funnel uses `xlgen.models.funnel_cost` (the Funnel engineer's per-block cost with pooling) when available.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict, Tuple
+
+
+def _attn_layer_fwd(q: int, k: int, d: int, n: int, dh: int, d_inner: int, *, pos_len: int, segment: bool) -> float:
+    mem = k - q
+    proj = 2 * q * d * 3 * n * dh + 2 * mem * d * 2 * n * dh + 2 * pos_len * d * n * dh + 2 * q * n * dh * d
+    scores = 2 * q * k * n * dh * (3 if segment else 2)
+    values = 2 * q * k * n * dh
+    ffn = 4 * q * d * d_inner
+    return float(proj + scores + values + ffn)
+
+
+def txl_forward_flops(m, batch: int, tgt_len: int, mem_len: int) -> float:
+    d, n, dh, di, L, V = (int(m.d_model), int(m.n_head), int(m.d_head), int(m.d_inner), int(m.n_layer),
+                          int(m.get("vocab_size", m.get("n_token", 0))))
+    k = tgt_len + max(mem_len, 0)
+    per_layer = _attn_layer_fwd(tgt_len, k, d, n, dh, di, pos_len=k, segment=False)
+    head = 2 * tgt_len * d * V
+    return batch * (L * per_layer + head)
+
+
+def xlnet_forward_flops(m, batch: int, seq_len: int, num_predict: int, mem_len: int) -> float:
+    d, n, dh, di, L, V = (int(m.d_model), int(m.n_head), int(m.d_head), int(m.d_inner), int(m.n_layer),
+                          int(m.vocab_size))
+    k = seq_len + max(mem_len, 0)
+    content = _attn_layer_fwd(seq_len, k, d, n, dh, di, pos_len=k + seq_len, segment=True)
+    # query stream: num_predict queries reuse the content keys/values; own q and output projections + ffn
+    query = 2 * num_predict * d * n * dh * 2 + 2 * num_predict * k * n * dh * 4 + 4 * num_predict * d * di
+    head = 2 * num_predict * d * V
+    return batch * (L * (content + query) + head)
+
+
+def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None = None) -> float:
+    """3 x forward FLOPs of one global training batch (0.0 if the family has no cost model)."""
+    fam = config.model.family
+    data = config.data
+    if fam == "transformer_xl":
+        fwd = txl_forward_flops(config.model, int(data.batch_size), int(data.tgt_len), int(config.model.mem_len))
+    elif fam == "xlnet":
+        fwd = xlnet_forward_flops(config.model, int(data.batch_size), int(data.seq_len), int(data.num_predict),
+                                  int(config.model.get("mem_len") or 0))
+    elif fam == "funnel":
+        try:
+            cost = importlib.import_module("xlgen.models.funnel_cost")
+        except ImportError:
+            return 0.0
+        fn = getattr(cost, "train_flops_per_step", None)
+        if fn is not None:
+            return float(fn(config))
+        fwd_fn = getattr(cost, "forward_flops", None)
+        if fwd_fn is None:
+            return 0.0
+        fwd = float(fwd_fn(config))
+    else:
+        return 0.0
+    return 3.0 * fwd
+
+
+def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int, peak_flops_per_device: float) -> float:
+    if peak_flops_per_device <= 0 or seconds_per_step <= 0:
+        return 0.0
+    return flops_per_step / seconds_per_step / (num_devices * peak_flops_per_device)

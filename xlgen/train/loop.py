@@ -1,0 +1,325 @@
+"""The training loop and evaluation (one readable loop for every family).
+
+    train(config, workdir)     resume from workdir/checkpoints if present, train to config.total_steps
+    evaluate(config, workdir)  evaluate the latest checkpoint on the eval split
+
+Per step s (0-based): batch = pipeline.batch(s) (a pure function of the step, so resuming needs only the step),
+assembled into global arrays with `jax.make_array_from_process_local_data`; `state, mems = train_step(state, batch,
+mems)`. Logging every `log_every_steps`, eval every `eval_every_steps`, checkpoints every
+`checkpoint.every_steps`, at the end, and on SIGTERM/SIGINT (the current step is saved, then the process exits
+with status 143).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xlgen import config as config_lib
+from xlgen import sharding
+from xlgen.checkpointing import Checkpointer
+from xlgen.train import metrics as metrics_lib
+from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
+
+log = logging.getLogger("xlgen")
+
+PREEMPTED_EXIT_CODE = 143
+
+
+class Preempted(SystemExit):
+    def __init__(self, step: int):
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.step = step
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Workdir checks
+# ----------------------------------------------------------------------------------------------------------------
+
+def _shapes(config) -> Dict[str, Any]:
+    from xlgen.train.objectives import get_objective
+
+    obj = get_objective(config)
+    spec = abstract_model(lambda r: obj.make_model(config, r, True), train=True)
+    out = {f"param {k}": v for k, v in spec.shapes.items()}
+    out["memory"] = obj.mems_shape(config, "train")
+    return out
+
+
+def check_workdir_compatible(config, workdir: str) -> None:
+    """A config that changes parameter or memory shapes against an existing workdir is an error."""
+    old = config_lib.read_workdir_config(workdir)
+    if old is None or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        return
+    old_model, new_model = old.model.to_dict(), config.model.to_dict()
+    changed = sorted(k for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
+    if old.get("objective") != config.get("objective"):
+        changed.append("objective")
+    try:
+        old_shapes = _shapes(old)
+    except Exception as e:  # the stored config no longer builds
+        raise ValueError(f"{workdir}/config.json: cannot rebuild the stored model ({e}); use a new --workdir") from e
+    new_shapes = _shapes(config)
+    diff = [k for k in sorted(set(old_shapes) | set(new_shapes)) if old_shapes.get(k) != new_shapes.get(k)]
+    if config.checkpoint.save_mems is False:
+        diff = [d for d in diff if d != "memory"]
+    if diff:
+        detail = "\n  ".join(f"{k}: {old_shapes.get(k)} -> {new_shapes.get(k)}" for k in diff[:20])
+        raise ValueError(
+            f"{workdir} holds checkpoints of a model with different shapes; the config changes "
+            f"{', '.join('model.' + c for c in changed) or 'the batch/memory layout'}:\n  {detail}\n"
+            f"Use a new --workdir, or the same model settings to resume.")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------------
+
+def eval_data_config(config):
+    """The eval pipeline reads its layout from config.data itself (eval_batch_size, eval_tgt_len)."""
+    return config.data
+
+
+def make_pipeline(data_config, split: str):
+    import data_pipelines
+
+    return data_pipelines.make_pipeline(data_config, split=split, process_index=jax.process_index(),
+                                        process_count=jax.process_count())
+
+
+def global_batch(local: Dict[str, np.ndarray], shardings: Dict[str, Any], spec: Dict[str, Any]) -> Dict[str, jax.Array]:
+    out = {}
+    for k, sh in shardings.items():
+        if k not in local:
+            raise KeyError(f"the data pipeline's batch has no {k!r} (has {sorted(local)})")
+        shape, dtype = spec[k]
+        out[k] = jax.make_array_from_process_local_data(sh, np.asarray(local[k], dtype=dtype), shape)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Evaluation
+# ----------------------------------------------------------------------------------------------------------------
+
+def run_eval(program: Program, params, pipeline, steps: int) -> Dict[str, float]:
+    """Mean eval loss over `steps` batches, carrying (eval-length) memory across them; family metrics."""
+    eval_step, zero_mems, shardings = make_eval_step(program)
+    spec = program.objective.batch_spec(program.config, "eval")
+    mems = zero_mems()
+    total, count = 0.0, 0.0
+    for s in range(steps):
+        batch = global_batch(pipeline.batch(s), shardings, spec)
+        t, c, mems = eval_step(params, batch, mems)
+        total += float(t)
+        count += float(c)
+    loss = total / max(count, 1.0)
+    return {k: float(v) for k, v in program.objective.eval_metrics(loss, program.config).items()}
+
+
+def _eval_steps(config, pipeline) -> int:
+    """eval.steps batches (-1 = the whole split), at most the split's `num_steps`."""
+    steps = int(config.eval.steps)
+    n = getattr(pipeline, "num_steps", None)
+    if steps < 0:
+        if n is None:
+            raise ValueError("eval.steps=-1 (whole split) but the eval pipeline is endless; set eval.steps")
+        return int(n)
+    return min(steps, int(n)) if n is not None else steps
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------------------------
+
+class _StopFlag:
+    """SIGTERM/SIGINT -> finish the current step, save it, exit. Multi-process runs agree on the step through
+    JAX's preemption sync point (every process saves the same step)."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = {}
+
+    def install(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                pass
+
+    def _handler(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def should_stop(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            try:
+                return bool(multihost_utils.reached_preemption_sync_point(step)) or self.requested
+            except Exception:
+                return self.requested
+        return self.requested
+
+    def restore(self):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _fmt_metrics(d: Dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.4f}" for k, v in d.items())
+
+
+def train(config, workdir: str, *, config_path: Optional[str] = None) -> Dict[str, Any]:
+    """Train (or resume) to config.total_steps. Returns a summary dict (last step, last metrics, last eval)."""
+    workdir = os.path.abspath(workdir)
+    is_main = jax.process_index() == 0
+    check_workdir_compatible(config, workdir)
+    if is_main:
+        config_lib.write_resolved_config(config, workdir)
+
+    mesh = sharding.make_mesh(config.mesh)
+    program = build_program(config, mesh)
+    total = int(config.total_steps)
+    ckpt_cfg = config.checkpoint
+    save_mems = bool(ckpt_cfg.save_mems) and program.mems_shape is not None
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep),
+                        async_save=bool(ckpt_cfg.async_save))
+    writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
+    summary: Dict[str, Any] = {"workdir": workdir}
+
+    with jax.set_mesh(mesh):
+        restored = ckpt.restore_latest(program.abstract_state(), program.abstract_mems() if save_mems else None)
+        if restored is not None:
+            state, mems, meta, start = restored
+            if program.mems_shape is not None and mems is None:
+                log.warning("checkpoint %d has no memory (checkpoint.save_mems=False): streams restart with "
+                            "empty memory", start)
+                mems = jnp.zeros(program.mems_shape, program.mems_dtype, device=program.mems_sharding)
+            if is_main:
+                dropped = metrics_lib.truncate_after(writer.path, start)
+                print(f"resumed from {ckpt.directory}/{start}" + (f" (dropped {dropped} metric records logged after "
+                      "it)" if dropped else ""), flush=True)
+        else:
+            state, mems = program.init_state()
+            start = 0
+        summary["start_step"] = start
+
+        train_pipe = make_pipeline(config.data, "train")
+        bspec = program.objective.batch_spec(config, "train")
+        gb = next(iter(bspec.values()))[0][0]
+        row0, row1 = sharding.process_rows(mesh, gb)
+        if getattr(train_pipe, "local_batch_size", row1 - row0) != row1 - row0:
+            raise ValueError(f"the data pipeline gives {train_pipe.local_batch_size} rows per process but the mesh "
+                             f"places {row1 - row0} rows on process {jax.process_index()}")
+        eval_every = int(config.eval_every_steps)
+        eval_pipe = None
+
+        def do_eval(step):
+            nonlocal eval_pipe
+            if eval_pipe is None:
+                eval_pipe = make_pipeline(eval_data_config(config), config.eval.split)
+            res = run_eval(program, state["params"], eval_pipe, _eval_steps(config, eval_pipe))
+            rec = {"step": step, "split": config.eval.split, **res}
+            writer.write(rec)
+            progress.message(f"eval @ step {step} ({config.eval.split}): {_fmt_metrics(res)}")
+            summary["eval"] = rec
+
+        def save(step):
+            meta = {"step": step, "mems_shape": list(program.mems_shape) if program.mems_shape else None,
+                    "family": config.model.family}
+            ckpt.save(step, state, mems if save_mems else None, meta)
+
+        stop = _StopFlag()
+        stop.install()
+        progress = metrics_lib.Progress(total, start, enabled=is_main)
+        log_every = max(int(config.log_every_steps), 1)
+        every = int(ckpt_cfg.every_steps)
+        peak = float(config.get("peak_flops_per_device", 0.0))
+        n_dev = len(mesh.devices.flat)
+        t_last, s_last = time.time(), start
+        record = None
+        try:
+            for s in range(start, total):
+                batch = global_batch(train_pipe.batch(s), program.batch_shardings, bspec)
+                state, mems, m = program.train_step(state, batch, mems)
+                step = s + 1
+                if step == start + 1:  # do not count compilation in the throughput
+                    jax.block_until_ready(m)
+                    t_last, s_last = time.time(), step
+                    if is_main:
+                        progress.message(f"compiled; first step done ({program.tokens_per_step} tokens/step, "
+                                         f"{program.analytic_flops_per_step:.3g} FLOPs/step)")
+                if step % log_every == 0 or step == total:
+                    vals = {k: float(v) for k, v in jax.device_get(m).items()}
+                    now = time.time()
+                    n = max(step - s_last, 0)
+                    dt = max(now - t_last, 1e-9)
+                    record = {"step": step, **vals}
+                    if n:
+                        record["steps_per_sec"] = n / dt
+                        record["tokens_per_sec"] = n * program.tokens_per_step / dt
+                        if program.analytic_flops_per_step and peak > 0:
+                            record["mfu"] = program.analytic_flops_per_step * n / dt / (n_dev * peak)
+                    else:
+                        record["tokens_per_sec"] = 0.0
+                    writer.write(record)
+                    progress.update(step, record)
+                    t_last, s_last = time.time(), step
+                else:
+                    progress.update(step)
+                if eval_every > 0 and step % eval_every == 0 and step != total:
+                    do_eval(step)
+                    t_last = time.time()
+                if stop.should_stop(step):
+                    save(step)
+                    ckpt.wait()
+                    progress.message(f"stopped by signal: saved checkpoint {ckpt.directory}/{step}")
+                    raise Preempted(step)
+                if (every > 0 and step % every == 0) or step == total:
+                    save(step)
+            if eval_every != 0 and total > start:
+                do_eval(total)
+        finally:
+            stop.restore()
+            progress.close()
+            ckpt.close()
+            writer.close()
+    summary["step"] = total
+    summary["last"] = record
+    return summary
+
+
+def evaluate(config, workdir: str) -> Dict[str, Any]:
+    """Evaluate the latest checkpoint of `workdir` on config.eval.split; appends the record to metrics.jsonl."""
+    workdir = os.path.abspath(workdir)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(ckpt_dir):
+        raise FileNotFoundError(f"{workdir}: no checkpoints/ directory (train first: xlgen train ... --workdir={workdir})")
+    check_workdir_compatible(config, workdir)
+    mesh = sharding.make_mesh(config.mesh)
+    program = build_program(config, mesh)
+    ckpt = Checkpointer(ckpt_dir, keep=0, async_save=False)
+    with jax.set_mesh(mesh):
+        restored = ckpt.restore_latest(program.abstract_state(), None)
+        if restored is None:
+            raise FileNotFoundError(f"{ckpt_dir}: no checkpoint to evaluate")
+        state, _, _, step = restored
+        pipe = make_pipeline(eval_data_config(config), config.eval.split)
+        res = run_eval(program, state["params"], pipe, _eval_steps(config, pipe))
+    ckpt.close()
+    rec = {"step": step, "split": config.eval.split, **res}
+    if jax.process_index() == 0:
+        writer = metrics_lib.MetricsWriter(workdir, tensorboard=False)
+        writer.write(rec)
+        writer.close()
+    return rec

@@ -1,0 +1,232 @@
+"""Training objectives, looked up by name (`config.objective`, default per `config.model.family`).
+
+An `Objective` says how to build the model for a config, what a global batch looks like, whether a recurrent
+memory is carried, and how to turn (model, batch, memory) into a loss. Finetuning tasks register their own with
+`register_objective` and reuse the loop, sharding and checkpointing.
+
+Built in:
+  txl_lm          Transformer-XL LM: mean next-token NLL over all positions, or the later half
+                  (`objective_options.loss_positions="later_half"`, the ablation of Dai et al. §1.8).
+  xlnet_plm       XLNet two-stream permutation LM: sum(nll * target_mask) / sum(target_mask) over target_mapping.
+  funnel_mlm      Funnel MLM: sum(nll * label_mask) / sum(label_mask).
+  funnel_electra  Funnel ELECTRA: generator MLM loss + disc_coeff * discriminator replaced-token BCE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+Batch = Dict[str, jax.Array]
+ShapeDtype = Tuple[Tuple[int, ...], Any]
+
+
+@dataclasses.dataclass
+class Objective:
+    name: str
+    family: str
+    # (config, rngs, train: bool) -> nnx.Module.  Eval modules may differ in static settings (same_length...)
+    make_model: Callable[[Any, nnx.Rngs, bool], nnx.Module]
+    # config -> {name: (global shape, dtype)} of a training batch (split="train") or eval batch
+    batch_spec: Callable[[Any, str], Dict[str, ShapeDtype]]
+    # (model, batch, mems, rng) -> (scalar loss, {metric: scalar}, new_mems or None)
+    loss: Callable[..., Tuple[jax.Array, Dict[str, jax.Array], Optional[jax.Array]]]
+    # (model, batch, mems) -> (sum of per-token losses, token count, new_mems)  -- for eval
+    eval_loss: Callable[..., Tuple[jax.Array, jax.Array, Optional[jax.Array]]]
+    # config, split -> memory shape [n_layer, batch, mem_len, d] (or None: no memory)
+    mems_shape: Callable[[Any, str], Optional[Tuple[int, ...]]] = lambda config, split: None
+    mems_dtype: Callable[[Any], Any] = lambda config: jnp.float32
+    # tokens processed per training step (for tokens/s)
+    tokens_per_step: Callable[[Any], int] = lambda config: 0
+    # final eval metrics from the mean eval loss
+    eval_metrics: Callable[[float, Any], Dict[str, float]] = lambda loss, config: {"loss": loss}
+    # (param name) -> layer index for layer-wise LR decay, and the number of layers
+    layer_of: Callable[[str], Optional[int]] = lambda name: None
+    n_layer: Callable[[Any], int] = lambda config: 1
+
+
+OBJECTIVES: Dict[str, Objective] = {}
+DEFAULT_OBJECTIVE = {"transformer_xl": "txl_lm", "xlnet": "xlnet_plm", "funnel": "funnel_mlm"}
+
+
+def register_objective(obj: Objective) -> Objective:
+    OBJECTIVES[obj.name] = obj
+    return obj
+
+
+def get_objective(config) -> Objective:
+    name = config.get("objective") or DEFAULT_OBJECTIVE.get(config.model.family)
+    if name is None:
+        raise ValueError(f"model.family={config.model.family!r}: unknown; expected one of {sorted(DEFAULT_OBJECTIVE)}")
+    if name not in OBJECTIVES:
+        raise ValueError(f"objective={name!r}: unknown; registered: {sorted(OBJECTIVES)}")
+    return OBJECTIVES[name]
+
+
+def model_config(config, module: str, cls_name: str, **overrides):
+    """The family's frozen config dataclass from `config.model` (minus `family`), with clear errors."""
+    mod = importlib.import_module(module)
+    cls = getattr(mod, cls_name)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kw = {k: v for k, v in config.model.to_dict().items() if k != "family"}
+    unknown = sorted(set(kw) - fields)
+    if unknown:
+        raise ValueError(f"config.model.{unknown[0]}: not a field of {cls_name}; valid fields: {sorted(fields)}")
+    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kw.items()}
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def _layer_index(name: str) -> Optional[int]:
+    """`...layers.<i>....` -> i (unstacked layer lists)."""
+    parts = name.split(".")
+    for a, b in zip(parts, parts[1:]):
+        if a in ("layers", "layer") and b.isdigit():
+            return int(b)
+    return None
+
+
+def _reset_rows(mems: jax.Array, stream_reset: jax.Array) -> jax.Array:
+    """Zero the memory rows whose stream (re)starts: mems [L, b, M, d], stream_reset [b] bool."""
+    keep = 1.0 - stream_reset.astype(mems.dtype)
+    return mems * keep[None, :, None, None]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Transformer-XL language modelling
+# ----------------------------------------------------------------------------------------------------------------
+
+def _txl_cfg(config, train: bool):
+    if train:
+        return model_config(config, "xlgen.models.transformer_xl", "TransformerXLConfig")
+    ev = config.eval
+    over = {}
+    for key in ("same_length", "clamp_len"):
+        if key in ev and ev[key] is not None:
+            over[key] = ev[key]
+    return model_config(config, "xlgen.models.transformer_xl", "TransformerXLConfig", **over)
+
+
+def _txl_model(config, rngs, train):
+    mod = importlib.import_module("xlgen.models.transformer_xl")
+    return mod.TransformerXLLM(_txl_cfg(config, train), rngs=rngs)
+
+
+def _batch_size(config, split):
+    return int(config.data.batch_size) if split == "train" else int(config.data.eval_batch_size)
+
+
+def _lm_batch_spec(config, split):
+    b = _batch_size(config, split)
+    t = int(config.data.tgt_len) if split == "train" else int(config.data.eval_tgt_len)
+    return {"input_ids": ((b, t), jnp.int32), "labels": ((b, t), jnp.int32), "label_mask": ((b, t), jnp.float32),
+            "stream_reset": ((b,), jnp.bool_)}
+
+
+def _txl_mem_len(config, split):
+    if split != "train" and config.eval.get("mem_len") is not None:
+        return int(config.eval.mem_len)
+    return int(config.model.mem_len)
+
+
+def _txl_mems_shape(config, split):
+    b = _batch_size(config, split)
+    m = _txl_mem_len(config, split)
+    if m <= 0:
+        return None
+    return (int(config.model.n_layer), b, m, int(config.model.d_model))
+
+
+def _txl_loss(model, batch, mems, rng, config):
+    del rng
+    if mems is not None:
+        mems = _reset_rows(mems, batch["stream_reset"])
+    nll, new_mems = model(batch["input_ids"], mems, labels=batch["labels"], mem_len=_txl_mem_len(config, "train"))
+    w = batch["label_mask"].astype(jnp.float32)
+    if config.objective_options.loss_positions == "later_half":
+        nll, w = nll[:, nll.shape[1] // 2:], w[:, w.shape[1] // 2:]
+    elif config.objective_options.loss_positions != "all":
+        raise ValueError(f"objective_options.loss_positions={config.objective_options.loss_positions!r}: "
+                         "expected 'all' or 'later_half'")
+    loss = (nll.astype(jnp.float32) * w).sum() / jnp.maximum(w.sum(), 1.0)
+    return loss, {}, new_mems
+
+
+def _txl_eval_loss(model, batch, mems, config):
+    if mems is not None:
+        mems = _reset_rows(mems, batch["stream_reset"])
+    nll, new_mems = model(batch["input_ids"], mems, labels=batch["labels"], mem_len=_txl_mem_len(config, "eval"))
+    valid = batch["label_mask"].astype(jnp.float32)
+    return (nll.astype(jnp.float32) * valid).sum(), valid.sum(), new_mems
+
+
+def _lm_eval_metrics(loss, config):
+    out = {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
+    if config.eval.get("metric", "ppl") == "bpc":
+        out["bpc"] = loss / math.log(2.0)
+    return out
+
+
+register_objective(Objective(
+    name="txl_lm", family="transformer_xl", make_model=_txl_model, batch_spec=_lm_batch_spec,
+    loss=_txl_loss, eval_loss=_txl_eval_loss, mems_shape=_txl_mems_shape,
+    mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
+    tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.tgt_len),
+    eval_metrics=_lm_eval_metrics, layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# XLNet permutation language modelling
+# ----------------------------------------------------------------------------------------------------------------
+
+def _xlnet_model(config, rngs, train):
+    mod = importlib.import_module("xlgen.models.xlnet")
+    return mod.XLNetLMHeadModel(model_config(config, "xlgen.models.xlnet", "XLNetConfig"), rngs=rngs)
+
+
+def _xlnet_batch_spec(config, split):
+    b = _batch_size(config, split)
+    l, m = int(config.data.seq_len), int(config.data.num_predict)
+    return {"input_ids": ((b, l), jnp.int32), "token_type_ids": ((b, l), jnp.int32),
+            "perm_mask": ((b, l, l), jnp.float32), "target_mapping": ((b, m, l), jnp.float32),
+            "target_ids": ((b, m), jnp.int32), "target_mask": ((b, m), jnp.float32),
+            "is_forward": ((b,), jnp.bool_), "stream_reset": ((b,), jnp.bool_)}
+
+
+def _xlnet_mems_shape(config, split):
+    m = config.model.get("mem_len") or 0
+    if m <= 0:
+        return None
+    return (int(config.model.n_layer), _batch_size(config, split), int(m), int(config.model.d_model))
+
+
+def _xlnet_forward(model, batch, mems):
+    if mems is not None:
+        mems = _reset_rows(mems, batch["stream_reset"])
+    nll, new_mems = model(batch["input_ids"], batch["token_type_ids"], target_ids=batch["target_ids"], mems=mems,
+                          perm_mask=batch["perm_mask"], target_mapping=batch["target_mapping"],
+                          is_forward=batch["is_forward"])
+    w = batch["target_mask"].astype(jnp.float32)
+    return (nll.astype(jnp.float32) * w).sum(), w.sum(), new_mems
+
+
+def _xlnet_loss(model, batch, mems, rng, config):
+    del rng, config
+    total, count, new_mems = _xlnet_forward(model, batch, mems)
+    return total / jnp.maximum(count, 1.0), {}, new_mems
+
+
+register_objective(Objective(
+    name="xlnet_plm", family="xlnet", make_model=_xlnet_model, batch_spec=_xlnet_batch_spec,
+    loss=_xlnet_loss, eval_loss=lambda model, batch, mems, config: _xlnet_forward(model, batch, mems),
+    mems_shape=_xlnet_mems_shape,
+    mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
+    tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.seq_len),
+    layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer)))

@@ -1,0 +1,318 @@
+"""`build_program(config, mesh)`: the sharded training program, built abstractly.
+
+    program = build_program(config, mesh)
+    state, mems = program.init_state()                      # created directly sharded (jit with out_shardings)
+    state, mems, metrics = program.train_step(state, batch, mems)   # jitted, donated, under jax.set_mesh(mesh)
+
+The train state is a plain pytree (what Orbax saves):
+    {"params":    {dotted.name: f32 array},   sharded by the logical-axis rules (xlgen.sharding)
+     "opt_state": optax state,                 each moment sharded like its parameter
+     "step":      int32 (completed updates),   replicated
+     "rng":       uint32[2] base key data,     replicated}
+plus the recurrent memory `mems [n_layer, batch, mem_len, d]` (rows sharded like the batch), passed and donated
+separately so that it can be left out of checkpoints.
+
+Randomness is a pure function of (rng, step): the step key is `fold_in(rng, step)`, from which every dropout stream
+of the model is reseeded, so a resumed run draws exactly the same masks. `xlgen plan` AOT-compiles
+`program.train_step.lower(*program.abstract_args())`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from xlgen import optim, sharding
+from xlgen.train.objectives import Objective, get_objective
+
+
+def _name(path) -> str:
+    return ".".join(str(getattr(p, "key", p)) for p in path)
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """Abstract model split into graph + flat parameter metadata (no arrays allocated)."""
+    graphdef: Any
+    param_paths: Dict[str, Tuple]          # name -> nnx path
+    param_vars: Dict[str, Any]             # name -> abstract nnx.Param (carries metadata)
+    rest: Any                              # non-parameter state (RNG streams), abstract
+    shapes: Dict[str, Tuple[int, ...]]
+    dtypes: Dict[str, Any]
+    logical: Dict[str, Tuple]
+
+    def meta(self):
+        return {n: (self.shapes[n], self.logical[n]) for n in self.shapes}
+
+
+def abstract_model(make: Callable[[nnx.Rngs], nnx.Module], train: bool) -> ModelSpec:
+    model = nnx.eval_shape(lambda: make(nnx.Rngs(params=0, dropout=1, sample=2)))
+    if train:
+        model.train()
+    else:
+        model.eval()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    paths, vars_, shapes, dtypes, logical = {}, {}, {}, {}, {}
+    for path, var in nnx.to_flat_state(params):
+        n = _name(path)
+        paths[n], vars_[n] = path, var
+        shapes[n] = tuple(var.shape)
+        dtypes[n] = var.dtype
+        axes = var.get_metadata().get("out_sharding")
+        logical[n] = tuple(axes) if axes is not None else (None,) * len(shapes[n])
+    return ModelSpec(graphdef, paths, vars_, rest, shapes, dtypes, logical)
+
+
+def merge_model(spec: ModelSpec, params: Dict[str, jax.Array], rest) -> nnx.Module:
+    flat = [(spec.param_paths[n], spec.param_vars[n].replace(params[n])) for n in spec.param_paths]
+    return nnx.merge(spec.graphdef, nnx.from_flat_state(flat), rest)
+
+
+def seeded_rest(rest, key: jax.Array):
+    """Fresh RNG-stream state for the model: every RngKey leaf := a key derived from `key` (shape-matched for
+    stacked/scanned layers), every RngCount := 0. Non-RNG variables are kept."""
+    flat = list(nnx.to_flat_state(rest))
+    out = []
+    for i, (path, var) in enumerate(flat):
+        if isinstance(var, nnx.RngKey):
+            k = jax.random.fold_in(key, i)
+            shape = tuple(var.shape)
+            if shape:
+                k = jax.random.split(k, math.prod(shape)).reshape(shape)
+            out.append((path, var.replace(k)))
+        elif isinstance(var, nnx.RngCount):
+            out.append((path, var.replace(jnp.zeros(var.shape, var.dtype))))
+        else:
+            out.append((path, var))
+    return nnx.from_flat_state(out)
+
+
+def concrete_rest(rest):
+    """Materialise abstract non-parameter state (RNG streams) with placeholder values (reseeded every step)."""
+    flat = []
+    for path, var in nnx.to_flat_state(rest):
+        if isinstance(var, nnx.RngKey):
+            k = jax.random.key(0)
+            shape = tuple(var.shape)
+            if shape:
+                k = jax.random.split(k, math.prod(shape)).reshape(shape)
+            flat.append((path, var.replace(k)))
+        else:
+            flat.append((path, var.replace(jnp.zeros(var.shape, var.dtype))))
+    return nnx.from_flat_state(flat)
+
+
+@dataclasses.dataclass
+class Program:
+    config: Any
+    mesh: Mesh
+    objective: Objective
+    train_spec: ModelSpec
+    eval_spec: ModelSpec
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    param_specs: Dict[str, P]
+    state_shardings: Any
+    batch_shardings: Dict[str, NamedSharding]
+    mems_sharding: Optional[NamedSharding]
+    mems_shape: Optional[Tuple[int, ...]]
+    mems_dtype: Any
+    train_step: Any                    # jitted (state, batch, mems) -> (state, mems, metrics)
+    init_state: Any                    # jitted () -> (state, mems)
+    analytic_flops_per_step: float
+    tokens_per_step: int
+    _abstract_state: Any = None
+
+    def abstract_state(self):
+        """ShapeDtypeStructs (with shardings) of the train state, e.g. an Orbax restore target."""
+        return self._abstract_state
+
+    def abstract_mems(self) -> Optional[jax.ShapeDtypeStruct]:
+        if self.mems_shape is None:
+            return None
+        return jax.ShapeDtypeStruct(self.mems_shape, self.mems_dtype, sharding=self.mems_sharding)
+
+    def abstract_batch(self, split: str = "train") -> Dict[str, jax.ShapeDtypeStruct]:
+        spec = self.objective.batch_spec(self.config, split)
+        return {k: jax.ShapeDtypeStruct(s, d, sharding=sharding.batch_sharding(self.mesh, len(s)))
+                for k, (s, d) in spec.items()}
+
+    def abstract_args(self):
+        return self.abstract_state(), self.abstract_batch("train"), self.abstract_mems()
+
+    def params_of(self, state) -> Dict[str, jax.Array]:
+        return state["params"]
+
+    def make_model(self, params, train: bool = False) -> nnx.Module:
+        spec = self.train_spec if train else self.eval_spec
+        return merge_model(spec, params, concrete_rest(spec.rest))
+
+
+def _opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh):
+    """Each optimizer-state leaf that mirrors a parameter (same dict key, same shape) takes its sharding."""
+    rep = sharding.replicated(mesh)
+
+    def pick(path, leaf):
+        for p in reversed(path):
+            k = getattr(p, "key", None)
+            if isinstance(k, str) and k in param_shardings and tuple(leaf.shape) == param_shapes[k]:
+                return param_shardings[k]
+        return rep
+
+    return jax.tree_util.tree_map_with_path(pick, abstract_opt)
+
+
+def build_program(config, mesh: Mesh) -> Program:
+    objective = get_objective(config)
+    train_spec = abstract_model(lambda r: objective.make_model(config, r, True), train=True)
+    eval_spec = abstract_model(lambda r: objective.make_model(config, r, False), train=False)
+
+    rules = sharding.rules_for(config.mesh.rules)
+    param_specs = {n: sharding.logical_to_spec(train_spec.logical[n], train_spec.shapes[n], rules, mesh)
+                   for n in train_spec.shapes}
+    param_shardings = {n: NamedSharding(mesh, s) for n, s in param_specs.items()}
+    tx, schedule = optim.make_optimizer(config.optimizer, int(config.total_steps), train_spec.meta(),
+                                        layer_of=objective.layer_of, n_layer=objective.n_layer(config))
+
+    abstract_params = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    rep = sharding.replicated(mesh)
+    state_shardings = {
+        "params": param_shardings,
+        "opt_state": _opt_state_shardings(abstract_opt, param_shardings, train_spec.shapes, mesh),
+        "step": rep,
+        "rng": rep,
+    }
+    mems_shape = objective.mems_shape(config, "train")
+    mems_dtype = objective.mems_dtype(config)
+    mems_sharding = NamedSharding(mesh, sharding.mems_spec()) if mems_shape is not None else None
+    bspec = objective.batch_spec(config, "train")
+    batch_shardings = {k: sharding.batch_sharding(mesh, len(s)) for k, (s, _) in bspec.items()}
+    global_batch = next(iter(bspec.values()))[0][0]
+    dp = sharding.data_parallel_size(mesh)
+    if global_batch % dp:
+        raise ValueError(f"global batch size {global_batch} is not divisible by the data-parallel mesh size "
+                         f"{dp} (mesh.data * mesh.fsdp)")
+
+    seed = int(config.seed)
+    graphdef_train, rest_train = train_spec, train_spec.rest
+
+    def init_fn():
+        model = objective.make_model(config, nnx.Rngs(params=seed, dropout=seed + 1, sample=seed + 2), True)
+        _, params, _ = nnx.split(model, nnx.Param, ...)
+        flat = {_name(p): v.get_value() if hasattr(v, "get_value") else v.value for p, v in nnx.to_flat_state(params)}
+        state = {"params": flat, "opt_state": tx.init(flat), "step": jnp.zeros((), jnp.int32),
+                 "rng": jax.random.key_data(jax.random.key(seed + 3))}
+        mems = jnp.zeros(mems_shape, mems_dtype) if mems_shape is not None else None
+        return state, mems
+
+    init_state = jax.jit(init_fn, out_shardings=(state_shardings, mems_sharding))
+
+    accum = int(config.optimizer.grad_accum_steps)
+    if global_batch % (accum * dp):
+        raise ValueError(f"global batch {global_batch} not divisible by grad_accum_steps*dp = {accum}*{dp}")
+
+    def loss_fn(params, batch, mems, key):
+        rest = seeded_rest(rest_train, key)
+        model = merge_model(graphdef_train, params, rest)
+        loss, aux, new_mems = objective.loss(model, batch, mems, key, config)
+        return loss, (aux, new_mems)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def train_step(state, batch, mems):
+        step = state["step"]
+        key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)
+        params = state["params"]
+        if accum == 1:
+            (loss, (aux, new_mems)), grads = grad_fn(params, batch, mems, key)
+        else:
+            # Microbatch a = rows a, a+A, a+2A, ... (strided, so each microbatch stays evenly sharded).
+            def split(x, axis):
+                shp = x.shape
+                x = x.reshape(shp[:axis] + (shp[axis] // accum, accum) + shp[axis + 1:])
+                return jnp.moveaxis(x, axis + 1, 0)
+
+            micro = jax.tree.map(lambda x: split(x, 0), batch)
+            micro_mems = split(mems, 1) if mems is not None else None
+
+            def body(acc, xs):
+                i, mb, mm = xs
+                (l, (a, nm)), g = grad_fn(params, mb, mm, jax.random.fold_in(key, i))
+                acc = jax.tree.map(jnp.add, acc, (l, a, g))
+                return acc, nm
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            aux0 = jax.eval_shape(lambda: loss_fn(params, jax.tree.map(lambda x: x[0], micro),
+                                                  None if micro_mems is None else micro_mems[0], key)[1][0])
+            aux0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux0)
+            (loss, aux, grads), new_micro = jax.lax.scan(
+                body, (jnp.zeros((), jnp.float32), aux0, zeros), (jnp.arange(accum), micro, micro_mems))
+            loss = loss / accum
+            aux = jax.tree.map(lambda x: x / accum, aux)
+            grads = jax.tree.map(lambda g: g / accum, grads)
+            if new_micro is not None:
+                nm = jnp.moveaxis(new_micro, 0, 2)  # [L, b/A, A, M, d]
+                new_mems = nm.reshape(nm.shape[:1] + (nm.shape[1] * accum,) + nm.shape[3:])
+            else:
+                new_mems = None
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        new_state = {"params": new_params, "opt_state": opt_state, "step": step + 1, "rng": state["rng"]}
+        if mems is not None:
+            new_mems = new_mems.astype(mems.dtype)
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "learning_rate": schedule(step), **aux}
+        return new_state, new_mems, metrics
+
+    train_step_jit = jax.jit(
+        train_step,
+        in_shardings=(state_shardings, batch_shardings, mems_sharding),
+        out_shardings=(state_shardings, mems_sharding, rep),
+        donate_argnums=(0, 2),
+    )
+
+    abstract_state = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        {"params": abstract_params, "opt_state": abstract_opt,
+         "step": jax.ShapeDtypeStruct((), jnp.int32), "rng": jax.ShapeDtypeStruct((2,), jnp.uint32)},
+        state_shardings)
+
+    from xlgen import flops as flops_lib
+    return Program(config=config, mesh=mesh, objective=objective, train_spec=train_spec, eval_spec=eval_spec, tx=tx,
+                   schedule=schedule, param_specs=param_specs, state_shardings=state_shardings,
+                   batch_shardings=batch_shardings, mems_sharding=mems_sharding, mems_shape=mems_shape,
+                   mems_dtype=mems_dtype, train_step=train_step_jit, init_state=init_state,
+                   analytic_flops_per_step=flops_lib.train_flops_per_step(config, train_spec.shapes),
+                   tokens_per_step=objective.tokens_per_step(config), _abstract_state=abstract_state)
+
+
+def make_eval_step(program: Program):
+    """Jitted (params, batch, mems) -> (loss sum, count, new_mems) with the eval model (dropout off)."""
+    config, objective, spec, mesh = program.config, program.objective, program.eval_spec, program.mesh
+    rest = spec.rest
+    mems_shape = objective.mems_shape(config, "eval")
+    mems_sh = NamedSharding(mesh, sharding.mems_spec()) if mems_shape is not None else None
+    bspec = objective.batch_spec(config, "eval")
+    bsh = {k: sharding.batch_sharding(mesh, len(s)) for k, (s, _) in bspec.items()}
+    rep = sharding.replicated(mesh)
+
+    def eval_step(params, batch, mems):
+        model = merge_model(spec, params, seeded_rest(rest, jax.random.key(0)))
+        total, count, new_mems = objective.eval_loss(model, batch, mems, config)
+        if mems is not None:
+            new_mems = new_mems.astype(mems.dtype)
+        return total, count, new_mems
+
+    step = jax.jit(eval_step, in_shardings=(program.state_shardings["params"], bsh, mems_sh),
+                   out_shardings=(rep, rep, mems_sh), donate_argnums=(2,))
+    zeros = jax.jit(lambda: jnp.zeros(mems_shape, program.mems_dtype), out_shardings=mems_sh) \
+        if mems_shape is not None else (lambda: None)
+    return step, zeros, bsh
