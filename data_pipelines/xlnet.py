@@ -148,16 +148,16 @@ def sample_mask(rng: np.random.Generator, is_start: np.ndarray, *, goal: int | N
   n_starts = len(starts)
   bounds = starts + [n_len]
   mask = np.zeros(n_len, dtype=bool)
-  ngrams = np.arange(1, max_gram + 1)
-  pvals = 1.0 / ngrams
-  pvals /= pvals.sum()
+  cdf = np.cumsum(1.0 / np.arange(1, max_gram + 1))
+  cdf /= cdf[-1]
   spans = []
   num, cur, k, grams, unif = 0, 0, 0, (), ()
   while True:
     if goal is not None and num >= goal:
       break
     if k == len(grams):  # draw in blocks (one Generator call per 64 spans)
-      grams, unif, k = rng.choice(ngrams, size=64, p=pvals).tolist(), rng.random(64).tolist(), 0
+      u2 = rng.random(128)
+      grams, unif, k = (1 + np.searchsorted(cdf, u2[:64], side="right")).tolist(), u2[64:].tolist(), 0
     n, u = grams[k], unif[k]
     k += 1
     if goal is not None:
@@ -196,7 +196,8 @@ def sample_mask(rng: np.random.Generator, is_start: np.ndarray, *, goal: int | N
       free = np.flatnonzero(~mask if functional is None else ~(mask | functional))
       if len(free) < goal - num:
         raise ValueError(f"cannot place {goal} targets in a segment of {n_len} tokens")
-      mask[rng.choice(free, goal - num, replace=False)] = True
+      # a uniform (goal - num)-subset of the free positions (the law of the original's rejection loop)
+      mask[free[np.argpartition(rng.random(len(free)), goal - num - 1)[:goal - num]]] = True
   if reverse:
     mask = mask[::-1]
   return (mask, spans) if return_spans else mask
@@ -205,27 +206,34 @@ def sample_mask(rng: np.random.Generator, is_start: np.ndarray, *, goal: int | N
 # ----------------------------------------------------------------------------------------------------------------
 # Permutation masks
 # ----------------------------------------------------------------------------------------------------------------
+def factorization_rank(pi: np.ndarray, m: int) -> np.ndarray:
+  """Rank of each position in the factorisation order: `range(m)` reshaped [-1, perm_size], transposed, rows
+  shuffled by π, transposed back (the original `_local_perm`) = p - p % ps + π(p % ps). pi: [..., ps] -> [..., m]."""
+  ps = pi.shape[-1]
+  if m % ps:
+    raise ValueError(f"segment length {m} is not a multiple of perm_size {ps}")
+  return (np.arange(m) // ps) * ps + np.tile(pi, m // ps)
+
+
+def perm_mask_block(rank: np.ndarray, target: np.ndarray, masked_or_func: np.ndarray) -> np.ndarray:
+  """bool [..., m, m]: 1 = i may NOT attend to j (the original rule, batched over leading axes).
+
+  Non-target non-functional tokens get rank -1 (visible to all, blind to targets); self_rank = rank for targets
+  (they cannot see themselves) and rank + 1 otherwise; blocked iff self_rank(i) <= rank(j) and j is a target or
+  <sep>/<cls>.
+  """
+  rev = np.where(masked_or_func, rank, -1)
+  self_rev = np.where(target, rev, rev + 1)
+  return (self_rev[..., :, None] <= rev[..., None, :]) & masked_or_func[..., None, :]
+
+
 def local_perm(rng: np.random.Generator, input_ids: np.ndarray, is_masked: np.ndarray, perm_size: int,
                sep_id: int, cls_id: int):
-  """The original `_local_perm` on one half: returns (perm_mask float32 [m, m], target bool [m]).
-
-  Factorisation order: `range(m)` reshaped [-1, perm_size], transposed, rows shuffled, transposed back — i.e.
-  the same permutation π of perm_size inside every block, blocks in order: rank(p) = p - p%ps + π(p%ps).
-  Non-target non-functional tokens get rank -1 (visible to all, blind to targets); targets cannot see themselves;
-  perm_mask[i, j] = 1 (i may NOT attend to j) iff self_rank(i) <= rank(j) and j is a target or <sep>/<cls>.
-  """
-  m = len(input_ids)
-  if m % perm_size:
-    raise ValueError(f"segment length {m} is not a multiple of perm_size {perm_size}")
+  """The original `_local_perm` on one half: returns (perm_mask bool [m, m], target bool [m])."""
   pi = rng.permutation(perm_size)
-  index = (np.arange(m) // perm_size) * perm_size + np.tile(pi, m // perm_size)
   func = (input_ids == sep_id) | (input_ids == cls_id)
   target = is_masked & ~func
-  masked_or_func = is_masked | func
-  rev_index = np.where(masked_or_func, index, -1)
-  self_rev_index = np.where(target, rev_index, rev_index + 1)
-  perm_mask = (self_rev_index[:, None] <= rev_index[None, :]) & masked_or_func[None, :]
-  return perm_mask, target
+  return perm_mask_block(factorization_rank(pi, len(input_ids)), target, is_masked | func), target
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -279,11 +287,14 @@ class XLNetPipeline:
     self.steps_per_pass = (self.row_len - self.seq_len) // self.reuse_len + 1
     self.num_steps = (min(num_steps, self.steps_per_pass) if num_steps else self.steps_per_pass) if finite else None
     self.finite = finite
+    self._offsets = {}
 
   def pass_offset(self, p: int) -> int:
     if p == 0 or not self.rotate_passes:
       return 0
-    return int(rng_lib.keyed_rng(self.seed, rng_lib.PURPOSE_PASS, p).integers(self.corpus.num_tokens))
+    if p not in self._offsets:
+      self._offsets[p] = int(rng_lib.keyed_rng(self.seed, rng_lib.PURPOSE_PASS, p).integers(self.corpus.num_tokens))
+    return self._offsets[p]
 
   def row_view(self, step: int, row: int) -> RowView:
     p = step // self.steps_per_pass
@@ -316,33 +327,38 @@ class XLNetPipeline:
   def batch(self, step: int) -> dict:
     if step < 0 or (self.num_steps is not None and step >= self.num_steps):
       raise IndexError(f"step {step} out of range (this pipeline has {self.num_steps} steps)")
-    bsz, S, R, P = self.local_batch_size, self.seq_len, self.reuse_len, self.num_predict
-    out = {
-        "input_ids": np.empty((bsz, S), np.int32),
-        "token_type_ids": np.empty((bsz, S), np.int32),
-        "perm_mask": np.zeros((bsz, S, S), np.float32),
-        "target_mapping": np.zeros((bsz, P, S), np.float32),
-        "target_ids": np.zeros((bsz, P), np.int32),
-        "target_mask": np.zeros((bsz, P), np.float32),
-        "is_forward": np.empty((bsz,), bool),
-        "stream_reset": np.full((bsz,), step % self.steps_per_pass == 0),
-        "nsp_label": np.empty((bsz,), np.int32),
-    }
+    bsz, S, R, P, ps = self.local_batch_size, self.seq_len, self.reuse_len, self.num_predict, self.perm_size
+    ids = np.empty((bsz, S), np.int32)
+    seg = np.empty((bsz, S), np.int32)
+    masked = np.empty((bsz, S), bool)
+    rank = np.empty((bsz, S), np.int64)
+    forward = np.empty((bsz,), bool)
+    nsp = np.empty((bsz,), np.int32)
     for j in range(bsz):
-      ids, seg, is_masked, label, rng, forward = self.example(step, self.row0 + j)
-      pm0, t0 = local_perm(rng, ids[:R], is_masked[:R], self.perm_size, self.sep_id, self.cls_id)
-      pm1, t1 = local_perm(rng, ids[R:], is_masked[R:], self.perm_size, self.sep_id, self.cls_id)
-      pm = out["perm_mask"][j]
-      pm[:R, :R] = pm0
-      pm[:R, R:] = 1.0  # the reuse half never sees the second half; the second half sees all of the reuse half
-      pm[R:, R:] = pm1
-      pos = np.flatnonzero(np.concatenate([t0, t1]))[:P]
-      out["target_mapping"][j, np.arange(len(pos)), pos] = 1.0
-      out["target_ids"][j, :len(pos)] = ids[pos]  # the PLM target is the token itself
-      out["target_mask"][j, :len(pos)] = 1.0
-      out["input_ids"][j], out["token_type_ids"][j] = ids, seg
-      out["is_forward"][j], out["nsp_label"][j] = forward, label
-    return out
+      ids[j], seg[j], masked[j], nsp[j], rng, forward[j] = self.example(step, self.row0 + j)
+      rank[j, :R] = factorization_rank(rng.permutation(ps), R)  # one π per half, as `local_perm`
+      rank[j, R:] = factorization_rank(rng.permutation(ps), S - R)
+    func = (ids == self.sep_id) | (ids == self.cls_id)
+    target = masked & ~func
+    mof = masked | func
+    perm_mask = np.empty((bsz, S, S), np.float32)
+    perm_mask[:, :R, R:] = 1.0  # the reuse half never sees the second half
+    perm_mask[:, R:, :R] = 0.0  # the second half sees all of the reuse half
+    perm_mask[:, :R, :R] = perm_mask_block(rank[:, :R], target[:, :R], mof[:, :R])
+    perm_mask[:, R:, R:] = perm_mask_block(rank[:, R:], target[:, R:], mof[:, R:])
+    rows, cols = np.nonzero(target)
+    k = (np.cumsum(target, axis=1) - 1)[rows, cols]
+    keep = k < P
+    rows, cols, k = rows[keep], cols[keep], k[keep]
+    target_mapping = np.zeros((bsz, P, S), np.float32)
+    target_mapping[rows, k, cols] = 1.0
+    target_ids = np.zeros((bsz, P), np.int32)
+    target_ids[rows, k] = ids[rows, cols]  # the PLM target is the token itself
+    target_mask = np.zeros((bsz, P), np.float32)
+    target_mask[rows, k] = 1.0
+    return {"input_ids": ids, "token_type_ids": seg, "perm_mask": perm_mask, "target_mapping": target_mapping,
+            "target_ids": target_ids, "target_mask": target_mask, "is_forward": forward,
+            "stream_reset": np.full((bsz,), step % self.steps_per_pass == 0), "nsp_label": nsp}
 
   def __iter__(self):
     step = 0

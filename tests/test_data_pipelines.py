@@ -287,3 +287,11 @@ def test_perm_index_matches_original_reshape_transpose_shuffle():
   pi2 = keyed_rng(5, 1, 2).permutation(ps)
   rank = (np.arange(m) // ps) * ps + np.tile(pi2, m // ps)
   np.testing.assert_array_equal(pm, rank[:, None] <= rank[None, :])
+
+
+def test_row_rng_equals_fresh_keyed_generator():
+  from data_pipelines.rng import row_rng
+  for args in [(0, 1, 0, 0), (123, 1, 7, 31), (2**40, 3, 2**31, 5)]:
+    want = keyed_rng(*args).random(7)
+    row_rng(9, args[1], 9, 9).random(3)  # a previous use of the cached generator must not leak
+    np.testing.assert_array_equal(row_rng(*args).random(7), want)
