@@ -234,5 +234,5 @@ def corpus_from_config(cfg, split: str, layout: str) -> TokenCorpus:
       raise ValueError(f"{os.path.join(source, MANIFEST)}: layout {m['layout']!r}, this pipeline needs {layout!r}")
     return prepared_corpus(source, split, expect_vocab_size=cfg.get("vocab_size") or None,
                            expect_tokenizer=cfg.get("tokenizer") or None)
-  raise FileNotFoundError(f"data.source={source!r}: not an embedded corpus ({sorted(EMBEDDED)}), a file, "
-                          f"or a prepared directory")
+  raise FileNotFoundError(f"data.source={source!r}: not an embedded corpus ({sorted(EMBEDDED)}), a text file, "
+                          f"or a prepared directory (make one with `xlgen prepare corpus ... --output {source}`)")
