@@ -295,3 +295,105 @@ def test_row_rng_equals_fresh_keyed_generator():
     want = keyed_rng(*args).random(7)
     row_rng(9, args[1], 9, 9).random(3)  # a previous use of the cached generator must not leak
     np.testing.assert_array_equal(row_rng(*args).random(7), want)
+
+
+# ------------------------------------------------------- literal ports of the original loops (zihangdai/xlnet)
+def _split_a_and_b_literal(data, sent_ids, begin_idx, tot_len, rng):
+  """`_split_a_and_b(..., extend_target=True)` loop by loop; random draws in the same order as ours."""
+  data_len = data.shape[0]
+  end_idx = begin_idx + 1
+  cut_points = []
+  while end_idx < data_len:
+    if sent_ids[end_idx] != sent_ids[end_idx - 1]:
+      if end_idx - begin_idx >= tot_len:
+        break
+      cut_points.append(end_idx)
+    end_idx += 1
+  a_begin = begin_idx
+  if len(cut_points) == 0 or rng.random() < 0.5:
+    label = 0
+    a_end = end_idx if len(cut_points) == 0 else cut_points[int(rng.integers(len(cut_points)))]
+    b_len = max(1, tot_len - (a_end - a_begin))
+    b_begin = int(rng.integers(0, data_len - 1 - b_len + 1))
+    b_end = b_begin + b_len
+    while b_begin > 0 and sent_ids[b_begin - 1] == sent_ids[b_begin]:
+      b_begin -= 1
+    while b_end < data_len - 1 and sent_ids[b_end - 1] == sent_ids[b_end]:
+      b_end += 1
+  else:
+    label = 1
+    a_end = cut_points[int(rng.integers(len(cut_points)))]
+    b_begin, b_end = a_end, end_idx
+  while a_end - a_begin + b_end - b_begin > tot_len:
+    if a_end - a_begin > b_end - b_begin:
+      a_end -= 1
+    else:
+      b_end -= 1
+  return data[a_begin:a_end], data[b_begin:b_end], label
+
+
+def test_split_a_and_b_matches_literal_loops(char_sentences):
+  p = _xl(char_sentences, seq_len=128, reuse_len=64, perm_size=32)
+  labels = []
+  for row in range(8):
+    view = p.row_view(0, row)
+    data, sent = view.tokens(0, view.length), view.sent(0, view.length)
+    for begin in range(64, view.length - 200, 997):
+      a, b, label = xlnet.split_a_and_b(view, keyed_rng(1, 2, row, begin), begin, 125)
+      ra, rb, rlabel = _split_a_and_b_literal(data, sent, begin, 125, keyed_rng(1, 2, row, begin))
+      np.testing.assert_array_equal(a, ra)
+      np.testing.assert_array_equal(b, rb)
+      assert label == rlabel and len(a) + len(b) == 125
+      labels.append(label)
+  assert 0.3 < np.mean(labels) < 0.7
+
+
+def _sample_mask_piece_literal(is_start, goal, rng, alpha=6, beta=1, max_gram=5):
+  """The original `_sample_mask` loops (bug included: the end loop tests seg[beg]); our block-drawn n, u."""
+  seg_len = len(is_start)
+  mask = np.zeros(seg_len, bool)
+  cdf = np.cumsum(1.0 / np.arange(1, max_gram + 1)); cdf /= cdf[-1]
+  num_predict, cur_len, draws = 0, 0, []
+  while cur_len < seg_len:
+    if goal is not None and num_predict >= goal:
+      break
+    if not draws:
+      u2 = rng.random(128)
+      draws = list(zip((1 + np.searchsorted(cdf, u2[:64], side="right")).tolist(), u2[64:].tolist()))[::-1]
+    n, u = draws.pop()
+    if goal is not None:
+      n = min(n, goal - num_predict)
+    ctx_size = (n * alpha) // beta
+    l_ctx = int(u * ctx_size)
+    r_ctx = ctx_size - l_ctx
+    beg = cur_len + l_ctx
+    while beg < seg_len and not is_start[beg]:
+      beg += 1
+    if beg >= seg_len:
+      break
+    end, cnt_ngram = beg + 1, 1
+    while end < seg_len:
+      if is_start[beg]:  # sic
+        cnt_ngram += 1
+        if cnt_ngram > n:
+          break
+      end += 1
+    if end >= seg_len:
+      break
+    mask[beg:end] = True
+    num_predict += end - beg
+    cur_len = end + r_ctx
+  return mask
+
+
+def test_piece_spans_match_literal_loops():
+  r = np.random.default_rng(3)
+  for trial in range(200):
+    is_start = r.random(256) < r.uniform(0.2, 0.9)
+    goal = None if trial % 2 else 43
+    ours = xlnet.sample_mask(keyed_rng(4, 5, trial), is_start, goal=goal, span_unit="piece")
+    ref = _sample_mask_piece_literal(is_start, goal, keyed_rng(4, 5, trial))
+    if goal is None:
+      np.testing.assert_array_equal(ours, ref)
+    else:  # ours then fills up to exactly the goal: the spans are a subset of the result
+      assert (ours >= ref).all() and ours.sum() == 43
