@@ -397,3 +397,52 @@ def test_piece_spans_match_literal_loops():
       np.testing.assert_array_equal(ours, ref)
     else:  # ours then fills up to exactly the goal: the spans are a subset of the result
       assert (ours >= ref).all() and ours.sum() == 43
+
+
+def test_multi_shard_corpus_reads_like_one_array():
+  r = np.random.default_rng(0)
+  parts = [r.integers(0, 100, size=n).astype(np.uint16) for n in (50, 7, 300, 1, 64)]
+  sents = [r.random(len(p)) < 0.5 for p in parts]
+  flat, flat_s = np.concatenate(parts), np.concatenate(sents)
+  tok = vocab.SymbolVocab("char", list(vocab.XLNET_SPECIALS))
+  multi = corpus_lib.TokenCorpus(parts, sents, tok, "multi")
+  one = corpus_lib.TokenCorpus([flat], [flat_s], tok, "one")
+  n = len(flat)
+  for start in list(r.integers(0, 3 * n, size=200)) + [0, n - 1, n, 49, 50, 57]:
+    for length in (1, 5, 64, 400):
+      want = np.take(flat, np.arange(start, start + length) % n)
+      np.testing.assert_array_equal(multi.tokens(int(start), length), want)
+      np.testing.assert_array_equal(one.tokens(int(start), length), want)
+      np.testing.assert_array_equal(multi.sentence_parity(int(start), length),
+                                    np.take(flat_s, np.arange(start, start + length) % n))
+
+
+@pytest.mark.parametrize("pipeline,extra", [
+    ("lm", dict(tgt_len=24)),
+    ("xlnet", dict(seq_len=48, reuse_len=24, perm_size=8, num_predict=8)),
+    ("mlm", dict(seq_len=40)),
+    ("electra", dict(seq_len=40)),
+])
+def test_make_pipeline_resume_and_two_processes(pipeline, extra):
+  cfg = dp.default_config(pipeline)
+  cfg.update(dict(batch_size=8, eval_batch_size=4, **extra))
+  full = dp.make_pipeline(cfg)
+  # k..k+5 crosses the end of the first pass (streams) / epoch (MLM)
+  k = getattr(full, "steps_per_pass", None) or full.num_chunks // 8
+  k -= 2
+  run = [full.batch(s) for s in range(k, k + 6)]
+  fresh = dp.make_pipeline(cfg)
+  halves = [dp.make_pipeline(cfg, process_index=i, process_count=2) for i in range(2)]
+  assert halves[0].local_batch_size == 4 and halves[0].global_batch_size == 8
+  for i, s in enumerate(range(k, k + 6)):
+    again = fresh.batch(s)
+    glued = _concat([h.batch(s) for h in halves])
+    for key in run[i]:
+      np.testing.assert_array_equal(run[i][key], again[key])
+      np.testing.assert_array_equal(run[i][key], glued[key])
+  if "stream_reset" in run[0]:
+    assert [bool(b["stream_reset"][0]) for b in run] == [False, False, True, False, False, False]
+  ev = dp.make_pipeline(cfg, split="valid")
+  assert ev.num_steps and ev.batch(ev.num_steps - 1)["input_ids"].shape[0] == 4
+  with pytest.raises(IndexError):
+    ev.batch(ev.num_steps)
