@@ -172,7 +172,9 @@ def prepare_corpus(splits: dict, tokenizer, output: str, *, layout: str = "lm", 
   if jobs:
     bar = tqdm(total=len(jobs), desc="prepare", unit="file", disable=not progress)
     if workers > 1 and len(jobs) > 1:
-      with futures.ProcessPoolExecutor(workers) as ex:
+      # spawn, not fork: the caller may have started threads (JAX, tokenizers) that fork would copy mid-lock
+      import multiprocessing
+      with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         fs = {ex.submit(_encode_file, job): split for split, job in jobs}
         for f in futures.as_completed(fs):
           results.append((fs[f], f.result()))
