@@ -1,0 +1,214 @@
+"""The `finetune` objective: task model per (model family, task kind), its batch layout and loss.
+
+Registered in the trainer's objective registry, so `build_program(config, mesh)` gives the sharded, jitted,
+donated finetuning step with the trainer's optimizer (warmup + decay, clipping, layer-wise LR decay).
+
+Models (heads owned by the model files; "<cls>" summary, fresh head parameters):
+    family   classification / regression      multiple choice (RACE)     SQuAD
+    xlnet    XLNetForSequenceClassification  XLNetForMultipleChoice    XLNetForQuestionAnswering (beam head)
+    funnel   FunnelForSequenceClassification FunnelForMultipleChoice   FunnelForQuestionAnswering (decoder)
+
+Losses (XLNet `function_builder.py`, Funnel `classifier.py`/`squad.py`):
+    classification  mean cross-entropy;  regression  mean squared error of the single logit;
+    multiple choice cross-entropy over the options;
+    SQuAD           (CE(start) + CE(end)) / 2 over positions with p_mask = 0, + 0.5 * BCE(cls_logits,
+                    is_impossible) when the model has an answerability head (always on for XLNet, as the
+                    original trains v1.1 and v2.0 with the same head).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from xlgen.tasks import get_task
+from xlgen.train import objectives as obj_lib
+
+NEG = -1e30
+
+
+def _family_module(config):
+    fam = config.model.family
+    if fam == "xlnet":
+        return importlib.import_module("xlgen.models.xlnet"), "XLNetConfig"
+    if fam == "funnel":
+        return importlib.import_module("xlgen.models.funnel_heads"), "FunnelConfig"
+    raise ValueError(f"model.family={fam!r}: finetuning supports 'xlnet' and 'funnel'")
+
+
+def num_labels(config) -> int:
+    task = get_task(config.task)
+    return 1 if task.kind in ("regression", "squad") else task.num_labels
+
+
+def model_cfg(config):
+    fam = config.model.family
+    module = "xlgen.models.xlnet" if fam == "xlnet" else "xlgen.models.funnel"
+    cls = "XLNetConfig" if fam == "xlnet" else "FunnelConfig"
+    over = {}
+    if fam == "xlnet":
+        over = dict(num_labels=num_labels(config), mem_len=None, reuse_len=None, bi_data=False)
+    return obj_lib.model_config(config, module, cls, **over)
+
+
+def make_model(config, rngs, train: bool):
+    task = get_task(config.task)
+    cfg = model_cfg(config)
+    mod, _ = _family_module(config)
+    if config.model.family == "xlnet":
+        name = {"classification": "XLNetForSequenceClassification", "regression": "XLNetForSequenceClassification",
+                "multiple_choice": "XLNetForMultipleChoice", "squad": "XLNetForQuestionAnswering"}[task.kind]
+        if not hasattr(mod, name):
+            raise ValueError(f"xlgen.models.xlnet has no {name} yet (needed for task {task.name})")
+        return getattr(mod, name)(cfg, rngs=rngs)
+    if task.kind in ("classification", "regression"):
+        return mod.FunnelForSequenceClassification(cfg, num_labels(config), rngs=rngs)
+    if task.kind == "multiple_choice":
+        return mod.FunnelForMultipleChoice(cfg, rngs=rngs)
+    return mod.FunnelForQuestionAnswering(cfg, answerability=task.version == "v2.0", rngs=rngs)
+
+
+def batch_spec(config, split: str):
+    task = get_task(config.task)
+    d = config.data
+    b = int(d.batch_size) if split == "train" else int(d.eval_batch_size)
+    L = int(d.max_seq_length)
+    i32, f32 = jnp.int32, jnp.float32
+    if task.kind == "multiple_choice":
+        n = task.num_labels
+        return {"input_ids": ((b, n, L), i32), "token_type_ids": ((b, n, L), i32),
+                "attention_mask": ((b, n, L), i32), "labels": ((b,), i32)}
+    spec = {"input_ids": ((b, L), i32), "token_type_ids": ((b, L), i32), "attention_mask": ((b, L), i32)}
+    if task.kind == "squad":
+        spec.update({"p_mask": ((b, L), f32), "cls_index": ((b,), i32), "start_positions": ((b,), i32),
+                     "end_positions": ((b,), i32), "is_impossible": ((b,), f32)})
+    else:
+        spec["labels"] = ((b,), f32 if task.kind == "regression" else i32)
+    return spec
+
+
+def _get(out, name):
+    if isinstance(out, dict):
+        return out.get(name)
+    return getattr(out, name, None)
+
+
+def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
+    """Task outputs. Training SQuAD: start/end log-probs at every position (XLNet: ends conditioned on the gold
+    start) and cls_logits. Inference SQuAD: the beam arrays (XLNet) or start/end/cls logits (Funnel)."""
+    task = get_task(config.task)
+    fam = config.model.family
+    common = dict(token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"])
+    if task.kind != "squad":
+        out = model(batch["input_ids"], **common)
+        logits = _get(out, "logits")
+        if logits is None and isinstance(out, tuple):
+            logits = out[0]
+        return {"logits": logits.astype(jnp.float32)}
+    if fam == "funnel":
+        out = model(batch["input_ids"], **common, p_mask=batch["p_mask"], cls_index=batch["cls_index"])
+        res = {"start_logits": out.start_logits, "end_logits": out.end_logits}
+        if out.cls_logits is not None:
+            res["cls_logits"] = out.cls_logits
+        return res
+    kw = dict(p_mask=batch["p_mask"], cls_index=batch["cls_index"])
+    if train:
+        kw["start_positions"] = batch["start_positions"]
+    out = model(batch["input_ids"], **common, **kw)
+    names = ("start_logits", "end_logits", "cls_logits", "start_top_log_probs", "start_top_index",
+             "end_top_log_probs", "end_top_index")
+    return {n: _get(out, n) for n in names if _get(out, n) is not None}
+
+
+def _masked_log_softmax(logits, p_mask):
+    return jax.nn.log_softmax(jnp.where(p_mask > 0, NEG, logits.astype(jnp.float32)), axis=-1)
+
+
+def task_loss(outputs: Dict[str, jax.Array], batch, config) -> jax.Array:
+    """Per-example loss [b]."""
+    task = get_task(config.task)
+    if task.kind == "regression":
+        return (outputs["logits"][:, 0] - batch["labels"]) ** 2
+    if task.kind in ("classification", "multiple_choice"):
+        return optax.softmax_cross_entropy_with_integer_labels(outputs["logits"], batch["labels"])
+    p_mask = batch["p_mask"]
+    s_lp = _masked_log_softmax(outputs["start_logits"], p_mask)
+    e_lp = _masked_log_softmax(outputs["end_logits"], p_mask)
+    take = lambda lp, pos: jnp.take_along_axis(lp, pos[:, None], axis=-1)[:, 0]
+    loss = -(take(s_lp, batch["start_positions"]) + take(e_lp, batch["end_positions"])) / 2
+    if "cls_logits" in outputs:
+        loss = loss + 0.5 * optax.sigmoid_binary_cross_entropy(outputs["cls_logits"], batch["is_impossible"])
+    return loss
+
+
+def _loss(model, batch, mems, rng, config):
+    del mems, rng
+    per_example = task_loss(forward(model, batch, config, train=True), batch, config)
+    return per_example.mean(), {}, None
+
+
+def _eval_loss(model, batch, mems, config):
+    del mems
+    per_example = task_loss(forward(model, batch, config, train=True), batch, config)
+    w = batch.get("weights", jnp.ones_like(per_example))
+    return (per_example * w).sum(), w.sum(), None
+
+
+def layer_of_fn(config):
+    """Layer index for layer-wise LR decay: XLNet `layers.<i>` (embeddings and heads outside the stack get 1.0,
+    as the original); Funnel encoder layer j of block b -> 1 + sum(block_sizes[:b]) + j, embeddings 0 (the
+    original counts `model/input` as layer 0), decoder and heads on top."""
+    if config.model.family != "funnel":
+        return obj_lib._layer_index
+    sizes = list(model_cfg(config).block_sizes)
+
+    def layer_of(name: str) -> Optional[int]:
+        parts = name.split(".")
+        if "embeddings" in parts:
+            return 0
+        for a, b, c in zip(parts, parts[1:], parts[2:]):
+            if a == "blocks" and b.isdigit() and c.isdigit():
+                return 1 + sum(sizes[:int(b)]) + int(c)
+        return None
+
+    return layer_of
+
+
+def n_layer_of(config) -> int:
+    if config.model.family == "funnel":
+        return 1 + sum(model_cfg(config).block_sizes)
+    return int(config.model.n_layer)
+
+
+class _LayerOf:
+    """Picklable-free late binding: the trainer calls objective.layer_of(name) without the config."""
+    config = None
+
+    def __call__(self, name):
+        return layer_of_fn(self.config)(name) if self.config is not None else obj_lib._layer_index(name)
+
+
+LAYER_OF = _LayerOf()
+
+
+def _n_layer(config):
+    LAYER_OF.config = config
+    return n_layer_of(config)
+
+
+def _tokens(config):
+    spec = batch_spec(config, "train")
+    shape = spec["input_ids"][0]
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+FINETUNE = obj_lib.register_objective(obj_lib.Objective(
+    name="finetune", family="any", make_model=make_model, batch_spec=batch_spec, loss=_loss, eval_loss=_eval_loss,
+    tokens_per_step=_tokens, layer_of=LAYER_OF, n_layer=_n_layer))
