@@ -25,15 +25,17 @@ class Chip:
     hbm_bytes: int              # HBM per chip
     peak_bf16_flops: float      # dense bf16 FLOP/s per chip
     accelerator_prefix: str     # as in `gcloud ... --accelerator-type=<prefix>-<cores or chips>`
+    chip_config: str = "default"  # "megacore": both TensorCores of a chip form one JAX device (v4, v5p)
+    chips_per_host: tuple[int, ...] | None = None
 
 
 CHIPS = {
     "v2": Chip("v2", 16 * GiB, 45e12, "v2"),
     "v3": Chip("v3", 32 * GiB, 123e12, "v3"),      # 2 TensorCores x 16 GiB
-    "v4": Chip("v4", 32 * GiB, 275e12, "v4"),
-    "v5e": Chip("v5e", 16 * GiB, 197e12, "v5litepod"),
-    "v5p": Chip("v5p", 95 * GiB, 459e12, "v5p"),
-    "v6e": Chip("v6e", 32 * GiB, 918e12, "v6e"),
+    "v4": Chip("v4", 32 * GiB, 275e12, "v4", "megacore", (2, 2, 1)),
+    "v5e": Chip("v5e", 16 * GiB, 197e12, "v5litepod", "default", (2, 2, 1)),
+    "v5p": Chip("v5p", 95 * GiB, 459e12, "v5p", "megacore", (2, 2, 1)),
+    "v6e": Chip("v6e", 32 * GiB, 918e12, "v6e", "default", (2, 2, 1)),
 }
 _ALIASES = {"v5lite": "v5e", "v5litepod": "v5e", "trillium": "v6e"}
 _TOPOLOGY_RE = re.compile(r"^(?P<gen>[a-zA-Z0-9]+)[:=_](?P<dims>\d+(?:x\d+)*)$")
@@ -104,14 +106,18 @@ def topology_devices(topology: Topology | str, num_slices: int = 1) -> list:
                            "for TPU topologies")
     _quiet_libtpu_env(topology)
     from jax.experimental import topologies
-    kwargs = {"num_slices": topology.num_slices} if topology.num_slices > 1 else {}
+    kwargs = {"chip_config_name": topology.chip.chip_config}
+    if topology.chip.chips_per_host is not None and len(topology.chip_dims) == len(topology.chip.chips_per_host):
+        kwargs["chips_per_host_bounds"] = topology.chip.chips_per_host
+    if topology.num_slices > 1:
+        kwargs["num_slices"] = topology.num_slices
     dims = "x".join(str(d) for d in topology.chip_dims)
     desc = topologies.get_topology_desc(f"{topology.chip.generation}:{dims}", "tpu", **kwargs)
     return list(desc.devices)
 
 
 def devices_per_chip(devices: Sequence) -> int:
-    """How many JAX devices share a chip (2 on v2/v3 and on v4 without megacore, 1 on v5e/v5p/v6e)."""
+    """How many JAX devices share a chip (2 on v2/v3, 1 on v4/v5p in megacore mode and on v5e/v6e)."""
     first_slice = [d for d in devices if getattr(d, "slice_index", 0) in (0, None)]
     coords = {tuple(getattr(d, "coords", (d.id,))) for d in first_slice}
     return max(1, len(first_slice) // max(1, len(coords)))

@@ -1,0 +1,34 @@
+"""Transformer-XL base on enwik8: 12 layers, d_model 512, 41M parameters, 1.06 bpc (thesis Table 3.2).
+
+Hyperparameters of the official base script (reference notes §1.8 / §A2): 8 heads x 64, d_inner 2048, dropout 0.1,
+dropatt 0.0, tgt_len = mem_len = 512, batch 24, Adam lr 2.5e-4 without warmup, cosine decay to 0.004 x lr over 400K
+steps, clip 0.25; evaluation tgt 80 / mem 2100 / clamp 820.
+
+    xlgen plan  --config=configs/pretrain/txl_enwik8_base.py --topology=v3:2x2
+    xlgen train --config=configs/pretrain/txl_enwik8_base.py --workdir=DIR --config.data.source=PREPARED_DIR
+"""
+import data_pipelines
+from xlgen.config import base_config
+
+
+def get_config():
+    c = base_config()
+    c.model = dict(
+        family="transformer_xl",
+        vocab_size=265, cutoffs=(), div_val=1,       # 9 special ids + 256 byte values (the original counts 204)
+        n_layer=12, d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048,
+        mem_len=512, clamp_len=-1, same_length=False, untie_r=True, proj_share_all_but_first=False,
+        tie_word_embeddings=True, dropout=0.1, dropatt=0.0, init_std=0.02, proj_init_std=0.01,
+        layer_norm_epsilon=1e-5,
+        scan_layers=False, remat=False, dtype="bfloat16")
+    c.data = data_pipelines.default_config("lm")
+    c.data.update(dict(source="data/enwik8", batch_size=24, tgt_len=512, eval_batch_size=8, eval_tgt_len=80))
+    c.optimizer.update(dict(name="adam", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine",
+                            min_lr_ratio=0.004, clip_norm=0.25))
+    c.eval.update(dict(mem_len=2100, same_length=True, clamp_len=820, metric="bpc"))
+    c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
+    c.checkpoint.update(dict(every_steps=5000, keep=3))
+    c.total_steps = 400_000
+    c.log_every_steps = 100
+    c.eval_every_steps = 10_000
+    return c

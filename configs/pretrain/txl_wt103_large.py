@@ -1,0 +1,41 @@
+"""Transformer-XL large on WikiText-103: 18 layers, d_model 1024, adaptive input/softmax, 18.3 ppl (thesis Table 3.1).
+
+Hyperparameters of the official TPU script (`tf/scripts/wt103_large_tpu.sh`; reference notes §1.8 / §A2): 16 heads
+x 64, d_inner 4096, dropout = dropatt = 0.2, tgt_len = mem_len = 384, adaptive softmax with cutoffs
+[20000, 40000, 200000] and div_val 4 (projections shared except the head's), untie_r, init_std 0.005, global batch 128
+on 64 TPU v3 cores, Adam lr 2.5e-4, 16K warmup then cosine, 4M steps (`--train_steps=4000000`), clip 0.25;
+evaluation tgt 128 / mem 1600 / clamp 1000 with same_length.
+
+    xlgen plan  --config=configs/pretrain/txl_wt103_large.py --topology=v3:4x8
+    launch/tpu_vm.sh --accelerator-type=v3-64 --config=configs/pretrain/txl_wt103_large.py --workdir=gs://B/run ...
+
+Data: `data.source` is a prepared word-level WikiText-103 directory (267,735 words; `xlgen prepare`, docs/data.md).
+Execution choices: bfloat16 compute, float32 parameters, parameters and optimizer state sharded over all 64 cores.
+"""
+import data_pipelines
+from xlgen.config import base_config
+
+
+def get_config():
+    c = base_config()
+    c.model = dict(
+        family="transformer_xl",
+        vocab_size=267735, cutoffs=(20000, 40000, 200000), div_val=4,
+        n_layer=18, d_model=1024, d_embed=1024, n_head=16, d_head=64, d_inner=4096,
+        mem_len=384, clamp_len=-1, same_length=False, untie_r=True, proj_share_all_but_first=True,
+        tie_word_embeddings=True, dropout=0.2, dropatt=0.2, init_std=0.005, proj_init_std=0.01,
+        layer_norm_epsilon=1e-5,
+        scan_layers=True, remat=True, dtype="bfloat16")
+    c.data = data_pipelines.default_config("lm")
+    c.data.update(dict(source="data/wt103", vocab="word", batch_size=128, tgt_len=384, eval_batch_size=16,
+                       eval_tgt_len=128))
+    c.optimizer.update(dict(name="adam", learning_rate=2.5e-4, warmup_steps=16_000, schedule="cosine",
+                            min_lr_ratio=0.004, clip_norm=0.25))
+    c.eval.update(dict(mem_len=1600, same_length=True, clamp_len=1000, metric="ppl"))
+    c.mesh.update(dict(data=1, fsdp=-1, tensor=1, rules="fsdp"))
+    c.checkpoint.update(dict(every_steps=10_000, keep=3))
+    c.total_steps = 4_000_000
+    c.log_every_steps = 100
+    c.eval_every_steps = 20_000
+    c.peak_flops_per_device = 61.5e12  # one TPU v3 TensorCore, bf16
+    return c
