@@ -17,6 +17,7 @@ label_mask): `mlm_loss(model, batch)` and `electra_loss(model, batch, rng)`, eac
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Tuple
 
 import jax
@@ -332,12 +333,12 @@ class HFFunnel:
     (NumPy or JAX inputs) -> FunnelOutput with the HF class's fields (`.last_hidden_state`, `.logits`,
     `.start_logits`/`.end_logits`). `.module` is the NNX module, `.config` the FunnelConfig."""
 
-    def __init__(self, module: nnx.Module, architecture: str):
+    def __init__(self, module: nnx.Module, architecture: str, compiler_options: Optional[dict] = None):
         self.module, self.architecture, self.config = module, architecture, module.config
         module.eval()
         graphdef, state = nnx.split(module)
 
-        @jax.jit
+        @functools.partial(jax.jit, compiler_options=compiler_options)
         def forward(state, input_ids, token_type_ids, attention_mask):
             return nnx.merge(graphdef, state)(input_ids, token_type_ids, attention_mask)
 
@@ -353,23 +354,25 @@ class HFFunnel:
 
 def load_hf(hf_config: dict, weights: dict, kwargs: dict) -> HFFunnel:
     """HF Funnel config + state dict -> HFFunnel. kwargs override FunnelConfig fields (e.g. dtype="bfloat16",
-    attention_type="factorized", remat=True)."""
+    attention_type="factorized"); `compiler_options` is passed to `jax.jit` (e.g. {"xla_backend_optimization_level":
+    0} compiles small models ~3x faster on CPU)."""
+    compiler_options = kwargs.pop("compiler_options", None)
     archs = hf_config.get("architectures") or ["FunnelModel"]
     arch = archs[0]
     if arch not in _HF_CLASSES:
         raise ValueError(f"config.json: architectures={archs!r} not supported; supported: {list(_HF_CLASSES)}")
     cfg = FunnelConfig.from_hf(hf_config, **kwargs)
-    rngs = nnx.Rngs(0)
+    build = lambda cls, *a, **k: nnx.eval_shape(lambda: cls(cfg, *a, rngs=nnx.Rngs(0), **k))  # no random init
     prefixed = any(k.startswith("funnel.") for k in weights)
     p = "funnel." if prefixed else ""
     if arch == "FunnelModel":
-        module = FunnelModel(cfg, rngs=rngs)
+        module = build(FunnelModel)
         tree = _funnel_state(weights, p, cfg, decoder=True)
     elif arch == "FunnelBaseModel":
-        module = FunnelBaseModel(cfg, rngs=rngs)
+        module = build(FunnelBaseModel)
         tree = _funnel_state(weights, p, cfg, decoder=False)
     elif arch == "FunnelForMaskedLM":
-        module = FunnelForMaskedLM(cfg, rngs=rngs)
+        module = build(FunnelForMaskedLM)
         emb = weights[p + "embeddings.word_embeddings.weight"]
         if "lm_head.weight" in weights and not np.array_equal(weights["lm_head.weight"], emb) \
                 and hf_config.get("tie_word_embeddings", True) is False:
@@ -377,7 +380,7 @@ def load_hf(hf_config: dict, weights: dict, kwargs: dict) -> HFFunnel:
                              "to the input embeddings)")
         tree = {"funnel": _funnel_state(weights, p, cfg, decoder=True), "lm_head": {"bias": weights["lm_head.bias"]}}
     elif arch == "FunnelForPreTraining":
-        module = FunnelForPreTraining(cfg, rngs=rngs)
+        module = build(FunnelForPreTraining)
         d = cfg.d_model
         tree = {"funnel": _funnel_state(weights, p, cfg, decoder=True),
                 "discriminator_predictions": {
@@ -387,15 +390,15 @@ def load_hf(hf_config: dict, weights: dict, kwargs: dict) -> HFFunnel:
         d = cfg.d_model
         if arch == "FunnelForSequenceClassification":
             n_labels = weights["classifier.linear_out.weight"].shape[0]
-            module = FunnelForSequenceClassification(cfg, n_labels, rngs=rngs)
+            module = build(FunnelForSequenceClassification, n_labels)
         else:
             n_labels = 1
-            module = FunnelForMultipleChoice(cfg, rngs=rngs)
+            module = build(FunnelForMultipleChoice)
         tree = {"funnel": _funnel_state(weights, p, cfg, decoder=False),
                 "classifier": {"linear_hidden": _linear(weights, "classifier.linear_hidden", (d,), (d,)),
                                "linear_out": _linear(weights, "classifier.linear_out", (d,), (n_labels,))}}
     else:  # FunnelForQuestionAnswering
-        module = FunnelForQuestionAnswering(cfg, rngs=rngs)
+        module = build(FunnelForQuestionAnswering)
         if weights["qa_outputs.weight"].shape[0] != 2:
             raise ValueError("config.json: FunnelForQuestionAnswering with num_labels != 2 is not supported")
         tree = {"funnel": _funnel_state(weights, p, cfg, decoder=True),
@@ -403,4 +406,4 @@ def load_hf(hf_config: dict, weights: dict, kwargs: dict) -> HFFunnel:
     if arch in ("FunnelModel", "FunnelBaseModel") and prefixed:
         raise ValueError(f"config.json: architecture {arch} but weights carry a 'funnel.' prefix")
     _assign(module, tree, f"HF {arch}")
-    return HFFunnel(module, arch)
+    return HFFunnel(module, arch, compiler_options)
