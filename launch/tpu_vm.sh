@@ -4,7 +4,7 @@
 #   launch/tpu_vm.sh --name=xlnet-large --zone=europe-west4-a --accelerator-type=v3-1024 \
 #       --config=configs/pretrain/xlnet_large.py --workdir=gs://my-bucket/xlnet_large \
 #       [--project=P] [--runtime-version=tpu-ubuntu2204-base] [--spot] [--plan] [--dry-run] \
-#       [--config.KEY=VALUE ...]
+#       [--gcsfuse=BUCKET[,BUCKET...]] [--config.KEY=VALUE ...]
 #
 # Steps (each printed before it runs; --dry-run prints them and runs nothing):
 #   1. reuse the TPU VM `--name` if it exists, otherwise request it as a queued resource and wait until ACTIVE;
@@ -14,12 +14,14 @@
 #      command; the trainer calls `jax.distributed.initialize()`, which discovers the pod from the TPU metadata.
 #      Re-running this script with the same --workdir resumes from the latest checkpoint (e.g. after preemption).
 # --plan first runs `xlgen plan` locally for the pod's topology (needs the `tpu` extra) and stops if it does not fit.
+# --gcsfuse mounts each bucket at /gcs/BUCKET on every worker (installs gcsfuse) so that code reading plain paths
+#   (e.g. --config.data.source=/gcs/my-bucket/xlnet_data) sees GCS objects.
 set -euo pipefail
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 NAME="" ZONE="" PROJECT="" ACCEL="" RUNTIME="" CONFIG="" WORKDIR="" TOPOLOGY=""
-SPOT=0 DRY_RUN=0 PLAN=0
+SPOT=0 DRY_RUN=0 PLAN=0 GCSFUSE=""
 OVERRIDES=()
 for arg in "$@"; do
   case "$arg" in
@@ -31,6 +33,7 @@ for arg in "$@"; do
     --topology=*) TOPOLOGY="${arg#*=}" ;;
     --config=*) CONFIG="${arg#*=}" ;;
     --workdir=*) WORKDIR="${arg#*=}" ;;
+    --gcsfuse=*) GCSFUSE="${arg#*=}" ;;
     --spot) SPOT=1 ;;
     --plan) PLAN=1 ;;
     --dry-run) DRY_RUN=1 ;;
@@ -106,7 +109,8 @@ run() {  # print a command (shell-quoted) and run it unless --dry-run
 
 REMOTE_DIR="xlgen"
 TARBALL="${TMPDIR:-/tmp}/xlgen-${NAME}.tar.gz"
-TRAIN=(xlgen train "--config=$CONFIG" "--workdir=$WORKDIR" "${OVERRIDES[@]}")
+# --distributed=on: jax.distributed.initialize() finds the pod's workers from the TPU VM metadata
+TRAIN=(xlgen train "--config=$CONFIG" "--workdir=$WORKDIR" --distributed=on "${OVERRIDES[@]}")
 printf -v TRAIN_Q ' %q' "${TRAIN[@]}"
 
 echo "# xlgen on TPU VM: name=$NAME zone=$ZONE accelerator=$ACCEL topology=$TOPOLOGY runtime=$RUNTIME"
@@ -152,8 +156,21 @@ run "${GCLOUD[@]}" tpu-vm scp "$TARBALL" "$NAME:xlgen.tar.gz" --worker=all "${LO
 # 3. install on every worker
 INSTALL="set -e; mkdir -p $REMOTE_DIR && tar xzf xlgen.tar.gz -C $REMOTE_DIR && cd $REMOTE_DIR \
 && (test -x .venv/bin/python || python3 -m venv .venv) \
-&& .venv/bin/pip install -q -c constraints.txt -e '.[tpu]'"
+&& .venv/bin/pip install -q -c constraints.txt -e '.[tpu]' gcsfs"  # gcsfs: gs:// for etils.epath / Orbax
 run "${GCLOUD[@]}" tpu-vm ssh "$NAME" --worker=all "${LOC[@]}" --command="$INSTALL"
+
+# 3b. optional: mount buckets with gcsfuse on every worker
+if [[ -n "$GCSFUSE" ]]; then
+  MOUNT="set -e; if ! command -v gcsfuse >/dev/null; then \
+echo \"deb https://packages.cloud.google.com/apt gcsfuse-\$(lsb_release -cs) main\" | sudo tee /etc/apt/sources.list.d/gcsfuse.list \
+&& curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | sudo apt-key add - \
+&& sudo apt-get update -q && sudo apt-get install -y -q gcsfuse; fi"
+  for bucket in ${GCSFUSE//,/ }; do
+    MOUNT+="; sudo mkdir -p /gcs/$bucket && sudo chown \$USER /gcs/$bucket \
+&& (mountpoint -q /gcs/$bucket || gcsfuse --implicit-dirs $bucket /gcs/$bucket)"
+  done
+  run "${GCLOUD[@]}" tpu-vm ssh "$NAME" --worker=all "${LOC[@]}" --command="$MOUNT"
+fi
 
 # 4. train on every worker (background; re-running resumes from the latest checkpoint in $WORKDIR)
 START="cd $REMOTE_DIR && nohup .venv/bin/${TRAIN_Q# } > ~/xlgen-train.log 2>&1 < /dev/null &"

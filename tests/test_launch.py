@@ -52,7 +52,7 @@ def test_tpu_vm_dry_run_plans_the_pod():
     assert any("pip install" in a and "constraints.txt" in a and "[tpu]" in a for a in install)
     command = next(a for a in train if a.startswith("--command="))
     assert "--worker=all" in train
-    assert (f"xlgen train --config={CONFIG} --workdir=gs://bucket/xlnet_large "
+    assert (f"xlgen train --config={CONFIG} --workdir=gs://bucket/xlnet_large --distributed=on "
             "--config.optimizer.learning_rate=1e-4") in command
 
 
@@ -86,7 +86,7 @@ def test_slurm_dry_run_one_process_per_gpu():
     i = srun.index("-c")
     task, argv0, rest = srun[i + 1], srun[i + 2], srun[i + 3:]
     # each task pins its own GPU from SLURM_LOCALID; jax.distributed.initialize() reads the rest of Slurm's env
-    assert 'JAX_LOCAL_DEVICE_IDS="$SLURM_LOCALID"' in task and 'train "$@"' in task
+    assert 'JAX_LOCAL_DEVICE_IDS="$SLURM_LOCALID"' in task and 'train --distributed=on "$@"' in task
     assert argv0.endswith("xlgen")
     assert rest == ["--config=configs/pretrain/txl_wt103_large.py", "--workdir=/shared/wt103",
                     "--config.total_steps=100"]

@@ -420,7 +420,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from xlgen.config import load_config, parse_overrides
+    # Off a TPU host the default backend must be the CPU: the TPU plugin is only used to compile for the topology.
+    if not (os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from xlgen.config import ConfigError, load_config, parse_overrides
 
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides, rest = parse_overrides(argv)
@@ -434,7 +437,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if not args.config or not args.topology:
         _parser().error("--config and --topology are required")
-    config = load_config(args.config, overrides)
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as e:
+        print(f"xlgen plan: error: {e}", file=sys.stderr)
+        return 2
     override_list = [f"--config.{k}={v}" for k, v in overrides.items()]
     report = plan(config, args.topology, args.num_slices, config_path=args.config, overrides=override_list)
     if args.json is None:
