@@ -27,7 +27,7 @@ _COMMON = dict(
 _DEFAULTS = {
     "lm": dict(tgt_len=128, eval_tgt_len=128, rotate_passes=True),
     "xlnet": dict(seq_len=128, reuse_len=64, perm_size=64, num_predict=21, mask_alpha=6, mask_beta=1, max_gram=5,
-                  bi_data=True, span_unit="word", eval_steps=0),
+                  bi_data=True, span_unit="word", exact_num_predict=True, eval_steps=0),
     "mlm": dict(seq_len=128, mask_prob=0.15, random_prob=0.1, keep_prob=0.1, eval_steps=0),
 }
 _DEFAULTS["electra"] = dict(_DEFAULTS["mlm"])
@@ -71,6 +71,7 @@ def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, 
         c, global_batch_size=cfg.batch_size if train else cfg.eval_batch_size, seq_len=cfg.seq_len,
         reuse_len=cfg.reuse_len, perm_size=cfg.perm_size, num_predict=cfg.num_predict, mask_alpha=cfg.mask_alpha,
         mask_beta=cfg.mask_beta, max_gram=cfg.max_gram, bi_data=cfg.bi_data, span_unit=cfg.span_unit,
+        exact_num_predict=cfg.exact_num_predict,
         seed=cfg.seed if train else cfg.seed + 1, process_index=process_index, process_count=process_count,
         num_steps=None if train else (cfg.eval_steps or None), finite=not train)
   if cfg.pipeline in ("mlm", "electra"):

@@ -245,7 +245,8 @@ class XLNetPipeline:
 
   def __init__(self, corpus: TokenCorpus, *, global_batch_size: int, seq_len: int = 512, reuse_len: int = 256,
                perm_size: int | None = None, num_predict: int = 85, mask_alpha: int = 6, mask_beta: int = 1,
-               max_gram: int = 5, bi_data: bool = True, span_unit: str = "word", seed: int = 0,
+               max_gram: int = 5, bi_data: bool = True, span_unit: str = "word", exact_num_predict: bool = True,
+               seed: int = 0,
                process_index: int = 0, process_count: int = 1, rotate_passes: bool = True,
                num_steps: int | None = None, finite: bool = False):
     self.corpus, self.seed = corpus, int(seed)
@@ -253,6 +254,7 @@ class XLNetPipeline:
     self.perm_size = int(perm_size or reuse_len)
     self.num_predict, self.mask_alpha, self.mask_beta = int(num_predict), int(mask_alpha), int(mask_beta)
     self.max_gram, self.bi_data, self.span_unit = int(max_gram), bool(bi_data), span_unit
+    self.exact_num_predict = bool(exact_num_predict)
     self.rotate_passes = rotate_passes and not finite
     self.global_batch_size = int(global_batch_size)
     if span_unit not in ("word", "piece"):
@@ -320,6 +322,8 @@ class XLNetPipeline:
     np0 = self.num_predict - np1
     kw = dict(mask_alpha=self.mask_alpha, mask_beta=self.mask_beta, max_gram=self.max_gram, reverse=reverse,
               span_unit=self.span_unit)
+    if not self.exact_num_predict:  # the original: <sep>/<cls> may take target slots and are then dropped
+      func = np.zeros_like(func)
     m0 = sample_mask(rng, start[:r], goal=np0, functional=func[:r], **kw)
     m1 = sample_mask(rng, start[r:], goal=np1, functional=func[r:], **kw)
     return ids, seg, np.concatenate([m0, m1]), label, rng, not reverse

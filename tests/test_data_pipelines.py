@@ -446,3 +446,13 @@ def test_make_pipeline_resume_and_two_processes(pipeline, extra):
   assert ev.num_steps and ev.batch(ev.num_steps - 1)["input_ids"].shape[0] == 4
   with pytest.raises(IndexError):
     ev.batch(ev.num_steps)
+
+
+def test_original_num_predict_accounting(char_sentences):
+  """exact_num_predict=False: <sep>/<cls> may take target slots and are dropped, as in the original."""
+  p = _xl(char_sentences, exact_num_predict=False, seq_len=32, reuse_len=16, perm_size=8, num_predict=12)
+  b = _concat([p.batch(s) for s in range(40)])
+  counts = b["target_mask"].sum(1)
+  assert (counts <= 12).all() and (counts < 12).any()
+  np.testing.assert_array_equal(b["target_mapping"].sum((1, 2)), counts)
+  assert (b["target_mask"][:, :-1] >= b["target_mask"][:, 1:]).all()  # real targets first, then padding
