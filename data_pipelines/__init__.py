@@ -85,4 +85,6 @@ def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, 
   raise AssertionError(cfg.pipeline)
 
 
-__all__ = ["make_pipeline", "default_config"]
+from data_pipelines.prefetch import prefetch  # noqa: E402
+
+__all__ = ["make_pipeline", "default_config", "prefetch"]

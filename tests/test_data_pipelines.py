@@ -456,3 +456,15 @@ def test_original_num_predict_accounting(char_sentences):
   assert (counts <= 12).all() and (counts < 12).any()
   np.testing.assert_array_equal(b["target_mapping"].sum((1, 2)), counts)
   assert (b["target_mask"][:, :-1] >= b["target_mask"][:, 1:]).all()  # real targets first, then padding
+
+
+def test_prefetch_yields_the_same_batches(char_sentences):
+  p = _xl(char_sentences)
+  got = list(dp.prefetch(p, start_step=5, num_steps=4, depth=3))
+  assert [s for s, _ in got] == [5, 6, 7, 8]
+  for s, b in got:
+    want = p.batch(s)
+    for k in want:
+      np.testing.assert_array_equal(b[k], want[k])
+  ev = lm.LMStreamPipeline(char_sentences, global_batch_size=4, tgt_len=500, finite=True)
+  assert [s for s, _ in dp.prefetch(ev, start_step=ev.num_steps - 2)] == [ev.num_steps - 2, ev.num_steps - 1]
