@@ -111,3 +111,13 @@ def test_read_text_errors(tmp_path):
     vocab.read_text(str(tmp_path / "bad.txt"))
   with pytest.raises(FileNotFoundError, match="missing.txt"):
     vocab.read_text(str(tmp_path / "missing.txt"))
+
+
+def test_sentencepiece_matches_hf_xlnet_tokenizer(spm_model):
+  """Our preprocess_text + encode_pieces equal transformers' XLNetTokenizer (the parity reference)."""
+  transformers = pytest.importorskip("transformers")
+  hf = transformers.XLNetTokenizer(vocab_file=spm_model, do_lower_case=False, keep_accents=False)
+  tok = vocab.SentencePieceTokenizer(spm_model)
+  for text in _generated_text(60, seed=4) + ["Ka  ``lo'' 12,345, mi", "Kalo 7, ne 1,2,3, (ru)."]:
+    assert tok.encode_as_pieces(text) == hf.tokenize(text)
+    assert tok.encode(text) == hf.convert_tokens_to_ids(hf.tokenize(text))
