@@ -4,6 +4,7 @@ two segments, shared and unshared layouts), shapes via jax.eval_shape, factorize
 Compile time dominates on CPU, so models are tiny, each case compiles once, and jit uses XLA's -O0 backend.
 """
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -183,6 +184,14 @@ def test_pool_upsample_values():
 # Objectives
 # ----------------------------------------------------------------------------------------------------------------
 
+def _init(ctor, cfg, **kw):
+    """Build a module with its random init compiled once (eager init dispatches hundreds of tiny ops)."""
+    abstract = nnx.eval_shape(lambda: ctor(cfg, rngs=nnx.Rngs(0), **kw))
+    graphdef, _ = nnx.split(abstract)
+    state = jax.jit(lambda: nnx.split(ctor(cfg, rngs=nnx.Rngs(0), **kw))[1], compiler_options=FAST)()
+    return nnx.merge(graphdef, state)
+
+
 def _batch(seq_len=12, seed=0):
     rng = np.random.RandomState(seed)
     labels = rng.randint(3, TINY["vocab_size"], (2, seq_len)).astype(np.int32)
@@ -197,18 +206,21 @@ def _batch(seq_len=12, seed=0):
 
 def test_mlm_loss_matches_logits_and_gathered_predictions():
     cfg = F.FunnelConfig(**TINY, block_sizes=(1, 1), num_decoder_layers=1, dropout=0.0, dropatt=0.0)
-    model = F.FunnelForMaskedLM(cfg, rngs=nnx.Rngs(0))
+    model = _init(F.FunnelForMaskedLM, cfg)
     model.eval()
     batch = _batch()
 
-    @nnx.jit(compiler_options=FAST)
-    def run(model, batch):
+    graphdef, state = nnx.split(model)
+
+    @functools.partial(jax.jit, compiler_options=FAST)
+    def run(state, batch):
+        model = nnx.merge(graphdef, state)
         full, _ = FH.mlm_loss(model, batch)
         gathered, _ = FH.mlm_loss(model, batch, max_predictions=4)
         logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).logits
         return full, gathered, logits
 
-    full, gathered, logits = run(model, batch)
+    full, gathered, logits = run(state, batch)
     logp = jax.nn.log_softmax(np.asarray(logits), -1)
     nll = -np.take_along_axis(np.asarray(logp), batch["labels"][..., None], -1)[..., 0]
     expected = (nll * batch["label_mask"]).sum() / batch["label_mask"].sum()
@@ -216,32 +228,34 @@ def test_mlm_loss_matches_logits_and_gathered_predictions():
     np.testing.assert_allclose(float(gathered), expected, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_electra_objective():
     cfg = F.FunnelConfig(**dict(TINY, d_model=32, n_head=4, d_inner=64), block_sizes="1-1", num_decoder_layers=1)
-    model = FH.FunnelElectra(cfg, rngs=nnx.Rngs(0))
+    model = _init(FH.FunnelElectra, cfg)
+    model.eval()  # dropout off: its rng state cannot be mutated inside jax.grad of a merged module
     gen = model.generator.config
     assert (gen.d_model, gen.n_head, gen.d_inner, gen.embed_dim) == (8, 1, 16, 32)  # width_shrink 0.25
     assert model.disc_coeff == 50.0
     batch = _batch()
 
-    @nnx.jit(compiler_options=FAST)
-    def step(model, batch, rng):
-        def split_loss(model):
-            total, parts = FH.electra_loss(model, batch, rng, max_predictions=4)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @functools.partial(jax.jit, compiler_options=FAST)
+    def step(params, rest, batch, rng):
+        def split_loss(params):
+            total, parts = FH.electra_loss(nnx.merge(graphdef, params, rest), batch, rng, max_predictions=4)
             return total - parts["gen_loss"], (total, parts)
-        (disc_part, (total, parts)), grads = nnx.value_and_grad(split_loss, has_aux=True)(model)
+        (_, (total, parts)), grads = jax.value_and_grad(split_loss, has_aux=True)(params)
         return total, parts, grads
 
-    total, parts, grads = step(model, batch, jax.random.key(1))
+    total, parts, grads = step(params, rest, batch, jax.random.key(1))
     np.testing.assert_allclose(float(total), float(parts["gen_loss"] + 50.0 * parts["disc_loss"]), rtol=1e-6)
-    assert 0.0 < float(parts["replaced_ratio"]) <= 3 / 11  # only masked positions can be replaced
+    assert 0.0 < float(parts["replaced_ratio"]) <= 3 / 11 + 1e-6  # only masked positions can be replaced
     # replacements are sampled without gradient: the discriminator loss does not train the generator ...
-    gen_grads = [np.abs(np.asarray(g)).max() for g in jax.tree.leaves(nnx.state(grads.generator, nnx.Param))]
-    assert max(gen_grads) == 0.0
+    assert max(float(np.abs(np.asarray(g)).max()) for g in jax.tree.leaves(grads["generator"])) == 0.0
     # ... but it does train the discriminator and the shared embeddings
-    assert float(np.abs(np.asarray(grads.discriminator.funnel.embeddings.word_embeddings[...])).max()) > 0
-    # without dropout the generator loss does not depend on the sampling rng
-    model.eval()
-    t_a, p_a, _ = step(model, batch, jax.random.key(1))
-    t_b, p_b, _ = step(model, batch, jax.random.key(3))
-    np.testing.assert_allclose(float(p_a["gen_loss"]), float(p_b["gen_loss"]), rtol=1e-6)
+    emb_grad = grads["discriminator"]["funnel"]["embeddings"]["word_embeddings"]
+    assert float(np.abs(np.asarray(getattr(emb_grad, "value", emb_grad))).max()) > 0
+    # the generator loss does not depend on the sampling rng
+    _, parts_b, _ = step(params, rest, batch, jax.random.key(3))
+    np.testing.assert_allclose(float(parts["gen_loss"]), float(parts_b["gen_loss"]), rtol=1e-6)
