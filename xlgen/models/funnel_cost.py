@@ -124,6 +124,41 @@ def flops_per_sequence(cfg: FunnelConfig, seq_len: int, *, decoder: bool = False
     return total
 
 
+def config_from_model_section(model_section) -> FunnelConfig:
+    """FunnelConfig from a training config's `model` section (ConfigDict or dict; `family` is ignored)."""
+    fields = {f.name for f in dataclasses.fields(FunnelConfig)}
+    d = dict(model_section)
+    unknown = sorted(k for k in d if k not in fields and k != "family")
+    if unknown:
+        raise ValueError(f"config.model: unknown Funnel keys {unknown}; valid: {sorted(fields)}")
+    return FunnelConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in fields})
+
+
+def forward_flops_per_sequence(cfg: FunnelConfig, seq_len: int, objective: str = "funnel_mlm",
+                               generator_width: float = 0.25) -> float:
+    """Forward matmul FLOPs of one pretraining sequence: MLM = encoder + decoder + softmax at every position;
+    ELECTRA = generator (same, at `generator_width`) + discriminator (encoder + decoder + per-token head)."""
+    if objective == "funnel_electra":
+        from xlgen.models.funnel_heads import generator_config
+
+        gen = generator_config(cfg, generator_width)
+        gen_f = flops_per_sequence(gen, seq_len, decoder=True, lm_head=True)["total"]
+        gen_f += 2.0 * seq_len * gen.d_model * gen.embed_dim * 2  # input projection + MLM transform
+        disc = flops_per_sequence(cfg, seq_len, decoder=True)["total"] + 2.0 * seq_len * (cfg.d_model ** 2 + cfg.d_model)
+        return gen_f + disc
+    extra = 2.0 * seq_len * cfg.d_model * cfg.embed_dim if (cfg.mlm_transform or cfg.embed_dim != cfg.d_model) else 0
+    return flops_per_sequence(cfg, seq_len, decoder=True, lm_head=True)["total"] + extra
+
+
+def train_flops_per_step(config) -> float:
+    """3 x forward FLOPs of one global batch for a training config (used by `xlgen.flops` / `xlgen plan`)."""
+    cfg = config_from_model_section(config.model)
+    objective = str(config.get("objective") or "funnel_mlm")
+    width = float((config.get("objective_options") or {}).get("generator_width", 0.25))
+    fwd = forward_flops_per_sequence(cfg, int(config.data.seq_len), objective, width)
+    return 3.0 * fwd * int(config.data.batch_size)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The paper's counting rule
 # ----------------------------------------------------------------------------------------------------------------
