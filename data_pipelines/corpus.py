@@ -47,8 +47,15 @@ class TokenCorpus:
       self._flat, self._flat_sent = self.shards[0], (self.sent[0] if self.sent else None)
     else:
       self._flat = self._flat_sent = None
+    # Sentence parity must flip where one shard ends and the next begins (else the last sentence of a shard and
+    # the first of the next would read as one); like the original's `logical_not` when concatenating shards.
+    self._sent_flip = [False] * len(self.shards)
+    if self.sent and len(self.sent) > 1:
+      for k in range(1, len(self.sent)):
+        prev_last = bool(self.sent[k - 1][-1]) ^ self._sent_flip[k - 1]
+        self._sent_flip[k] = bool(self.sent[k][0]) == prev_last
 
-  def _gather(self, arrays, flat, start: int, length: int) -> np.ndarray:
+  def _gather(self, arrays, flat, start: int, length: int, flips=None) -> np.ndarray:
     n = self.num_tokens
     start %= n
     if flat is not None and start + length <= n:
@@ -62,7 +69,8 @@ class TokenCorpus:
     cuts = np.flatnonzero((np.diff(k) != 0) | (np.diff(pos) != 1)) + 1
     for seg in np.split(np.arange(length), cuts):
       s = int(k[seg[0]]); a = int(pos[seg[0]] - self.bounds[s])
-      out.append(np.asarray(arrays[s][a:a + len(seg)]))
+      piece = np.asarray(arrays[s][a:a + len(seg)])
+      out.append(~piece if flips is not None and flips[s] else piece)
     return np.concatenate(out)
 
   def tokens(self, start: int, length: int) -> np.ndarray:
@@ -72,7 +80,7 @@ class TokenCorpus:
   def sentence_parity(self, start: int, length: int) -> np.ndarray:
     if self.sent is None:
       raise ValueError(f"{self.description}: has no sentence layout (prepare it with --layout=sentences)")
-    return self._gather(self.sent, self._flat_sent, start, length).astype(bool, copy=False)
+    return self._gather(self.sent, self._flat_sent, start, length, self._sent_flip).astype(bool, copy=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -405,7 +405,15 @@ def test_multi_shard_corpus_reads_like_one_array():
   sents = [r.random(len(p)) < 0.5 for p in parts]
   flat, flat_s = np.concatenate(parts), np.concatenate(sents)
   tok = vocab.SymbolVocab("char", list(vocab.XLNET_SPECIALS))
-  multi = corpus_lib.TokenCorpus(parts, sents, tok, "multi")
+  # parity that already flips at every shard junction: read exactly like the concatenation
+  for i in range(1, len(sents)):
+    if sents[i][0] == sents[i - 1][-1]:
+      sents[i] = ~sents[i]
+  flat, flat_s = np.concatenate(parts), np.concatenate(sents)
+  multi_p = corpus_lib.TokenCorpus(parts, sents, tok, "multi")
+  sents_bad = [s.copy() for s in sents]
+  sents_bad[1] = ~sents_bad[1]  # shard 1 starts with the parity shard 0 ends with
+  multi = corpus_lib.TokenCorpus(parts, sents_bad, tok, "multi")
   one = corpus_lib.TokenCorpus([flat], [flat_s], tok, "one")
   n = len(flat)
   for start in list(r.integers(0, 3 * n, size=200)) + [0, n - 1, n, 49, 50, 57]:
@@ -413,8 +421,11 @@ def test_multi_shard_corpus_reads_like_one_array():
       want = np.take(flat, np.arange(start, start + length) % n)
       np.testing.assert_array_equal(multi.tokens(int(start), length), want)
       np.testing.assert_array_equal(one.tokens(int(start), length), want)
-      np.testing.assert_array_equal(multi.sentence_parity(int(start), length),
+      np.testing.assert_array_equal(multi_p.sentence_parity(int(start), length),
                                     np.take(flat_s, np.arange(start, start + length) % n))
+  # shards whose parity does not flip at the junction are flipped so every shard boundary is a sentence boundary
+  junction = multi.sentence_parity(49, 2)
+  assert junction[0] != junction[1]
 
 
 @pytest.mark.parametrize("pipeline,extra", [
