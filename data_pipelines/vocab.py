@@ -263,10 +263,12 @@ class SymbolVocab:
     self.symbols = list(symbols)
     self.index = {s: i for i, s in enumerate(self.symbols)}
     self.vocab_size = len(self.symbols)
-    get = self.index.get
-    self.special_ids = {"unk": get("<unk>"), "cls": get("<cls>"), "sep": get("<sep>"), "pad": get("<pad>"),
-                        "mask": get("<mask>"), "eod": get("<eod>"), "eop": get("<eop>"), "eos": get("<eos>")}
-    self._unk = get("<unk>", 0)
+    def get(*names, default=None):
+      return next((self.index[n] for n in names if n in self.index), default)
+    self.special_ids = {"unk": get("<unk>", "<UNK>"), "cls": get("<cls>"), "sep": get("<sep>"),
+                        "pad": get("<pad>"), "mask": get("<mask>"), "eod": get("<eod>"), "eop": get("<eop>"),
+                        "eos": get("<eos>", "</S>")}  # <UNK>, </S>: the One Billion Word vocabulary file
+    self._unk = get("<unk>", "<UNK>", default=0)
     if level in ("char", "byte"):
       self._lut = self._build_lut()
 
@@ -307,6 +309,16 @@ class SymbolVocab:
 
   @classmethod
   def load(cls, path: str) -> "SymbolVocab":
+    """An xlgen `vocab.json`, or (word level) a plain vocabulary file: one symbol per line, first column (the
+    Transformer-XL `vocab_file` format, e.g. One Billion Word's `1b_word_vocab.txt`), ids in file order."""
+    if not path.endswith(".json"):
+      syms = [line.split()[0] for line in read_text_lines(path) if line.strip()]
+      if len(set(syms)) != len(syms):
+        raise ValueError(f"{path}: duplicate symbols in the vocabulary file")
+      v = cls("word", syms)
+      if v.special_ids["unk"] is None:
+        raise ValueError(f"{path}: word vocabulary has no <unk> (or <UNK>) symbol")
+      return v
     try:
       with open(path, encoding="utf-8") as f:
         d = json.load(f)
@@ -341,6 +353,8 @@ class SymbolVocab:
     if self.level == "byte":
       return self._lut[np.frombuffer(text.encode("utf-8"), dtype=np.uint8)]
     eos = self.special_ids["eos"]
+    if add_eos and eos is None:
+      raise ValueError("this word vocabulary has no <eos> (or </S>) symbol to end lines with")
     ids = []
     for line in text.splitlines():
       ids.extend(self.index.get(w, self._unk) for w in line.split())

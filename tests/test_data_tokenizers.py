@@ -121,3 +121,15 @@ def test_sentencepiece_matches_hf_xlnet_tokenizer(spm_model):
   for text in _generated_text(60, seed=4) + ["Ka  ``lo'' 12,345, mi", "Kalo 7, ne 1,2,3, (ru)."]:
     assert tok.encode_as_pieces(text) == hf.tokenize(text)
     assert tok.encode(text) == hf.convert_tokens_to_ids(hf.tokenize(text))
+
+
+def test_plain_word_vocab_file(tmp_path):
+  f = tmp_path / "1b_word_vocab.txt"
+  f.write_text("<S> 0\n</S> 30301028\n<UNK> 8\nthe 41\ncat 3\n", encoding="utf-8")
+  v = vocab.load_tokenizer("word", str(f))
+  assert v.special_ids["unk"] == 2 and v.special_ids["eos"] == 1
+  assert v.encode("the dog cat\n") == [3, 2, 4, 1]
+  f2 = tmp_path / "nounk.txt"
+  f2.write_text("a\nb\n")
+  with pytest.raises(ValueError, match="nounk.txt: word vocabulary has no <unk>"):
+    vocab.load_tokenizer("word", str(f2))
