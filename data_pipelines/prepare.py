@@ -5,6 +5,7 @@
   xlgen prepare vocab --level word --input train.txt --output out/vocab.json [--min_freq 3] [--max_size 267735]
   xlgen prepare corpus --train a.txt b.txt [--valid v.txt] --tokenizer spm:out/spiece.model \\
       --layout sentences --output data/xlnet [--workers 2] [--min_doc_tokens 0]
+  xlgen prepare show --source data/xlnet --pipeline xlnet --step 0 --row 1 [--set seq_len=512 reuse_len=256]
 
 `corpus` writes DIR/manifest.json, the vocabulary file and one memory-mapped `.npy` token shard (+ a sentence
 parity shard for the `sentences` layout) per input file. Re-runs are idempotent: a shard whose source content,
@@ -259,7 +260,52 @@ def _parser():
   c.add_argument("--max_size", type=int, default=None, help="built word vocabularies: size cap")
   c.add_argument("--strict", action="store_true", help="bad input files are errors instead of skipped")
   c.add_argument("--quiet", action="store_true")
+  sh = sub.add_parser("show", help="print one decoded example of a pipeline (inspect targets, segments, ...)")
+  sh.add_argument("--source", default="tinyshakespeare", help="embedded name, text file or prepared directory")
+  sh.add_argument("--pipeline", default="xlnet", choices=["lm", "xlnet", "mlm", "electra"])
+  sh.add_argument("--split", default="train")
+  sh.add_argument("--step", type=int, default=0)
+  sh.add_argument("--row", type=int, default=0)
+  sh.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="other config.data keys")
   return ap
+
+
+def show_example(args) -> str:
+  """One row of one batch, decoded: XLNet targets in [brackets], then the segments; MLM masked input + labels."""
+  import ast
+  import data_pipelines
+  cfg = data_pipelines.default_config(args.pipeline)
+  cfg.source = args.source
+  for kv in args.set:
+    k, _, v = kv.partition("=")
+    try:
+      v = ast.literal_eval(v)
+    except (ValueError, SyntaxError):
+      pass
+    cfg[k] = v
+  cfg.batch_size = max(cfg.batch_size, 2)
+  p = data_pipelines.make_pipeline(cfg, split=args.split)
+  b = p.batch(args.step)
+  r, tok = args.row, p.tokenizer
+  def piece(i):  # whitespace made visible so the pieces split unambiguously
+    return tok.id_to_piece(int(i)).replace(" ", "\u2581").replace("\n", "\\n").replace("\t", "\\t") or "''"
+  lines = [f"{args.pipeline} {args.split} step {args.step} row {r} (vocab_size {p.vocab_size})"]
+  if args.pipeline == "lm":
+    lines += [f"reset={bool(b['stream_reset'][r])}", repr(tok.decode(b["input_ids"][r]))]
+  elif args.pipeline == "xlnet":
+    tgt = b["target_mapping"][r].sum(0).astype(bool)
+    seg = b["token_type_ids"][r]
+    lines.append(f"forward={bool(b['is_forward'][r])} reset={bool(b['stream_reset'][r])} "
+                 f"nsp_label={int(b['nsp_label'][r])} targets={int(tgt.sum())}")
+    for s_id, name in ((0, "reuse+A"), (1, "B"), (2, "cls")):
+      idx = np.flatnonzero(seg == s_id)
+      lines.append(f"  [{name}] " + " ".join(f"[{piece(b['input_ids'][r, i])}]" if tgt[i] else
+                                            piece(b["input_ids"][r, i]) for i in idx))
+  else:
+    lm = b["label_mask"][r].astype(bool)
+    lines.append("  input:  " + " ".join(piece(i) for i in b["input_ids"][r]))
+    lines.append("  labels: " + " ".join(f"{piece(b['labels'][r, i])}" for i in np.flatnonzero(lm)))
+  return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
       print(f"wrote {path}")
     elif args.cmd == "wordpiece":
       print(f"wrote {vocab_lib.train_wordpiece(args.input, args.output_dir, args.vocab_size, args.min_frequency, not args.cased)}")
+    elif args.cmd == "show":
+      print(show_example(args))
     elif args.cmd == "vocab":
       texts = [vocab_lib.read_text(f) for f in args.input]
       v = vocab_lib.SymbolVocab.build(args.level, texts, min_freq=args.min_freq, max_size=args.max_size,

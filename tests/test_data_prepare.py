@@ -123,3 +123,13 @@ def test_manifest_mismatch_errors(files):
   with pytest.raises(FileNotFoundError, match="no manifest"):
     cfg.source = str(files)
     dp.make_pipeline(cfg)
+
+
+def test_show_marks_exactly_the_targets(capsys):
+  assert _run("show", "--pipeline", "xlnet", "--row", "1", "--set", "seq_len=64", "reuse_len=32", "perm_size=16",
+              "num_predict=9") == 0
+  out = capsys.readouterr().out
+  assert "forward=False" in out and "targets=9" in out
+  body = "\n".join(l for l in out.splitlines() if l.startswith("  ["))
+  assert sum(tok.startswith("[") and tok.endswith("]") for tok in body.split()[1:] if tok not in
+             ("[reuse+A]", "[B]", "[cls]")) == 9
