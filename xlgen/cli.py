@@ -9,6 +9,7 @@
 Common options of train/eval:
     --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`
                              when such a device node exists (/dev/accel*, /dev/vfio/*, /dev/nvidia0), else `cpu`.
+    XLGEN_COMPILATION_CACHE=DIR  persistent XLA compilation cache (default ~/.cache/xlgen/jax_cache; "off")
     --distributed=auto|on|off  call jax.distributed.initialize(). `auto`: when launched by
                              launch/local_multiprocess.sh (XLGEN_COORDINATOR/XLGEN_NUM_PROCESSES/XLGEN_PROCESS_ID), or
                              on a multi-host TPU slice / SLURM job (JAX reads the cluster environment).
@@ -69,6 +70,13 @@ def setup_runtime(platform: str, distributed: str) -> None:
         pass
     import jax
 
+    cache = os.environ.get("XLGEN_COMPILATION_CACHE", os.path.expanduser("~/.cache/xlgen/jax_cache"))
+    if cache and cache.lower() not in ("0", "off", "none"):
+        # Re-running a job (resume after preemption, eval) loads its executables instead of recompiling.
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                          float(os.environ.get("XLGEN_COMPILATION_CACHE_MIN_SECS", "1.0")))
+
     if _want_distributed(distributed):
         if platform == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -86,6 +94,9 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
     p.add_argument("--workdir", required=True, help="run directory (checkpoints/, metrics.jsonl, tensorboard/)")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect, else cpu)")
     p.add_argument("--distributed", default="auto", choices=("auto", "on", "off"))
+    if cmd == "train":
+        p.add_argument("--stop_at_step", type=int, default=None,
+                       help="save and stop at this step (the schedule still runs to total_steps; re-run to continue)")
     return p
 
 
@@ -110,7 +121,7 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
 
     try:
         if cmd == "train":
-            summary = loop.train(config, args.workdir, config_path=args.config)
+            summary = loop.train(config, args.workdir, stop_at=args.stop_at_step)
         else:
             rec = loop.evaluate(config, args.workdir)
             if jax.process_index() == 0:

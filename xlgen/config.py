@@ -249,7 +249,7 @@ def base_config() -> ConfigDict:
         name="adamw", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine", poly_power=1.0, min_lr_ratio=0.0,
         b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=0.25, lr_layer_decay_rate=1.0,
         layer_decay_mode="lr", grad_accum_steps=1))
-    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
+    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all
     c.checkpoint = ConfigDict(dict(every_steps=1000, keep=3, async_save=True, save_mems=True))
     # TXL eval: mem_len / same_length / clamp_len None = as in training (the papers evaluate with longer memory)
     c.eval = ConfigDict(dict(split="valid", steps=-1, mem_len=None, same_length=None, clamp_len=None, metric="ppl"))

@@ -59,8 +59,14 @@ def mesh_shape(sizes: Sequence[int], num_devices: int) -> Tuple[int, ...]:
 
 
 def make_mesh(mesh_config, devices: Optional[Sequence] = None) -> Mesh:
-    """Mesh ("data", "fsdp", "tensor") from `config.mesh` (a ConfigDict or dict with keys data/fsdp/tensor)."""
+    """Mesh ("data", "fsdp", "tensor") from `config.mesh` (keys data/fsdp/tensor; optional num_devices > 0 uses
+    only the first N devices, e.g. to compare against a one-device run)."""
     devices = list(devices) if devices is not None else jax.devices()
+    n = int(mesh_config.get("num_devices", 0) or 0) if hasattr(mesh_config, "get") else 0
+    if n > 0:
+        if n > len(devices):
+            raise ValueError(f"mesh.num_devices={n} but only {len(devices)} devices are available")
+        devices = devices[:n]
     shape = mesh_shape([mesh_config["data"], mesh_config["fsdp"], mesh_config["tensor"]], len(devices))
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 

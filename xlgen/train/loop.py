@@ -179,8 +179,9 @@ def _fmt_metrics(d: Dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4f}" for k, v in d.items())
 
 
-def train(config, workdir: str, *, config_path: Optional[str] = None) -> Dict[str, Any]:
-    """Train (or resume) to config.total_steps. Returns a summary dict (last step, last metrics, last eval)."""
+def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, Any]:
+    """Train (or resume) to config.total_steps. `stop_at` (CLI --stop_at_step) saves and stops early at that step
+    without changing the schedule, as an interruption would. Returns a summary dict (step, last record, eval)."""
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
     check_workdir_compatible(config, workdir)
@@ -192,11 +193,20 @@ def train(config, workdir: str, *, config_path: Optional[str] = None) -> Dict[st
     total = int(config.total_steps)
     ckpt_cfg = config.checkpoint
     save_mems = bool(ckpt_cfg.save_mems) and program.mems_shape is not None
+    summary: Dict[str, Any] = {"workdir": workdir}
+
+    # The data first: a missing corpus fails before anything is compiled.
+    train_pipe = make_pipeline(config.data, "train")
+    bspec = program.objective.batch_spec(config, "train")
+    gb = next(iter(bspec.values()))[0][0]
+    row0, row1 = sharding.process_rows(mesh, gb)
+    if getattr(train_pipe, "local_batch_size", row1 - row0) != row1 - row0:
+        raise ValueError(f"the data pipeline gives {train_pipe.local_batch_size} rows per process but the mesh "
+                         f"places {row1 - row0} rows on process {jax.process_index()}")
+
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep),
                         async_save=bool(ckpt_cfg.async_save))
     writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
-    summary: Dict[str, Any] = {"workdir": workdir}
-
     with jax.set_mesh(mesh):
         restored = ckpt.restore_latest(program.abstract_state(), program.abstract_mems() if save_mems else None)
         if restored is not None:
@@ -214,13 +224,6 @@ def train(config, workdir: str, *, config_path: Optional[str] = None) -> Dict[st
             start = 0
         summary["start_step"] = start
 
-        train_pipe = make_pipeline(config.data, "train")
-        bspec = program.objective.batch_spec(config, "train")
-        gb = next(iter(bspec.values()))[0][0]
-        row0, row1 = sharding.process_rows(mesh, gb)
-        if getattr(train_pipe, "local_batch_size", row1 - row0) != row1 - row0:
-            raise ValueError(f"the data pipeline gives {train_pipe.local_batch_size} rows per process but the mesh "
-                             f"places {row1 - row0} rows on process {jax.process_index()}")
         eval_every = int(config.eval_every_steps)
         eval_pipe = None
 
@@ -249,7 +252,8 @@ def train(config, workdir: str, *, config_path: Optional[str] = None) -> Dict[st
         t_last, s_last = time.time(), start
         record = None
         try:
-            for s in range(start, total):
+            end = total if stop_at is None else min(int(stop_at), total)
+            for s in range(start, end):
                 batch = global_batch(train_pipe.batch(s), program.batch_shardings, bspec)
                 state, mems, m = program.train_step(state, batch, mems)
                 step = s + 1
@@ -285,16 +289,16 @@ def train(config, workdir: str, *, config_path: Optional[str] = None) -> Dict[st
                     ckpt.wait()
                     progress.message(f"stopped by signal: saved checkpoint {ckpt.directory}/{step}")
                     raise Preempted(step)
-                if (every > 0 and step % every == 0) or step == total:
+                if (every > 0 and step % every == 0) or step == end:
                     save(step)
-            if eval_every != 0 and total > start:
+            if eval_every != 0 and end > start and end == total:
                 do_eval(total)
         finally:
             stop.restore()
             progress.close()
             ckpt.close()
             writer.close()
-    summary["step"] = total
+    summary["step"] = max(end, start)
     summary["last"] = record
     return summary
 
@@ -309,6 +313,9 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)
     ckpt = Checkpointer(ckpt_dir, keep=0, async_save=False)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep),
+                        async_save=bool(ckpt_cfg.async_save))
+    writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
     with jax.set_mesh(mesh):
         restored = ckpt.restore_latest(program.abstract_state(), None)
         if restored is None:

@@ -130,6 +130,7 @@ class Program:
     analytic_flops_per_step: float
     tokens_per_step: int
     _abstract_state: Any = None
+    _eval: Any = None
 
     def abstract_state(self):
         """ShapeDtypeStructs (with shardings) of the train state, e.g. an Orbax restore target."""
@@ -170,7 +171,32 @@ def _opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh):
     return jax.tree_util.tree_map_with_path(pick, abstract_opt)
 
 
+# Config sections that do not change the compiled program (a resumed or re-run job reuses the executables).
+_NOT_PROGRAM = ("checkpoint", "log_every_steps", "eval_every_steps", "tensorboard", "peak_flops_per_device")
+_PROGRAMS: Dict[Tuple, "Program"] = {}
+
+
+def program_key(config, mesh: Mesh) -> Tuple:
+    import json
+
+    d = {k: v for k, v in config.to_dict().items() if k not in _NOT_PROGRAM}
+    d.get("eval", {}).pop("steps", None)
+    return (json.dumps(d, sort_keys=True, default=str), mesh.axis_names, mesh.devices.shape,
+            tuple(int(x.id) for x in mesh.devices.flat))
+
+
 def build_program(config, mesh: Mesh) -> Program:
+    """The Program for (config, mesh); memoised in-process, so that re-running on the same config (resume,
+    evaluation, from_pretrained) does not trace and compile again."""
+    key = program_key(config, mesh)
+    if key not in _PROGRAMS:
+        if len(_PROGRAMS) >= 8:
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[key] = _build_program(config, mesh)
+    return _PROGRAMS[key]
+
+
+def _build_program(config, mesh: Mesh) -> Program:
     objective = get_objective(config)
     train_spec = abstract_model(lambda r: objective.make_model(config, r, True), train=True)
     eval_spec = abstract_model(lambda r: objective.make_model(config, r, False), train=False)
@@ -295,7 +321,13 @@ def build_program(config, mesh: Mesh) -> Program:
 
 
 def make_eval_step(program: Program):
-    """Jitted (params, batch, mems) -> (loss sum, count, new_mems) with the eval model (dropout off)."""
+    """Jitted (params, batch, mems) -> (loss sum, count, new_mems) with the eval model (dropout off); cached."""
+    if getattr(program, "_eval", None) is None:
+        program._eval = _make_eval_step(program)
+    return program._eval
+
+
+def _make_eval_step(program: Program):
     config, objective, spec, mesh = program.config, program.objective, program.eval_spec, program.mesh
     rest = spec.rest
     mems_shape = objective.mems_shape(config, "eval")

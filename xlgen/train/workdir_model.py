@@ -1,0 +1,62 @@
+"""`xlgen.from_pretrained(workdir)` for xlgen training workdirs.
+
+Reads `workdir/config.json`, builds the model on one device (dropout off) and restores the parameters of the
+latest checkpoint (or `step=`). Transformer-XL comes back as `TransfoXLPretrained` (HF call convention: `.log_probs`,
+`.mems`); the other families as the family's pretrained wrapper when it has one, else the NNX module itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from typing import Any, Optional
+
+import jax
+
+
+def load_params(workdir: str, step: Optional[int] = None):
+    """(config, {param name: array}, step) of a workdir's checkpoint, restored onto one device."""
+    from xlgen import config as config_lib
+    from xlgen.checkpointing import Checkpointer
+    from xlgen.train.program import build_program
+    from xlgen import sharding
+
+    workdir = os.path.abspath(workdir)
+    if os.path.basename(workdir).isdigit() and os.path.basename(os.path.dirname(workdir)) == "checkpoints":
+        step = int(os.path.basename(workdir)) if step is None else step
+        workdir = os.path.dirname(os.path.dirname(workdir))
+    config = config_lib.read_workdir_config(workdir)
+    if config is None:
+        raise FileNotFoundError(f"{workdir}: no config.json (not an xlgen workdir)")
+    with config.mesh.unlocked():
+        config.mesh.update(dict(data=1, fsdp=1, tensor=1, num_devices=1))
+    mesh = sharding.make_mesh(config.mesh)
+    program = build_program(config, mesh)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=0, async_save=False)
+    try:
+        with jax.set_mesh(mesh):
+            if step is None:
+                restored = ckpt.restore_latest(program.abstract_state(), None)
+                if restored is None:
+                    raise FileNotFoundError(f"{workdir}/checkpoints: no checkpoint")
+                state, _, _, step = restored
+            else:
+                state, _, _ = ckpt.restore(step, program.abstract_state(), None)
+    finally:
+        ckpt.close()
+    return config, program, state["params"], step
+
+
+def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
+    config, program, params, step = load_params(path, step)
+    module = program.make_model(params, train=False)
+    family = config.model.family
+    if family == "transformer_xl":
+        txl = importlib.import_module("xlgen.models.transformer_xl")
+        if kwargs:
+            module.config = dataclasses.replace(module.config, **kwargs)
+        return txl.TransfoXLPretrained(module)
+    mod = importlib.import_module(f"xlgen.models.{family}")
+    wrap = getattr(mod, "wrap_pretrained", None)
+    return wrap(module, **kwargs) if wrap is not None else module
