@@ -105,6 +105,16 @@ def test_factorized_equals_rel_shift_on_same_weights(tmp_path):
                                atol=1e-5)
 
 
+def test_bfloat16_and_remat_close_to_float32(tmp_path):
+    _save_hf(tmp_path, "FunnelForMaskedLM", "relative_shift", dict(block_sizes=[1, 1], num_decoder_layers=1))
+    ids, tt, am = _inputs("FunnelForMaskedLM", 12)
+    a = xlgen.from_pretrained(str(tmp_path), compiler_options=FAST)(ids, tt, am)
+    b = xlgen.from_pretrained(str(tmp_path), compiler_options=FAST, dtype="bfloat16", remat=True)(ids, tt, am)
+    assert b.last_hidden_state.dtype == jnp.bfloat16 and b.logits.dtype == jnp.float32
+    scale = float(np.abs(np.asarray(a.logits)).max())
+    assert float(np.abs(np.asarray(a.logits) - np.asarray(b.logits)).max()) < 0.02 * scale
+
+
 @pytest.mark.parametrize("q_stride,k_stride,q0,k0", [(1, 1, 0, 0), (2, 1, -1, 0), (4, 4, -3, -3), (4, 2, -3, -1)])
 def test_factorized_position_scores_match_strided_shift(q_stride, k_stride, q0, k0):
     """Core: trig-identity scores == W_r-projected sinusoids of the distance sequence + strided relative_shift."""
@@ -141,6 +151,7 @@ def test_block_layout_notation():
     assert F.parse_block_layout("6_6_6") == ((6, 6, 6), (1, 1, 1))
     cfg = F.FunnelConfig(block_sizes="1x2-1")
     assert cfg.block_sizes == (1, 1) and cfg.block_repeats == (2, 1) and cfg.layout == "B1x2-1"
+    assert dataclasses.replace(cfg, block_sizes="3-3x2-3x2").block_repeats == (1, 2, 2)
     with pytest.raises(ValueError, match="block layout"):
         F.parse_block_layout("6-x2")
 

@@ -73,7 +73,8 @@ def parse_block_layout(layout: Union[str, Sequence[int]]) -> Tuple[Tuple[int, ..
 class FunnelConfig:
     """Funnel-Transformer hyper-parameters (original-code names; `from_hf` maps the HF config).
 
-    `block_sizes` accepts the sharing notation ("6-3x2-3x2") or a sequence of ints (then `block_repeats` applies,
+    `block_sizes` accepts the sharing notation ("6-3x2-3x2"; `block_repeats` is then ignored, so
+    `dataclasses.replace(cfg, block_sizes="4-4-4")` just works) or a sequence of ints (then `block_repeats` applies,
     default all 1). `d_embed` (None = d_model) != d_model adds an input projection and an MLM projection back
     to d_embed (the ELECTRA generator). `dtype` is the compute dtype ("float32" or "bfloat16"); parameters,
     LayerNorm statistics, softmax and logits stay float32.
@@ -106,9 +107,7 @@ class FunnelConfig:
 
     def __post_init__(self):
         sizes, repeats = parse_block_layout(self.block_sizes)
-        if self.block_repeats is not None and isinstance(self.block_sizes, str):
-            raise ValueError("FunnelConfig: give sharing either in the block_sizes string or in block_repeats")
-        if self.block_repeats is not None:
+        if not isinstance(self.block_sizes, str) and self.block_repeats is not None:  # a string's sharing wins
             repeats = tuple(int(r) for r in self.block_repeats)
             if len(repeats) != len(sizes):
                 raise ValueError(f"FunnelConfig: block_repeats {repeats} does not match block_sizes {sizes}")
