@@ -102,8 +102,14 @@ def test_decoding_gold_beams_gives_gold_answers_and_null_threshold(data):
     gold = {ex.qas_id: [a for a, _ in ex.answers] for ex in examples}
     res = squad_eval.evaluate_v2(gold, preds, null_odds)
     assert res["best_f1"] == pytest.approx(100.0) and res["best_exact"] == pytest.approx(100.0)
-    final = squad_decode.apply_null_threshold(preds, null_odds, res["best_f1_thresh"])
+    thresh = squad_eval.best_f1_null_threshold(gold, preds, null_odds)
+    final = squad_decode.apply_null_threshold(preds, null_odds, thresh)
     assert squad_eval.evaluate_v2(gold, final)["exact"] == pytest.approx(100.0)
+    # applying the best-F1 threshold reproduces best_f1, including the "abstain everywhere" case
+    bad = {q: "wrong words" for q in preds}
+    res = squad_eval.evaluate_v2(gold, bad, null_odds)
+    final = squad_decode.apply_null_threshold(bad, null_odds, squad_eval.best_f1_null_threshold(gold, bad, null_odds))
+    assert squad_eval.evaluate_v2(gold, final)["f1"] == pytest.approx(res["best_f1"])
 
 
 def test_logits_to_beam_respects_p_mask():

@@ -268,11 +268,11 @@ def match_pretrained(target_shapes: Dict[str, Tuple[int, ...]], source: Dict[str
     return mapping, fresh, unused
 
 
-def load_pretrained_into(state, program, init_from: str) -> Dict[str, Any]:
-    """Overwrite `state["params"]` with pretrained values (resharded like the current parameters)."""
+def load_pretrained_into(state, program, source: Dict[str, np.ndarray], init_from: str = "init_from"):
+    """Overwrite `state["params"]` with the pretrained values `source` (`pretrained_params(init_from)`, read
+    outside any `jax.set_mesh` context) resharded like the current parameters. Returns (state, report)."""
     import jax
 
-    source = pretrained_params(init_from)
     shapes = program.train_spec.shapes
     mapping, fresh, unused = match_pretrained(shapes, source)
     if not mapping:
@@ -369,7 +369,7 @@ def evaluate_split(config, task, examples, features, outputs, split: str) -> Tup
             final = preds
         else:
             raw = squad_eval.evaluate_v2(gold, preds, null_odds)
-            thresh = raw["best_f1_thresh"]
+            thresh = squad_eval.best_f1_null_threshold(gold, preds, null_odds)
             final = squad_decode.apply_null_threshold(preds, null_odds, thresh)
             res = squad_eval.evaluate_v2(gold, final)
             res.update({k: raw[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")})
@@ -521,6 +521,9 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
     best = _read_results(workdir)
 
+    source = None
+    if config.init_from and not ckpt.all_steps():
+        source = pretrained_params(config.init_from)
     with jax.set_mesh(mesh):
         restored = ckpt.restore_latest(program.abstract_state(), None)
         if restored is not None:
@@ -531,8 +534,8 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
         else:
             state, _ = program.init_state()
             start = 0
-            if config.init_from:
-                state, report = load_pretrained_into(state, program, config.init_from)
+            if source is not None:
+                state, report = load_pretrained_into(state, program, source, config.init_from)
                 if is_main:
                     print(f"init_from {config.init_from}: {report['loaded']} tensors loaded; fresh: "
                           f"{report['fresh'] or 'none'}; unused: {len(report['unused'])}", flush=True)

@@ -34,7 +34,7 @@ NEG = -1e30
 def _family_module(config):
     fam = config.model.family
     if fam == "xlnet":
-        return importlib.import_module("xlgen.models.xlnet"), "XLNetConfig"
+        return importlib.import_module("xlgen.models.xlnet_heads"), "XLNetConfig"
     if fam == "funnel":
         return importlib.import_module("xlgen.models.funnel_heads"), "FunnelConfig"
     raise ValueError(f"model.family={fam!r}: finetuning supports 'xlnet' and 'funnel'")
@@ -63,7 +63,7 @@ def make_model(config, rngs, train: bool):
         name = {"classification": "XLNetForSequenceClassification", "regression": "XLNetForSequenceClassification",
                 "multiple_choice": "XLNetForMultipleChoice", "squad": "XLNetForQuestionAnswering"}[task.kind]
         if not hasattr(mod, name):
-            raise ValueError(f"xlgen.models.xlnet has no {name} yet (needed for task {task.name})")
+            raise ValueError(f"xlgen.models.xlnet_heads has no {name} (needed for task {task.name})")
         return getattr(mod, name)(cfg, rngs=rngs)
     if task.kind in ("classification", "regression"):
         return mod.FunnelForSequenceClassification(cfg, num_labels(config), rngs=rngs)
@@ -91,12 +91,6 @@ def batch_spec(config, split: str):
     return spec
 
 
-def _get(out, name):
-    if isinstance(out, dict):
-        return out.get(name)
-    return getattr(out, name, None)
-
-
 def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
     """Task outputs. Training SQuAD: start/end log-probs at every position (XLNet: ends conditioned on the gold
     start) and cls_logits. Inference SQuAD: the beam arrays (XLNet) or start/end/cls logits (Funnel)."""
@@ -105,9 +99,7 @@ def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
     common = dict(token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"])
     if task.kind != "squad":
         out = model(batch["input_ids"], **common)
-        logits = _get(out, "logits")
-        if logits is None and isinstance(out, tuple):
-            logits = out[0]
+        logits = out[0] if isinstance(out, tuple) else out.logits  # XLNet: (logits, mems); Funnel: FunnelOutput
         return {"logits": logits.astype(jnp.float32)}
     if fam == "funnel":
         out = model(batch["input_ids"], **common, p_mask=batch["p_mask"], cls_index=batch["cls_index"])
@@ -119,9 +111,13 @@ def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
     if train:
         kw["start_positions"] = batch["start_positions"]
     out = model(batch["input_ids"], **common, **kw)
-    names = ("start_logits", "end_logits", "cls_logits", "start_top_log_probs", "start_top_index",
-             "end_top_log_probs", "end_top_index")
-    return {n: _get(out, n) for n in names if _get(out, n) is not None}
+    out = out[0] if isinstance(out, tuple) else out  # XLNet heads return (outputs, new_mems)
+    if train:
+        return {n: out[n] for n in ("start_logits", "end_logits", "cls_logits")}
+    b = out["start_top_index"].shape[0]
+    return {"start_top_log_probs": out["start_top_log_probs"], "start_top_index": out["start_top_index"],
+            "end_top_log_probs": out["end_top_log_probs"].reshape(b, -1),  # [b, S, E] -> [b, S*E], row k*E + j
+            "end_top_index": out["end_top_index"].reshape(b, -1), "cls_logits": out["cls_logits"]}
 
 
 def _masked_log_softmax(logits, p_mask):

@@ -72,10 +72,12 @@ def evaluate_v1(gold: Mapping[str, List[str]], preds: Mapping[str, str]) -> Dict
     return {"exact": 100.0 * em / n, "f1": 100.0 * f1 / n, "total": n}
 
 
-def _find_best_thresh(preds, scores, na_probs, has_ans):
+def _find_best_thresh(preds, scores, na_probs, has_ans, initial_thresh: float = 0.0):
+    """The official sweep. Its starting point (score = #NoAns) means "every question predicted unanswerable",
+    which the script reports as threshold 0.0; `initial_thresh=-inf` returns a threshold that reproduces it."""
     num_no_ans = sum(1 for k in has_ans if not has_ans[k])
     cur = best = num_no_ans
-    best_thresh = 0.0
+    best_thresh = initial_thresh
     for qid in sorted(na_probs, key=lambda k: na_probs[k]):
         if qid not in scores:
             continue
@@ -123,3 +125,15 @@ def evaluate_v2(gold: Mapping[str, List[str]], preds: Mapping[str, str],
         out["best_exact"], out["best_exact_thresh"] = _find_best_thresh(preds, exact_raw, probs, has_ans)
         out["best_f1"], out["best_f1_thresh"] = _find_best_thresh(preds, f1_raw, probs, has_ans)
     return out
+
+
+def best_f1_null_threshold(gold: Mapping[str, List[str]], preds: Mapping[str, str],
+                           na_probs: Mapping[str, float]) -> float:
+    """The no-answer threshold that achieves `best_f1` when applied to `preds` ("" where na_prob > threshold);
+    -inf when the best is to abstain everywhere (the official script prints 0.0 for that case)."""
+    has_ans = {qid: bool(answers) for qid, answers in gold.items()}
+    f1_raw = {}
+    for qid, answers in gold.items():
+        golds = [a for a in answers if normalize_answer(a)] or [""]
+        f1_raw[qid] = max(f1_v2(a, preds.get(qid, "")) for a in golds)
+    return _find_best_thresh(preds, f1_raw, dict(na_probs), has_ans, initial_thresh=float("-inf"))[1]
