@@ -128,3 +128,35 @@ def test_unknown_task_and_bad_init_from_are_clear_errors(tmp_path):
         _config({"init_from": tmp_path / "nowhere"}, str(tmp_path))
     with pytest.raises(ConfigError, match="unknown config key 'data.max_seq_len'"):
         _config({"data.max_seq_len": 3}, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_init_from_hugging_face_directory(data, tmp_path):
+    """A HF XLNetLMHeadModel directory: architecture from its config.json, every transformer tensor loaded with
+    the HF values (embedding checked against the PyTorch weights), the classification head fresh."""
+    import jax
+    import torch
+    import transformers
+
+    from xlgen import sharding
+    from xlgen.train.program import build_program
+
+    hf_dir = tmp_path / "hf"
+    torch.manual_seed(0)
+    hf_cfg = transformers.XLNetConfig(vocab_size=160, d_model=32, n_layer=2, n_head=2, d_inner=64)
+    transformers.XLNetLMHeadModel(hf_cfg).save_pretrained(str(hf_dir), safe_serialization=True)
+    (hf_dir / "spiece.model").write_bytes((data / "spiece.model").read_bytes())
+    cfg = _config({"task": "glue/sst2", "data_dir": data / "sst2", "init_from": hf_dir, "model.dropout": 0.0}, str(tmp_path))
+    assert (cfg.model.family, cfg.model.n_layer, cfg.model.d_inner, cfg.model.dropout) == ("xlnet", 2, 64, 0.0)
+    assert ft.load_tokenizer(cfg).cls_id == 3  # spiece.model found inside init_from
+    source = ft.pretrained_params(str(hf_dir))
+    program = build_program(cfg, sharding.make_mesh(cfg.mesh))
+    with jax.set_mesh(program.mesh):
+        state, _ = program.init_state()
+        new_state, report = ft.load_pretrained_into(state, program, source, str(hf_dir))
+    fresh = sorted(report["fresh"])
+    assert fresh and all(n.startswith(("sequence_summary.", "logits_proj.")) for n in fresh)
+    assert report["loaded"] == len(new_state["params"]) - len(fresh) and report["unused"] == ["lm_bias"]
+    emb = [n for n in new_state["params"] if n.endswith("word_embedding")]
+    hf_emb = transformers.XLNetLMHeadModel.from_pretrained(str(hf_dir)).transformer.word_embedding.weight
+    np.testing.assert_array_equal(np.asarray(new_state["params"][emb[0]]), hf_emb.detach().numpy())

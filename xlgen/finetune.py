@@ -99,6 +99,7 @@ def resolve_config(config, model_overrides: Dict[str, str] = ()):
     """Fill derived keys and take the architecture from `init_from` (command-line model.* overrides re-applied)."""
     from ml_collections import ConfigDict
 
+    import xlgen.tasks.objective  # noqa: F401  (registers the "finetune" objective with the trainer)
     from xlgen import config as config_lib
     from xlgen.tasks import get_task
 
@@ -212,7 +213,7 @@ def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
         import xlgen
 
         loaded = xlgen.from_pretrained(init_from)
-        module = getattr(loaded, "module", loaded)
+        module = getattr(loaded, "module", None) or getattr(loaded, "model", None) or loaded  # Funnel / XLNet
         return _module_params(module)
     import jax
 
