@@ -161,3 +161,34 @@ def test_task_registry_and_glue_submission():
     text = glue_submission_text(get_task("glue/mnli").label_names, ["0", "1"], np.array([1, 2]))
     assert text == "index\tprediction\n0\tentailment\n1\tneutral\n"
     assert glue_submission_text(None, ["7"], np.array([5.4])) == "index\tprediction\n7\t5.000\n"
+
+
+def test_tfds_records_map_to_the_same_examples(monkeypatch):
+    """`data_dir="tfds:..."` reads `tfds.data_source` records (here: decoded records as TFDS returns them);
+    TFDS MNLI label order (entailment, neutral, contradiction) is remapped to the GLUE label names."""
+    import tensorflow_datasets as tfds
+
+    records = {
+        ("glue/mnli", "validation_matched"): [{"premise": b"p", "hypothesis": b"h", "label": 2, "idx": 7}],
+        ("squad/v2.0", "validation"): [{"id": b"q1", "question": b"who?", "context": b"Ann met Bob.",
+                                        "answers": {"text": [b"Bob"], "answer_start": [8]}}],
+        ("race/high", "dev"): [{"article": b"a", "questions": [b"q _ ."], "options": [[b"w", b"x", b"y", b"z"]],
+                                "answers": [b"C"], "example_id": b"h1"}],
+    }
+    calls = []
+
+    def data_source(name, *, split, data_dir, download):
+        calls.append((name, split, data_dir, download))
+        return records[(name, split)]
+
+    monkeypatch.setattr(tfds, "data_source", data_source)
+    (ex,) = get_task("glue/mnli").read("tfds:/data/tfds", "dev")
+    assert ex == TextExample("7", "p", "h", GLUE_TASKS["mnli"].labels.index("contradiction"))
+    (sq,) = get_task("squad/v2.0").read("tfds:", "dev")
+    assert (sq.qas_id, sq.answers, sq.is_impossible) == ("q1", (("Bob", 8),), False)
+    (rc,) = get_task("race/high").read("tfds:", "dev")
+    assert rc.endings == ("q w .", "q x .", "q y .", "q z .") and rc.label == 2 and rc.level == "high"
+    assert calls[0] == ("glue/mnli", "validation_matched", "/data/tfds", False)
+
+
+from data_pipelines.tasks.examples import TextExample  # noqa: E402

@@ -105,7 +105,8 @@ def test_decoding_gold_beams_gives_gold_answers_and_null_threshold(data):
     thresh = squad_eval.best_f1_null_threshold(gold, preds, null_odds)
     final = squad_decode.apply_null_threshold(preds, null_odds, thresh)
     assert squad_eval.evaluate_v2(gold, final)["exact"] == pytest.approx(100.0)
-    # applying the best-F1 threshold reproduces best_f1, including the "abstain everywhere" case
+    # applying the threshold reproduces best_f1 when no-answer scores are distinct, including "abstain everywhere"
+    null_odds = {q: v + 1e-3 * k for k, (q, v) in enumerate(sorted(null_odds.items()))}
     bad = {q: "wrong words" for q in preds}
     res = squad_eval.evaluate_v2(gold, bad, null_odds)
     final = squad_decode.apply_null_threshold(bad, null_odds, squad_eval.best_f1_null_threshold(gold, bad, null_odds))
@@ -118,3 +119,15 @@ def test_logits_to_beam_respects_p_mask():
     b = squad_decode.logits_to_beam(logits, logits, p_mask, start_n_top=2, end_n_top=2)
     assert b["start_top_index"].tolist() == [[2, 1]] and b["end_top_index"].tolist() == [[2, 1, 2, 1]]
     assert np.exp(b["start_top_log_probs"]).sum() < 1.0
+
+
+def test_null_threshold_with_tied_scores_is_achievable():
+    gold = {"a": ["x"], "b": [], "c": ["z"]}
+    preds = {"a": "x", "b": "y", "c": "w"}
+    na = {"a": 1.0, "b": 1.0, "c": 2.0}
+    # official sweep: start 1 (abstain all); a +1 -> 2 at thresh 1.0 (best); b -1 -> 1; c +0 -> 1. best_f1 = 2/3
+    assert squad_eval.evaluate_v2(gold, preds, na)["best_f1"] == pytest.approx(200 / 3)
+    # no threshold realises it: 1.0 answers both tied a and b (score 1 + 0 + 0), no better than abstaining (0+1+0)
+    t = squad_eval.best_f1_null_threshold(gold, preds, na)
+    final = squad_decode.apply_null_threshold(preds, na, t)
+    assert squad_eval.evaluate_v2(gold, final)["f1"] == pytest.approx(100 / 3) and t == float("-inf")

@@ -139,6 +139,8 @@ def load_tokenizer(config):
 
 def _files_fingerprint(data_dir: str) -> str:
     h = hashlib.sha1()
+    if data_dir.startswith("tfds:"):
+        return hashlib.sha1(data_dir.encode()).hexdigest()[:16]
     for root, _, files in sorted(os.walk(data_dir)):
         for name in sorted(files):
             p = os.path.join(root, name)
@@ -637,6 +639,18 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
 # CLI
 # ----------------------------------------------------------------------------------------------------------------
 
+def is_finetune_workdir(workdir: str) -> bool:
+    """True if `workdir/config.json` was written by `xlgen finetune` (hook for `xlgen eval`)."""
+    p = os.path.join(workdir, "config.json")
+    if not os.path.exists(p):
+        return False
+    try:
+        with open(p) as f:
+            return json.load(f).get("xlgen", {}).get("kind") == "finetune"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
 def load_finetune_config(config_path: Optional[str], overrides: Dict[str, str], workdir: str):
     """The config file with overrides (model.* overrides applied on top of the architecture read from
     init_from); with no config file, the workdir's stored config.json (re-evaluation)."""
@@ -668,7 +682,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--config", default=None, help="configs/finetune/<task>.py (omit with --eval_only to reuse "
                                                    "the workdir's config.json)")
     p.add_argument("--workdir", required=True)
-    p.add_argument("--eval_only", action="store_true", help="re-evaluate the workdir's best checkpoint")
+    p.add_argument("--eval_only", action="store_true", help="re-evaluate the workdir's best checkpoint (with the "
+                                                            "workdir's stored config.json when it has one)")
     p.add_argument("--platform", default=None)
     p.add_argument("--distributed", default="auto", choices=("auto", "on", "off"))
     args = p.parse_args(rest)
@@ -676,8 +691,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error("--config is required (unless --eval_only)")
     from xlgen.cli import _default_platform, setup_runtime
 
+    config_path = args.config
+    if args.eval_only and is_finetune_workdir(args.workdir):
+        config_path = None  # the stored, resolved config is the truth for an existing run
     try:
-        config = load_finetune_config(args.config, overrides, args.workdir)
+        config = load_finetune_config(config_path, overrides, args.workdir)
     except (config_lib.ConfigError, ValueError, FileNotFoundError) as e:
         print(f"xlgen finetune: error: {e}", file=sys.stderr)
         return 2

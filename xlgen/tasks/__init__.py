@@ -31,7 +31,12 @@ class Task:
     version: str = ""                         # SQuAD version
 
     def read(self, data_dir: str, split: str, *, skip_malformed: bool = False):
-        """Examples of `split` from the official files in `data_dir`."""
+        """Examples of `split` from the official files in `data_dir`, or from a prepared TFDS dataset when
+        `data_dir` is "tfds:[TFDS_DIR]" (`data_pipelines.tasks.tfds_source`)."""
+        if data_dir.startswith("tfds:"):
+            from data_pipelines.tasks.tfds_source import read_tfds
+
+            return read_tfds(self.name, split, data_dir)
         if self.name.startswith("glue/"):
             return _glue.read_glue(self.name[5:], data_dir, split, skip_malformed=skip_malformed)
         if self.kind == "squad":

@@ -129,11 +129,26 @@ def evaluate_v2(gold: Mapping[str, List[str]], preds: Mapping[str, str],
 
 def best_f1_null_threshold(gold: Mapping[str, List[str]], preds: Mapping[str, str],
                            na_probs: Mapping[str, float]) -> float:
-    """The no-answer threshold that achieves `best_f1` when applied to `preds` ("" where na_prob > threshold);
-    -inf when the best is to abstain everywhere (the official script prints 0.0 for that case)."""
+    """The no-answer threshold maximising the F1 actually obtained by `preds` with "" where na_prob > threshold.
+
+    Same sweep as the official `find_best_thresh`, but over groups of equal scores: the official sweep may stop
+    inside a group of tied no-answer scores, which no threshold can realise, so its `best_f1` is an upper bound
+    that this threshold reaches exactly when there are no ties. -inf = abstain everywhere."""
     has_ans = {qid: bool(answers) for qid, answers in gold.items()}
-    f1_raw = {}
-    for qid, answers in gold.items():
-        golds = [a for a in answers if normalize_answer(a)] or [""]
-        f1_raw[qid] = max(f1_v2(a, preds.get(qid, "")) for a in golds)
-    return _find_best_thresh(preds, f1_raw, dict(na_probs), has_ans, initial_thresh=float("-inf"))[1]
+    cur = best = float(sum(1 for k in has_ans if not has_ans[k]))
+    best_thresh = float("-inf")
+    qids = sorted((q for q in gold), key=lambda q: na_probs.get(q, 0.0))
+    i = 0
+    while i < len(qids):
+        value = na_probs.get(qids[i], 0.0)
+        while i < len(qids) and na_probs.get(qids[i], 0.0) == value:
+            q = qids[i]
+            golds = [a for a in gold[q] if normalize_answer(a)] or [""]
+            if has_ans[q]:
+                cur += max(f1_v2(a, preds.get(q, "")) for a in golds)
+            elif preds.get(q):
+                cur -= 1
+            i += 1
+        if cur > best:
+            best, best_thresh = cur, value
+    return best_thresh
