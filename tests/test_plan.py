@@ -28,9 +28,6 @@ CASES = {
                "--config.data.batch_size=16", "--config.data.tgt_len=64", "--config.model.mem_len=64"],
     "xlnet_v4": ["--config=configs/pretrain/xlnet_tiny.py", "--topology=v4:2x2x1", *WIDE,
                  "--config.data.batch_size=16", "--config.mesh.fsdp=2", "--config.mesh.rules=fsdp"],
-    # does not fit: 2**14 rows x 4096 tokens of memory per layer on 8 v3 cores
-    "txl_oom": ["--config=configs/pretrain/txl_tiny.py", "--topology=v3:2x2", "--config.data.batch_size=16384",
-                "--config.data.tgt_len=512", "--config.model.mem_len=4096"],
 }
 if os.path.exists(os.path.join(ROOT, "configs/pretrain/funnel_tiny.py")):
     CASES["funnel_v3"] = ["--config=configs/pretrain/funnel_tiny.py", "--topology=v3:2x2", *WIDE,
@@ -38,10 +35,19 @@ if os.path.exists(os.path.join(ROOT, "configs/pretrain/funnel_tiny.py")):
 
 RUNNER = """
 import json, sys
-from xlgen import plan
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from xlgen import plan, sharding, topology
 cases, out = json.loads(sys.argv[1]), sys.argv[2]
 for name, argv in cases.items():
     plan.main(argv + [f"--json={out}/{name}.json"])
+# A program that cannot fit 16 GiB per v3 core (a replicated 2**16 x 2**16 float32 matrix product): XLA refuses it;
+# the plan reports it instead of crashing.
+mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, topology.topology_devices("v3:2x2"))
+w = jax.ShapeDtypeStruct((65536, 65536), jnp.float32, sharding=NamedSharding(mesh, P()))
+x = jax.ShapeDtypeStruct((256, 65536), jnp.float32, sharding=sharding.batch_sharding(mesh, 2))
+r = plan.compile_and_measure(jax.jit(lambda w, x: jnp.tanh(x @ w) @ w.T), (w, x), mesh, 16 * 2**30)
+json.dump(r, open(f"{out}/oom.json", "w"))
 """
 
 
@@ -55,13 +61,13 @@ def reports(tmp_path_factory):
     r = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(CASES), str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
-    return {name: json.load(open(out / f"{name}.json")) for name in CASES}
+    return {name: json.load(open(out / f"{name}.json")) for name in [*CASES, "oom"]}
 
 
 # ------------------------------------------------------------------------------------------------ compiled plans
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in CASES if c != "txl_oom"])
+@pytest.mark.parametrize("case", list(CASES))
 def test_tiny_configs_compile_and_fit(reports, case):
     r = reports[case]
     assert r["fits"] is True and r["suggestions"] == []
@@ -80,7 +86,7 @@ def test_tiny_configs_compile_and_fit(reports, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in CASES if c != "txl_oom"])
+@pytest.mark.parametrize("case", list(CASES))
 def test_flops_match_analytic_model(reports, case):
     fl = reports[case]["flops_per_step"]
     assert not fl["xla_counts_loop_bodies_once"]
@@ -92,12 +98,30 @@ def test_flops_match_analytic_model(reports, case):
 
 
 @pytest.mark.slow
-def test_oversized_step_does_not_fit_and_gets_suggestions(reports):
-    r = reports["txl_oom"]
-    assert r["fits"] is False and r["over_by_bytes"] > 0
-    assert r["memory_per_device"]["total"] > r["memory_per_device"]["hbm_usable"]
-    text = "\n".join(r["suggestions"])
-    assert "grad_accum_steps" in text and "model.remat=True" in text and "mem_len" in text
+def test_program_too_big_for_hbm_is_reported_not_raised(reports):
+    r = reports["oom"]
+    assert r["fits"] is False
+    # 16 GiB of weights + 16 GiB of transposed weights at least; the compiler's usable HBM per v3 core is < 16 GiB
+    assert r["memory_per_device"]["total"] >= 32 * GiB * 0.99
+    assert 15 * GiB < r["memory_per_device"]["hbm_usable"] <= 16 * GiB
+    assert r["over_by_bytes"] == r["memory_per_device"]["total"] - r["memory_per_device"]["hbm_usable"]
+
+
+def test_suggestions_name_the_config_keys():
+    """A step over budget gets actionable advice keyed to what dominates (state vs activations vs memory)."""
+    from xlgen.config import load_config
+
+    config = load_config(os.path.join(ROOT, "configs/pretrain/txl_tiny.py"))
+    report = {"state_bytes_per_device": {"params": 3 * GiB, "opt_state": 6 * GiB, "mems": 2 * GiB, "total": 11 * GiB},
+              "mesh": {"data": 8, "fsdp": 1, "tensor": 1}, "hbm_per_device": 16 * GiB, "global_batch_size": 64,
+              "memory_per_device": {"total": 20 * GiB}, "over_by_bytes": 4 * GiB}
+    text = "\n".join(plan_lib.suggestions(config, report))
+    assert "over by 4.00 GiB" in text
+    assert "--config.mesh.fsdp (now 1)" in text           # 9 GiB of params + Adam state: shard them
+    assert "--config.model.remat=True" in text            # txl_tiny has remat off
+    assert "--config.model.dtype=bfloat16" in text        # and float32 compute
+    assert "--config.optimizer.grad_accum_steps=2" in text
+    assert "--config.model.mem_len" in text               # 2 GiB of recurrent memory
 
 
 # ------------------------------------------------------------------------------------------------ pieces (no TPU)
@@ -148,3 +172,65 @@ def test_pod_table_in_docs_is_generated_from_saved_plans():
     table = plan_lib.render_table(sorted(reports, key=plan_lib.table_order))
     doc = open(os.path.join(ROOT, "docs", "pod_scale.md")).read()
     assert table in doc
+
+
+# ------------------------------------------------------------------------------------------------ paper configs
+
+PAPER_CONFIGS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "configs/pretrain/*.py"))
+                       if not p.endswith(("_tiny.py", "__init__.py", "funnel_common.py")))
+
+
+def _load(name, *overrides):
+    from xlgen.config import load_config
+
+    return load_config(os.path.join(ROOT, "configs/pretrain", name + ".py"), list(overrides))
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
+def test_paper_configs_load_and_validate(name):
+    from xlgen.train.objectives import model_config
+
+    c = _load(name)
+    module, cls = {"transformer_xl": ("xlgen.models.transformer_xl", "TransformerXLConfig"),
+                   "xlnet": ("xlgen.models.xlnet", "XLNetConfig"),
+                   "funnel": ("xlgen.models.funnel", "FunnelConfig")}[c.model.family]
+    model_config(c, module, cls)  # every model key is a field of the family's config, values validated
+    import data_pipelines
+
+    data_pipelines.default_config(c.data.pipeline)  # a known pipeline
+    assert not set(c.data.keys()) - set(data_pipelines.default_config(c.data.pipeline).keys())
+    for axis in ("data", "fsdp", "tensor"):
+        assert c.mesh[axis] == -1 or c.mesh[axis] >= 1
+
+
+def test_paper_hyperparameters():
+    """The published setups (thesis §1.8, §2.8, §2.10, §3.5; original scripts) — spot checks of what matters."""
+    x = _load("xlnet_large")
+    assert (x.data.batch_size, x.data.seq_len, x.data.reuse_len, x.model.mem_len, x.data.perm_size,
+            x.data.num_predict, x.total_steps) == (2048, 512, 256, 384, 256, 85, 500_000)
+    assert (x.model.n_layer, x.model.d_model, x.model.n_head, x.model.d_inner) == (24, 1024, 16, 4096)
+    assert _load("xlnet_large_bsz8192").data.batch_size == 8192
+    e = _load("txl_enwik8_large")
+    assert (e.model.n_layer, e.model.d_model, e.data.tgt_len, e.model.mem_len, e.data.batch_size) == (
+        24, 1024, 768, 768, 64)
+    assert (e.eval.mem_len, e.eval.clamp_len, e.data.eval_tgt_len) == (3800, 1000, 128)
+    w = _load("txl_wt103_large")
+    assert (w.model.n_layer, w.data.tgt_len, w.model.mem_len, w.data.batch_size, w.model.div_val,
+            tuple(w.model.cutoffs), w.total_steps) == (18, 384, 384, 128, 4, (20000, 40000, 200000), 4_000_000)
+    f = _load("funnel_B6-3x2-3x2H768_electra")
+    assert (f.model.block_sizes, f.objective, f.objective_options.disc_coeff, f.optimizer.b2) == (
+        "6-3x2-3x2", "funnel_electra", 50.0, 0.99)
+    assert _load("funnel_B10-10-10H1024_mlm").data.batch_size == 8192
+
+
+@pytest.mark.parametrize("name,millions", [("txl_enwik8_base", 41), ("txl_enwik8_large", 277)])
+def test_paper_parameter_counts(name, millions):
+    """Parameter counts of the abstract models match the thesis tables (3.2: 41M, 277M)."""
+    from flax import nnx
+
+    from xlgen.train.objectives import get_objective
+
+    c = _load(name, "--config.model.scan_layers=True")  # same parameters, stacked: much faster to build abstractly
+    model = nnx.eval_shape(lambda: get_objective(c).make_model(c, nnx.Rngs(0), True))
+    n = sum(math.prod(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert n / 1e6 == pytest.approx(millions, rel=0.01)

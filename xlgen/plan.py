@@ -154,6 +154,10 @@ def build_mesh(config, devices, num_slices: int):
     return jax.sharding.Mesh(grid, sharding.MESH_AXES, axis_types=single.axis_types)  # same axis types as train
 
 
+def _log(msg: str) -> None:
+    print(f"[xlgen plan {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def plan(config, topology: str, num_slices: int = 1, *, config_path: str = "", overrides: Sequence[str] = ()
          ) -> Dict[str, Any]:
     """Compile the train step of `config` for `topology` and return the report dict (see module docstring)."""
@@ -185,6 +189,7 @@ def plan(config, topology: str, num_slices: int = 1, *, config_path: str = "", o
     }
 
     t0 = time.perf_counter()
+    _log(f"building the train program for {len(devices)} {devices[0].device_kind} devices, mesh {dict(mesh.shape)}")
     program = build_program(config, mesh)
     if hasattr(program, "abstract_args"):  # (state, batch, mems): the step's full signature
         args = tuple(program.abstract_args())
@@ -202,48 +207,13 @@ def plan(config, topology: str, num_slices: int = 1, *, config_path: str = "", o
         if isinstance(state, dict) and "params" in state else None
     report["state_bytes_per_device"] = breakdown
     report["batch_bytes_per_device"] = _bytes_per_device(batch)
-    with jax.set_mesh(mesh):
-        traced = program.train_step.trace(*args)
-        matmul_flops, has_while = jaxpr_matmul_flops(traced.jaxpr.jaxpr)
-        lowered = traced.lower()
-        t1 = time.perf_counter()
-        try:
-            compiled = lowered.compile()
-            oom = None
-        except Exception as e:  # XLA refuses programs that do not fit HBM: that is an answer, not a crash
-            oom = parse_oom(str(e))
-            if oom is None:
-                raise
-    report["trace_lower_time_s"] = round(t1 - t0, 2)
-    report["compile_time_s"] = round(time.perf_counter() - t1, 2)
+    report.update(compile_and_measure(program.train_step, args, mesh, hbm, label=t.name))
+    # build + trace + lower, everything but XLA's compile
+    report["trace_lower_time_s"] = round(time.perf_counter() - t0 - report["compile_time_s"], 2)
     n = len(devices)
     analytic = float(program.analytic_flops_per_step)
-    report["flops_per_step"] = {"analytic_model": analytic, "matmul_jaxpr": matmul_flops}
-
-    if oom is not None:
-        report["fits"] = False
-        report["memory_per_device"] = {"total": oom["required"], "hbm_usable": oom["available"]}
-        report["over_by_bytes"] = oom["required"] - oom["available"]
-    else:
-        ma = compiled.memory_analysis()
-        mem = {
-            "arguments": int(ma.argument_size_in_bytes),
-            "outputs": int(ma.output_size_in_bytes),
-            "aliased": int(ma.alias_size_in_bytes),
-            "temp": int(ma.temp_size_in_bytes),
-            "code": int(ma.generated_code_size_in_bytes),
-        }
-        mem["total"] = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temp"] + mem["code"]
-        report["memory_per_device"] = mem
-        report["fits"] = mem["total"] <= hbm
-        report["over_by_bytes"] = max(0, mem["total"] - hbm)
-        cost = compiled.cost_analysis() or {}
-        if isinstance(cost, (list, tuple)):  # older jax returned one dict per computation
-            cost = cost[0] if cost else {}
-        xla_flops = float(cost.get("flops", 0.0)) * n
-        report["flops_per_step"]["xla_cost_analysis"] = xla_flops
-        report["flops_per_step"]["xla_counts_loop_bodies_once"] = bool(has_while or _has_while(compiled))
-        report["xla_optimal_seconds"] = float(cost.get("optimal_seconds", 0.0) or 0.0)
+    report["flops_per_step"]["analytic_model"] = analytic
+    matmul_flops, has_while = report["flops_per_step"]["matmul_jaxpr"], report.pop("_has_while")
 
     # Predicted step time (a lower bound): the executed FLOPs at the chip's peak, or XLA's roofline estimate when it
     # is larger; both XLA figures are only used when no while loop hides work from cost_analysis.
@@ -262,6 +232,61 @@ def plan(config, topology: str, num_slices: int = 1, *, config_path: str = "", o
         report["tokens_per_sec"] = tokens / step
     report["suggestions"] = [] if report["fits"] else suggestions(config, report)
     return report
+
+
+def compile_and_measure(jitted, args, mesh, hbm: int, *, label: str = "") -> Dict[str, Any]:
+    """Trace, lower and AOT-compile `jitted(*args)` (abstract args) under `mesh`; memory and FLOPs per device.
+
+    A program XLA refuses for lack of HBM is reported (`fits: false`, required vs available), not raised.
+    """
+    import jax
+
+    n = mesh.size
+    out: Dict[str, Any] = {}
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+        _log("tracing the train step")
+        traced = jitted.trace(*args)
+        matmul_flops, has_while = jaxpr_matmul_flops(traced.jaxpr.jaxpr)
+        _log("lowering")
+        lowered = traced.lower()
+        t1 = time.perf_counter()
+        _log(f"compiling for {label or mesh.devices.flat[0].device_kind} (trace + lower took {t1 - t0:.0f} s)")
+        try:
+            compiled = lowered.compile()
+            oom = None
+        except Exception as e:  # XLA refuses programs that do not fit HBM: that is an answer, not a crash
+            oom = parse_oom(str(e))
+            if oom is None:
+                raise
+    out["trace_lower_time_s"] = round(t1 - t0, 2)
+    out["compile_time_s"] = round(time.perf_counter() - t1, 2)
+    out["flops_per_step"] = {"matmul_jaxpr": matmul_flops}
+    out["_has_while"] = has_while
+    if oom is not None:
+        out["fits"] = False
+        out["memory_per_device"] = {"total": oom["required"], "hbm_usable": oom["available"]}
+        out["over_by_bytes"] = oom["required"] - oom["available"]
+        return out
+    ma = compiled.memory_analysis()
+    mem = {
+        "arguments": int(ma.argument_size_in_bytes),
+        "outputs": int(ma.output_size_in_bytes),
+        "aliased": int(ma.alias_size_in_bytes),
+        "temp": int(ma.temp_size_in_bytes),
+        "code": int(ma.generated_code_size_in_bytes),
+    }
+    mem["total"] = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temp"] + mem["code"]
+    out["memory_per_device"] = mem
+    out["fits"] = mem["total"] <= hbm
+    out["over_by_bytes"] = max(0, mem["total"] - hbm)
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, (list, tuple)):  # older jax returned one dict per computation
+        cost = cost[0] if cost else {}
+    out["flops_per_step"]["xla_cost_analysis"] = float(cost.get("flops", 0.0)) * n
+    out["flops_per_step"]["xla_counts_loop_bodies_once"] = bool(has_while or _has_while(compiled))
+    out["xla_optimal_seconds"] = float(cost.get("optimal_seconds", 0.0) or 0.0)
+    return out
 
 
 def _has_while(compiled) -> bool:
@@ -404,6 +429,23 @@ def render_table(reports: Sequence[Dict[str, Any]]) -> str:
     return "\n".join([TABLE_HEADER] + [render_row(r) for r in reports])
 
 
+TABLE_BEGIN, TABLE_END = "<!-- pod-table:begin (generated by python -m xlgen.plan --table) -->", "<!-- pod-table:end -->"
+
+
+def replace_between_markers(path: str, table: str) -> None:
+    """Write `table` between TABLE_BEGIN and TABLE_END in the markdown file `path` (temp file + rename)."""
+    with open(path) as f:
+        text = f.read()
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise SystemExit(f"{path}: no pod-table markers ({TABLE_BEGIN!r} ... {TABLE_END!r})")
+    head, rest = text.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}")
+    os.replace(tmp, path)
+
+
 # ----------------------------------------------------------------------------------------------------- CLI
 
 def _parser() -> argparse.ArgumentParser:
@@ -416,6 +458,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the report as JSON to PATH (or stdout with no PATH)")
     p.add_argument("--table", nargs="+", metavar="REPORT.json",
                    help="render saved --json reports as a markdown table and exit")
+    p.add_argument("--into", metavar="DOC.md",
+                   help="with --table: replace the table between the pod-table markers of DOC.md")
     return p
 
 
@@ -433,7 +477,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for path in args.table:
             with open(path) as f:
                 reports.append(json.load(f))
-        print(render_table(sorted(reports, key=table_order)))
+        table = render_table(sorted(reports, key=table_order))
+        if args.into:
+            replace_between_markers(args.into, table)
+        print(table)
         return 0
     if not args.config or not args.topology:
         _parser().error("--config and --topology are required")

@@ -81,6 +81,7 @@ def _quiet_libtpu_env(topology: Topology) -> None:
     if os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"):
         return  # a real TPU host: leave discovery alone
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no chip to guard with the lockfile
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{topology.chip.accelerator_prefix}-8")
 
