@@ -161,3 +161,23 @@ def test_init_from_hugging_face_directory(data, tmp_path):
     emb = [n for n in new_state["params"] if n.endswith("word_embedding")]
     hf_emb = transformers.XLNetLMHeadModel.from_pretrained(str(hf_dir)).transformer.word_embedding.weight
     np.testing.assert_array_equal(np.asarray(new_state["params"][emb[0]]), hf_emb.detach().numpy())
+
+
+def test_layer_wise_lr_decay_scales_per_family(tmp_path):
+    """XLNet: layer l of L gets rate^(L-1-l), embeddings and heads 1.0 (as the original); Funnel: the embedding is
+    layer 0 below the encoder layers (as Funnel's optimization.py)."""
+    from xlgen import optim
+    from xlgen.tasks.objective import FINETUNE
+    from xlgen.train.program import abstract_model
+
+    for cfg_file, expect in ((XLNET, {"transformer.layers.0.": 0.5, "transformer.layers.1.": 1.0,
+                                      "transformer.word_embedding": 1.0, "logits_proj.": 1.0}),
+                             (FUNNEL, {"funnel.embeddings.": 0.25, "funnel.encoder.blocks.0.0.": 0.5,
+                                       "funnel.encoder.blocks.1.0.": 1.0, "classifier.": 1.0})):
+        cfg = _config({"optimizer.lr_layer_decay_rate": 0.5}, str(tmp_path), config=cfg_file)
+        spec = abstract_model(lambda r: FINETUNE.make_model(cfg, r, True), train=True)
+        n = FINETUNE.n_layer(cfg)
+        scales = optim.layer_scales(spec.meta(), FINETUNE.layer_of, n, 0.5)
+        for prefix, value in expect.items():
+            hits = [float(v) for k, v in scales.items() if k.startswith(prefix)]
+            assert hits and all(h == value for h in hits), (cfg_file, prefix, hits)

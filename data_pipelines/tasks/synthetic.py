@@ -93,23 +93,34 @@ def write_glue(data_dir: str, task: str, *, n_train: int = 64, n_dev: int = 32, 
             f.write("\n".join(lines) + "\n")
 
 
+_SYLLABLES = "ka lo mi ne ru ta vo si pe du fa go hi ju ze".split()
+PSEUDO_WORDS = [a + b for a in _SYLLABLES for b in _SYLLABLES]
+
+
 def squad_json(version: str, *, n_paragraphs: int = 8, questions_per_paragraph: int = 3, context_words: int = 60,
                seed: int = 0) -> dict:
+    """Contexts of pseudo-words (plus accented / quoted / punctuated words to exercise the alignment). A question
+    "what follows W ?" is answered by the 1-3 words after the word W, which occurs once in the context; an
+    unanswerable (v2.0) question asks about a word that does not occur."""
     rng = np.random.default_rng(seed)
     extra = ["café", "naïve", "``quoted''", "(paren)", "x-ray", "12.5", "£3", "Zürich"]
+    vocab = PSEUDO_WORDS + extra
     data = []
     qid = 0
     for p in range(n_paragraphs):
-        words = list(rng.choice(FILLER + extra, size=context_words))
+        words = [str(w) for w in rng.choice(vocab, size=context_words)]
         context = " ".join(words) + "."
         starts = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])
+        unique = [i for i in range(1, context_words - 3) if words.count(words[i - 1]) == 1]
+        absent = [w for w in PSEUDO_WORDS if w not in words]
         qas = []
         for _ in range(questions_per_paragraph):
             impossible = version == "v2.0" and rng.random() < 0.3
-            i = int(rng.integers(1, context_words - 3))
+            i = int(rng.choice(unique))
             n = int(rng.integers(1, 4))
             text = " ".join(words[i:i + n])
-            qa = {"id": f"q{qid}", "question": f"what follows {words[i - 1]} ?",
+            cue = str(rng.choice(absent)) if impossible else words[i - 1]
+            qa = {"id": f"q{qid}", "question": f"what follows {cue} ?",
                   "answers": [] if impossible else [{"text": text, "answer_start": int(starts[i])},
                                                     {"text": words[i], "answer_start": int(starts[i])}]}
             if version == "v2.0":
