@@ -181,10 +181,27 @@ def train_sentencepiece(texts: Iterable[str], path: str | None = None, *, vocab_
 
 
 def corpus_for(data_dir: str) -> List[str]:
-    """All text of the task files under `data_dir` (to train a matching tiny tokenizer)."""
+    """All text of the task files under `data_dir` (to train a matching tiny tokenizer): TSV/CSV lines, and the
+    string values of JSON files (SQuAD, RACE)."""
+    def strings(x):
+        if isinstance(x, str):
+            yield x
+        elif isinstance(x, dict):
+            for v in x.values():
+                yield from strings(v)
+        elif isinstance(x, list):
+            for v in x:
+                yield from strings(v)
+
     out = []
     for root, _, files in os.walk(data_dir):
         for name in sorted(files):
+            if not name.endswith((".tsv", ".csv", ".json", ".txt")):
+                continue
             with open(os.path.join(root, name), encoding="utf-8") as f:
-                out.extend(line for line in f.read().replace("\\n", "\n").split("\n") if line.strip())
+                text = f.read()
+            if text.lstrip().startswith("{"):
+                out.extend(t for t in strings(json.loads(text)) if t.strip())
+            else:
+                out.extend(line for line in text.replace("\\n", "\n").split("\n") if line.strip())
     return out
