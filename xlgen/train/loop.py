@@ -260,6 +260,7 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
                 if step == start + 1:  # do not count compilation in the throughput
                     jax.block_until_ready(m)
                     t_last, s_last = time.time(), step
+                    progress.reset_clock(step)
                     if is_main:
                         progress.message(f"compiled; first step done ({program.tokens_per_step} tokens/step, "
                                          f"{program.analytic_flops_per_step:.3g} FLOPs/step)")

@@ -103,6 +103,10 @@ class Progress:
 
             self.bar = tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True, unit="step")
 
+    def reset_clock(self, step: int) -> None:
+        """Measure the ETA from here (after compilation)."""
+        self.start_time, self.start_step = time.time(), step
+
     def update(self, step: int, record: Optional[Dict[str, Any]] = None) -> None:
         if not self.enabled:
             return

@@ -230,3 +230,74 @@ register_objective(Objective(
     mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
     tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.seq_len),
     layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Funnel-Transformer MLM and ELECTRA
+# ----------------------------------------------------------------------------------------------------------------
+
+def _funnel_cfg(config):
+    return model_config(config, "xlgen.models.funnel", "FunnelConfig")
+
+
+def _funnel_mlm_model(config, rngs, train):
+    mod = importlib.import_module("xlgen.models.funnel")
+    return mod.FunnelForMaskedLM(_funnel_cfg(config), rngs=rngs)
+
+
+def _funnel_electra_model(config, rngs, train):
+    heads = importlib.import_module("xlgen.models.funnel_heads")
+    o = config.objective_options
+    return heads.FunnelElectra(_funnel_cfg(config), width_shrink=float(o.generator_width),
+                               disc_coeff=float(o.disc_coeff), rngs=rngs)
+
+
+def _mlm_batch_spec(config, split):
+    b, l = _batch_size(config, split), int(config.data.seq_len)
+    return {"input_ids": ((b, l), jnp.int32), "token_type_ids": ((b, l), jnp.int32),
+            "attention_mask": ((b, l), jnp.int32), "labels": ((b, l), jnp.int32),
+            "label_mask": ((b, l), jnp.float32)}
+
+
+def _max_predictions(config):
+    m = int(config.objective_options.get("max_predictions", 0) or 0)
+    return m if m > 0 else None
+
+
+def _funnel_mlm_loss(model, batch, mems, rng, config):
+    heads = importlib.import_module("xlgen.models.funnel_heads")
+    loss, parts = heads.mlm_loss(model, batch, max_predictions=_max_predictions(config))
+    return loss, {k: v for k, v in parts.items() if k != "mlm_loss"}, None
+
+
+def _funnel_mlm_eval(model, batch, mems, config):
+    heads = importlib.import_module("xlgen.models.funnel_heads")
+    loss, _ = heads.mlm_loss(model, batch)
+    count = batch["label_mask"].astype(jnp.float32).sum()
+    return loss * count, count, None
+
+
+def _funnel_electra_loss(model, batch, mems, rng, config):
+    heads = importlib.import_module("xlgen.models.funnel_heads")
+    loss, parts = heads.electra_loss(model, batch, jax.random.fold_in(rng, 0x5A3),
+                                     max_predictions=_max_predictions(config))
+    return loss, parts, None
+
+
+def _funnel_electra_eval(model, batch, mems, config):
+    """ELECTRA eval: the batch-mean objective (fixed sampling key), averaged over batches."""
+    heads = importlib.import_module("xlgen.models.funnel_heads")
+    loss, _ = heads.electra_loss(model, batch, jax.random.key(0))
+    return loss, jnp.ones((), jnp.float32), None
+
+
+def _funnel_tokens(config):
+    return int(config.data.batch_size) * int(config.data.seq_len)
+
+
+register_objective(Objective(
+    name="funnel_mlm", family="funnel", make_model=_funnel_mlm_model, batch_spec=_mlm_batch_spec,
+    loss=_funnel_mlm_loss, eval_loss=_funnel_mlm_eval, tokens_per_step=_funnel_tokens))
+register_objective(Objective(
+    name="funnel_electra", family="funnel", make_model=_funnel_electra_model, batch_spec=_mlm_batch_spec,
+    loss=_funnel_electra_loss, eval_loss=_funnel_electra_eval, tokens_per_step=_funnel_tokens))

@@ -1,0 +1,81 @@
+"""Config files, `--config.KEY=VALUE` overrides and the clear errors of `xlgen train`."""
+import json
+import os
+
+import pytest
+
+from xlgen import cli
+from xlgen import config as config_lib
+from xlgen.config import ConfigError, load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TXL = os.path.join(REPO, "configs/pretrain/txl_tiny.py")
+
+
+def test_overrides_are_type_checked():
+    c = load_config(TXL, ["--config.optimizer.learning_rate=1", "--config.model.n_layer=3",
+                          "--config.checkpoint.async_save=false", "--config.model.cutoffs=(10, 20)",
+                          "--config.mesh.rules=dp", "--config.eval.mem_len=128"])
+    assert c.optimizer.learning_rate == 1.0 and isinstance(c.optimizer.learning_rate, float)
+    assert c.model.n_layer == 3 and c.checkpoint.async_save is False and tuple(c.model.cutoffs) == (10, 20)
+    assert c.mesh.rules == "dp" and c.eval.mem_len == 128
+    with pytest.raises(ConfigError, match=r"--config.total_steps=ten: expected an int"):
+        load_config(TXL, ["--config.total_steps=ten"])
+    with pytest.raises(ConfigError, match="expected a bool"):
+        load_config(TXL, ["--config.tensorboard=maybe"])
+    with pytest.raises(ConfigError, match="given twice"):
+        load_config(TXL, ["--config.seed=1", "--config.seed=2"])
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(TXL, ["--config.optimizer.learnin_rate=3e-4"])
+    msg = str(e.value)
+    assert "unknown config key 'optimizer.learnin_rate'" in msg and "Did you mean optimizer.learning_rate" in msg
+    assert "Valid keys:" in msg and "mesh.fsdp" in msg and "checkpoint.every_steps" in msg
+    with pytest.raises(ConfigError, match="is a section"):
+        load_config(TXL, ["--config.optimizer=adam"])
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("/nonexistent/config.py")
+
+
+def test_resolved_config_roundtrip(tmp_path):
+    c = load_config(TXL, ["--config.model.d_model=48"])
+    path = config_lib.write_resolved_config(c, str(tmp_path))
+    with open(path) as f:
+        d = json.load(f)
+    assert d["xlgen"]["kind"] == "pretrain" and d["model"]["d_model"] == 48
+    back = config_lib.read_workdir_config(str(tmp_path))
+    assert back.model.d_model == 48 and tuple(back.model.cutoffs) == tuple(c.model.cutoffs)
+
+
+@pytest.fixture
+def no_cache(monkeypatch):
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE", "off")
+
+
+def test_cli_errors_are_clear(tmp_path, capsys, no_cache):
+    wd = str(tmp_path / "wd")
+    assert cli.main(["train", f"--config={TXL}", "--config.model.d_modle=8", f"--workdir={wd}"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'model.d_modle'" in err and "model.d_model" in err
+    missing = str(tmp_path / "no_such_corpus.txt")
+    assert cli.main(["train", f"--config={TXL}", f"--config.data.source={missing}", f"--workdir={wd}"]) == 2
+    err = capsys.readouterr().err
+    assert missing in err
+
+
+def test_shape_changing_config_on_existing_workdir_is_an_error(tmp_path, capsys, no_cache):
+    from xlgen.train.loop import check_workdir_compatible
+
+    wd = str(tmp_path / "wd")
+    old = load_config(TXL)
+    config_lib.write_resolved_config(old, wd)
+    os.makedirs(os.path.join(wd, "checkpoints"))
+    check_workdir_compatible(load_config(TXL, ["--config.model.dropout=0.3", "--config.total_steps=5000"]), wd)
+    with pytest.raises(ValueError) as e:
+        check_workdir_compatible(load_config(TXL, ["--config.model.d_inner=128"]), wd)
+    assert "model.d_inner" in str(e.value) and "layers.0.ff.layer_1.kernel: (64, 256) -> (64, 128)" in str(e.value)
+    assert cli.main(["train", f"--config={TXL}", "--config.model.n_layer=3", f"--workdir={wd}"]) == 2
+    err = capsys.readouterr().err
+    assert "different shapes" in err and "model.n_layer" in err and "param layers.2" in err

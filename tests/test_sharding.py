@@ -1,0 +1,45 @@
+"""Mesh sizing and logical-axis rules (xlgen.sharding)."""
+import jax
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+from xlgen import sharding
+
+
+def test_mesh_shape_fill_and_errors():
+    assert sharding.mesh_shape([-1, 1, 1], 8) == (8, 1, 1)
+    assert sharding.mesh_shape([2, -1, 2], 8) == (2, 2, 2)
+    with pytest.raises(ValueError, match="needs 4 devices, have 8"):
+        sharding.mesh_shape([2, 2, 1], 8)
+    with pytest.raises(ValueError, match="at most one"):
+        sharding.mesh_shape([-1, -1, 1], 8)
+    with pytest.raises(ValueError, match="not divisible"):
+        sharding.mesh_shape([3, -1, 1], 8)
+
+
+def test_make_mesh_axis_types_and_num_devices():
+    mesh = sharding.make_mesh({"data": 2, "fsdp": -1, "tensor": 2})
+    assert mesh.axis_names == ("data", "fsdp", "tensor") and dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert all(t == AxisType.Auto for t in mesh.axis_types)
+    one = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1, "num_devices": 1})
+    assert one.devices.size == 1 and one.devices.flat[0] == jax.devices()[0]
+
+
+def test_logical_rules_dedup_divisibility_and_presets():
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    tp = sharding.rules_for("fsdp_tp")
+    assert sharding.logical_to_spec(("embed", "heads", "kv"), (64, 4, 16), tp, mesh) == P("fsdp", "tensor", None)
+    assert sharding.logical_to_spec(("embed", "embed"), (64, 64), tp, mesh) == P("fsdp", None)     # axis used once
+    assert sharding.logical_to_spec(("embed", "heads", "kv"), (64, 3, 16), tp, mesh) == P("fsdp", None, None)
+    assert sharding.logical_to_spec(("vocab", "embed"), (74, 64), tp, mesh) == P("tensor", "fsdp")
+    assert sharding.logical_to_spec(("vocab", "embed"), (74, 64), sharding.rules_for("dp"), mesh) == P(None, None)
+    assert sharding.logical_to_spec(("mlp", "embed"), (256, 64), sharding.rules_for("fsdp"), mesh) == P(None, "fsdp")
+    with pytest.raises(ValueError, match="unknown preset"):
+        sharding.rules_for("zero3")
+    with pytest.raises(ValueError, match="no sharding rule"):
+        sharding.logical_to_spec(("banana",), (4,), tp, mesh)
+
+
+def test_process_rows_single_process():
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    assert sharding.process_rows(mesh, 16) == (0, 16)
