@@ -175,6 +175,9 @@ def test_shapes_512_256_128_with_separate_cls_truncate_seq():
     # a single pool-query-only layer (block 2 of "1-1") already outputs the pooled length
     assert _abstract_forward(F.FunnelBaseModel, dataclasses.replace(cfg, block_sizes=(1, 1), block_repeats=None), 512
                              ).last_hidden_state.shape == (2, 256, 16)
+    qa = jax.eval_shape(lambda: FH.FunnelForQuestionAnswering(cfg, answerability=True, rngs=nnx.Rngs(0))(
+        jnp.zeros((2, 512), jnp.int32)))
+    assert qa.start_logits.shape == qa.end_logits.shape == (2, 512) and qa.cls_logits.shape == (2,)
     # the upsampled decoder input has full length and keeps <cls>
     up = jax.eval_shape(lambda x: F.upsample(x, 4, 512, cfg), jax.ShapeDtypeStruct((2, 128, 16), jnp.float32))
     assert up.shape == (2, 512, 16)

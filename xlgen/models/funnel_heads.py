@@ -315,16 +315,14 @@ def _assign(module: nnx.Module, tree: dict, where: str):
 
     walk(tree, ())
     state = nnx.state(module, nnx.Param)
-    seen = set()
     for path, var in nnx.to_flat_state(state):
         key = tuple(path)
         if key not in flat:
-            raise KeyError(f"{where}: no HF weight for parameter {'.'.join(map(str, key))}")
+            raise ValueError(f"{where}: no HF weight for parameter {'.'.join(map(str, key))}")
         if tuple(var.shape) != flat[key].shape:
             raise ValueError(f"{where}: shape mismatch for {'.'.join(map(str, key))}: "
                              f"ours {tuple(var.shape)} vs HF {flat[key].shape}")
         var.value = jnp.asarray(flat[key])
-        seen.add(key)
     nnx.update(module, state)
 
 
@@ -344,7 +342,8 @@ class HFFunnel:
 
         self._state, self._forward = state, forward
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, **unused) -> FunnelOutput:
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, return_dict: bool = True
+                 ) -> FunnelOutput:
         input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
         return self._forward(self._state, input_ids, token_type_ids, attention_mask)
 
@@ -361,6 +360,14 @@ def load_hf(hf_config: dict, weights: dict, kwargs: dict) -> HFFunnel:
     arch = archs[0]
     if arch not in _HF_CLASSES:
         raise ValueError(f"config.json: architectures={archs!r} not supported; supported: {list(_HF_CLASSES)}")
+    try:
+        return _load_hf(hf_config, weights, kwargs, arch, compiler_options)
+    except KeyError as e:
+        raise KeyError(f"HF {arch} weights: missing {e.args[0]} (does config.json 'architectures' match the "
+                       "saved model?)") from None
+
+
+def _load_hf(hf_config: dict, weights: dict, kwargs: dict, arch: str, compiler_options) -> HFFunnel:
     cfg = FunnelConfig.from_hf(hf_config, **kwargs)
     build = lambda cls, *a, **k: nnx.eval_shape(lambda: cls(cfg, *a, rngs=nnx.Rngs(0), **k))  # no random init
     prefixed = any(k.startswith("funnel.") for k in weights)
@@ -403,7 +410,5 @@ def load_hf(hf_config: dict, weights: dict, kwargs: dict) -> HFFunnel:
             raise ValueError("config.json: FunnelForQuestionAnswering with num_labels != 2 is not supported")
         tree = {"funnel": _funnel_state(weights, p, cfg, decoder=True),
                 "qa_outputs": _linear(weights, "qa_outputs", (cfg.d_model,), (2,))}
-    if arch in ("FunnelModel", "FunnelBaseModel") and prefixed:
-        raise ValueError(f"config.json: architecture {arch} but weights carry a 'funnel.' prefix")
     _assign(module, tree, f"HF {arch}")
     return HFFunnel(module, arch, compiler_options)
