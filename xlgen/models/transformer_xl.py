@@ -363,20 +363,28 @@ def load_params(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, s
     graphdef, state = nnx.split(abstract)
     pure = nnx.to_pure_dict(state)
     used = set()
-    keys = iter(jax.random.split(jax.random.key(seed), 4096))
+    key_shapes = {}  # RNG-stream keys, made in one jitted call (eager per-shape ops each compile)
+
+    def collect(path, leaf):
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            key_shapes[_path_str(path)] = leaf.shape
+
+    jax.tree_util.tree_map_with_path(collect, pure)
+    rng_keys = jax.jit(lambda: {name: jax.random.split(jax.random.fold_in(jax.random.key(seed), i), shape)
+                                for i, (name, shape) in enumerate(sorted(key_shapes.items()))})()
 
     def fill(path, leaf):
         name = _path_str(path)
-        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            return jax.random.split(next(keys), leaf.shape) if leaf.shape else next(keys)
+        if name in rng_keys:
+            return rng_keys[name]
         if "/rngs/" in name or name.startswith("rngs/"):
-            return jnp.zeros(leaf.shape, leaf.dtype)
+            return jax.device_put(np.zeros(leaf.shape, leaf.dtype))
         if config.scan_layers and name.startswith("layers/"):
             rest = name[len("layers/"):]
             names = [f"layers/{n}/{rest}" for n in range(config.n_layer)]
             if all(k in params for k in names):
                 used.update(names)
-                value = np.stack([params[k] for k in names])
+                value = np.stack([np.asarray(params[k]) for k in names])
             else:
                 value = None
         else:
@@ -386,10 +394,425 @@ def load_params(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, s
         if value is None:
             if strict:
                 raise KeyError(f"no value for parameter {name!r}")
-            return jnp.zeros(leaf.shape, leaf.dtype)
+            return jax.device_put(np.zeros(leaf.shape, leaf.dtype))
         if tuple(value.shape) != tuple(leaf.shape):
             raise ValueError(f"parameter {name!r}: got shape {tuple(value.shape)}, model expects {tuple(leaf.shape)}")
-        return jnp.asarray(value, leaf.dtype)
+        return jax.device_put(np.asarray(value, leaf.dtype))  # (jnp.asarray would compile per shape)
+
+    pure = jax.tree_util.tree_map_with_path(fill, pure)
+    unused = sorted(set(params) - used)
+    if unused:
+        raise ValueError(f"parameters not used by the model: {unused[:8]}{' ...' if len(unused) > 8 else ''}")
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)
+
+
+@dataclasses.dataclass
+class TransfoXLOutput:
+    """Output of `TransfoXLPretrained.__call__` (HF names).
+
+    log_probs `[b, l, V]` float32 (None with labels or for a headless model); mems: list of n_layer arrays
+    `[mem_len, b, d_model]` (HF layout); losses `[b, l-1]` (HF shift: position t predicts labels[:, t+1]; 0 where
+    the label is -100; in token order, whereas HF orders them by cluster); loss: mean over the non-ignored
+    labels; last_hidden_state `[b, l, d_model]`.
+    """
+
+    log_probs: Optional[jax.Array] = None
+    mems: Optional[list] = None
+    losses: Optional[jax.Array] = None
+    loss: Optional[jax.Array] = None
+    last_hidden_state: Optional[jax.Array] = None
+
+    @property
+    def prediction_scores(self):  # HF's name for the log-probabilities
+        return self.log_probs
+
+    @property
+    def logits(self):
+        return self.log_probs
+
+
+class TransfoXLPretrained:
+    """A loaded Transformer-XL, called like HF's `TransfoXLLMHeadModel`: `model(input_ids=..., mems=...)`.
+
+    * `input_ids` `[batch, len]` (NumPy, jax or torch integer array).
+    * `mems`: None -> zero memory of `config.mem_len` (what HF does), or a previous output's `.mems`
+      (list of per-layer `[mem, batch, d_model]`, HF layout), or one xlgen array `[n_layer, batch, mem, d_model]`.
+    * `labels` `[batch, len]` -> `.losses` `[batch, len-1]` and `.loss` (HF shift, -100 ignored) without
+      building `[b, l, V]`.
+    * `mem_len=` overrides how many states the returned memory keeps (default `config.mem_len`; also used by
+      `same_length`), e.g. to evaluate with a longer memory than training.
+    The forward pass is jitted once per input shape. `.module` is the `TransformerXLLM` (NNX), `.config` its
+    `TransformerXLConfig`.
+    """
+
+    def __init__(self, module: TransformerXLLM, *, has_head: bool = True):
+        module.eval()
+        self.module, self.config, self.has_head = module, module.config, has_head
+        self._graphdef, self._state = nnx.split(module)
+        self._forward = jax.jit(functools.partial(self._pure_forward, self._graphdef),
+                                static_argnames=("mode", "mem_len", "layout"))
+
+    @staticmethod
+    def _pure_forward(graphdef, state, input_ids, mems, labels, *, mode: str, mem_len: int, layout: str):
+        """One jitted program: mems conversion, forward, HF-layout memory (and the HF-shifted label NLL)."""
+        model = nnx.merge(graphdef, state)
+        c = model.config
+        if layout == "init":
+            mems = model.init_mems(input_ids.shape[0]) if c.mem_len > 0 else None
+        elif layout == "hf":  # n_layer x [M, b, d]
+            mems = jnp.swapaxes(jnp.stack(mems), 1, 2)
+        out = {}
+        if mode == "hidden":
+            out["last_hidden_state"], new_mems = model.hidden_states(input_ids, mems, mem_len=mem_len)
+        elif mode == "labels":
+            shifted = jnp.concatenate([labels[:, 1:], jnp.full_like(labels[:, :1], -100)], axis=1)
+            nll, new_mems = model(input_ids, mems, labels=shifted, mem_len=mem_len)
+            out["losses"] = nll[:, :-1]
+            out["loss"] = out["losses"].sum() / jnp.maximum((labels[:, 1:] != -100).sum(), 1)
+        else:
+            out["log_probs"], new_mems = model(input_ids, mems, mem_len=mem_len)
+        out["mems"] = list(jnp.swapaxes(new_mems, 1, 2))
+        return out
+
+    def init_mems(self, batch_size: int) -> list:
+        """Zero memory in HF layout: n_layer arrays `[mem_len, batch, d_model]`."""
+        c = self.config
+        zero = np.zeros((c.mem_len, batch_size, c.d_model), jnp.dtype(c.dtype))
+        return [jax.device_put(zero) for _ in range(c.n_layer)]
+
+    def _mems_arg(self, mems, batch: int):
+        c = self.config
+        if mems is None:
+            return None, "init"
+        if isinstance(mems, (list, tuple)):
+            if len(mems) != c.n_layer:
+                raise ValueError(f"mems: got {len(mems)} layers, model has n_layer={c.n_layer}")
+            mems = [m if isinstance(m, jax.Array) else np.asarray(m) for m in mems]
+            for m in mems:
+                if m.ndim != 3 or m.shape[1] != batch or m.shape[2] != c.d_model:
+                    raise ValueError(f"mems: each layer must be [mem, batch={batch}, d_model={c.d_model}] "
+                                     f"(HF layout), got {m.shape}")
+            return tuple(mems), "hf"
+        arr = mems if isinstance(mems, jax.Array) else np.asarray(mems)
+        if arr.ndim != 4 or arr.shape[0] != c.n_layer or arr.shape[1] != batch or arr.shape[3] != c.d_model:
+            raise ValueError(f"mems: expected a list of [mem, batch, d] (HF) or one [n_layer={c.n_layer}, "
+                             f"batch={batch}, mem, d={c.d_model}] array, got shape {arr.shape}")
+        return arr, "xlgen"
+
+    def __call__(self, input_ids=None, mems=None, labels=None, *, mem_len: Optional[int] = None,
+                 head_mask=None, inputs_embeds=None, output_attentions=None, output_hidden_states=None,
+                 return_dict=None) -> TransfoXLOutput:
+        for name, v in (("head_mask", head_mask), ("inputs_embeds", inputs_embeds),
+                        ("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states)):
+            if v is not None and v is not False:
+                raise NotImplementedError(f"{name} is not supported by xlgen's Transformer-XL")
+        if input_ids is None:
+            raise ValueError("input_ids is required ([batch, len] integer token ids)")
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"input_ids must be an integer array [batch, len], got {ids.dtype} {ids.shape}")
+        c = self.config
+        if ids.size and (ids.min() < 0 or ids.max() >= c.vocab_size):
+            raise ValueError(f"input_ids outside [0, vocab_size={c.vocab_size}): min {ids.min()}, max {ids.max()}")
+        mem_arg, layout = self._mems_arg(mems, ids.shape[0])
+        mem_len = c.mem_len if mem_len is None else int(mem_len)
+        ids = ids.astype(np.int32)
+        lab, mode = None, "log_probs"
+        if not self.has_head:
+            mode = "hidden"
+        elif labels is not None:
+            lab = np.asarray(labels).astype(np.int32)
+            if lab.shape != ids.shape:
+                raise ValueError(f"labels shape {lab.shape} != input_ids shape {ids.shape}")
+            mode = "labels"
+        out = self._forward(self._state, ids, mem_arg, lab, mode=mode, mem_len=mem_len, layout=layout)
+        return TransfoXLOutput(**out)
+
+
+def from_hf(cls, hf: Dict[str, Any], **overrides) -> "TransformerXLConfig":
+        """From a HF `config.json` dict (TransfoXLConfig). Unsupported variants raise naming the key."""
+        for key, ok, why in (("pre_lnorm", lambda v: not v, "pre-LN blocks are not supported (post-LN only)"),
+                             ("attn_type", lambda v: v == 0, "only attn_type=0 (relative attention) exists"),
+                             ("sample_softmax", lambda v: v is None or v <= 0, "sampled softmax not supported")):
+            if key in hf and not ok(hf[key]):
+                raise ValueError(f"config.json: {key}={hf[key]!r}: {why}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: hf[k] for k in names if k in hf}
+        if "vocab_size" not in hf and "n_token" in hf:
+            kw["vocab_size"] = hf["n_token"]
+        if "tie_projs" in hf and hf["tie_projs"] is not None:
+            kw["tie_projs"] = tuple(hf["tie_projs"])[:len(kw.get("cutoffs", cls.cutoffs)) + 1]
+        for k in ("scan_layers", "remat", "dtype", "softmax_block_size"):
+            kw.pop(k, None)
+        bad = sorted(set(overrides) - names)
+        if bad:
+            raise ValueError(f"unknown TransformerXLConfig overrides {bad}; valid keys: {sorted(names)}")
+        kw.update(overrides)
+        return cls(**kw)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pieces
+# ----------------------------------------------------------------------------------------------------------------
+
+def attention_mask(qlen: int, mlen: int, *, same_length: bool = False, mem_len: int = 0) -> np.ndarray:
+    """Causal mask with memory `[qlen, mlen + qlen]`, True where query i may NOT attend key j.
+
+    Key j (over [memory; segment]) is blocked iff j > mlen + i. With `same_length`, also iff j <= i - s where
+    s = qlen - (klen - mem_len) if klen > mem_len else qlen (original PyTorch / HF convention).
+    """
+    klen = mlen + qlen
+    i = np.arange(qlen)[:, None]
+    j = np.arange(klen)[None, :]
+    blocked = j > i + mlen
+    if same_length:
+        mask_len = klen - mem_len
+        shift = qlen - mask_len if mask_len > 0 else qlen
+        blocked = blocked | (j <= i - shift)
+    return blocked
+
+
+def update_mems(mems: jax.Array, hids: jax.Array, mem_len: int) -> jax.Array:
+    """SG([mems ∘ hids][-mem_len:]) along the length axis 2 of `[n_layer, b, len, d]`."""
+    cat = jnp.concatenate([mems, hids.astype(mems.dtype)], axis=2)
+    start = max(0, cat.shape[2] - mem_len)
+    return jax.lax.stop_gradient(cat[:, :, start:])
+
+
+class TransformerXLBlock(nnx.Module):
+    """Relative attention over [memory; h] + ReLU FFN, both post-LN."""
+
+    def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.attn = RelativeMultiHeadAttention(c.d_model, c.n_head, c.d_head, dropout=c.dropout, dropatt=c.dropatt,
+                                               own_biases=c.untie_r, layer_norm_eps=c.layer_norm_epsilon,
+                                               init_std=c.init_std, rngs=rngs)
+        self.ff = PositionwiseFF(c.d_model, c.d_inner, act="relu", dropout=c.dropout,
+                                 layer_norm_eps=c.layer_norm_epsilon, init_std=c.init_std, rngs=rngs)
+
+    def __call__(self, h: jax.Array, mem: jax.Array, pos_emb: jax.Array, mask: jax.Array,
+                 shared_biases: Optional[dict]) -> jax.Array:
+        """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[l,m+l]` -> `[b,l,d]`."""
+        kv = jnp.concatenate([mem.astype(h.dtype), h], axis=1)
+        out = self.attn(h, kv, pos_emb, offset=shift_offset(h.shape[1], "txl"), mask=mask[None, None],
+                        shared_biases=shared_biases)
+        return self.ff(out)
+
+
+def _apply_block(block, h, mem, pos_emb, mask, shared):
+    return block(h, mem, pos_emb, mask, shared)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The language model
+# ----------------------------------------------------------------------------------------------------------------
+
+class TransformerXLLM(nnx.Module):
+    """Transformer-XL LM: adaptive input -> N relative-attention blocks with memory -> adaptive log-softmax."""
+
+    def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
+        c = self.config = config
+        self.embedding = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
+                                           init_std=c.init_std, proj_init_std=c.proj_init_std, rngs=rngs)
+        self.softmax = AdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
+                                          tie_weights=c.tie_word_embeddings, tie_projs=c.resolved_tie_projs,
+                                          init_std=c.init_std, proj_init_std=c.proj_init_std,
+                                          block_size=c.softmax_block_size, rngs=rngs)
+        if not c.untie_r:  # one u, v shared by all layers
+            self.r_w_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
+            self.r_r_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
+        if c.scan_layers:
+            @nnx.split_rngs(splits=c.n_layer)
+            @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+            def make(r):
+                return TransformerXLBlock(c, rngs=r)
+
+            self.layers = make(rngs)
+        else:
+            self.layers = nnx.List([TransformerXLBlock(c, rngs=rngs) for _ in range(c.n_layer)])
+        self.drop = nnx.Dropout(c.dropout, rngs=rngs)
+
+    def init_mems(self, batch_size: int, mem_len: Optional[int] = None) -> jax.Array:
+        """Zero memory `[n_layer, batch, mem_len, d_model]` in the compute dtype."""
+        c = self.config
+        m = c.mem_len if mem_len is None else mem_len
+        return jnp.zeros((c.n_layer, batch_size, m, c.d_model), jnp.dtype(c.dtype))
+
+    def hidden_states(self, input_ids: jax.Array, mems: Optional[jax.Array] = None, *,
+                      mem_len: Optional[int] = None):
+        """Last-layer states `[b,l,d_model]` (after the final dropout) and the new memory (see module doc)."""
+        c = self.config
+        dtype = jnp.dtype(c.dtype)
+        mem_len = c.mem_len if mem_len is None else mem_len
+        b, qlen = input_ids.shape
+        if mems is None:
+            mems = jnp.zeros((c.n_layer, b, 0, c.d_model), dtype)
+        if mems.shape[0] != c.n_layer or mems.shape[1] != b or mems.shape[3] != c.d_model:
+            raise ValueError(f"mems shape {mems.shape} != [n_layer={c.n_layer}, batch={b}, mem, d={c.d_model}]")
+        mems = jax.lax.stop_gradient(mems.astype(dtype))
+        mlen = mems.shape[2]
+        klen = mlen + qlen
+        mask = jnp.asarray(attention_mask(qlen, mlen, same_length=c.same_length, mem_len=mem_len))
+        pos_seq = relative_position_sequence(qlen, klen, "txl", c.clamp_len if c.clamp_len > 0 else None)
+        pos_emb = self.drop(sinusoid_embedding(pos_seq, c.d_model, dtype))
+        h = self.drop(self.embedding(input_ids, dtype))
+        shared = None if c.untie_r else {"r_w_bias": self.r_w_bias[...], "r_r_bias": self.r_r_bias[...]}
+        apply = nnx.remat(_apply_block) if c.remat else _apply_block
+        if c.scan_layers:
+            @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None, None), out_axes=(nnx.Carry, 0))
+            def body(h, block, mem, pos_emb, mask, shared):
+                return apply(block, h, mem, pos_emb, mask, shared), h
+
+            h, hids = body(h, self.layers, mems, pos_emb, mask, shared)
+        else:
+            hids = []
+            for n, block in enumerate(self.layers):
+                hids.append(h)
+                h = apply(block, h, mems[n], pos_emb, mask, shared)
+            hids = jnp.stack(hids)
+        new_mems = update_mems(mems, hids, mem_len) if mem_len > 0 else mems[:, :, :0]
+        return self.drop(h), new_mems
+
+    def __call__(self, input_ids: jax.Array, mems: Optional[jax.Array] = None, *,
+                 labels: Optional[jax.Array] = None, mem_len: Optional[int] = None):
+        """input_ids `[b,l]` int, mems `[n_layer,b,m,d_model]` or None (no memory), labels `[b,l]` next tokens
+        (negative = ignored) -> `(log_probs [b,l,V] | nll [b,l], new_mems [n_layer,b,min(m+l,mem_len),d])`.
+        Log-probs / nll are float32; with labels the `[b,l,V]` tensor is never built."""
+        h, new_mems = self.hidden_states(input_ids, mems, mem_len=mem_len)
+        if labels is None:
+            return self.softmax.log_probs(h, self.embedding), new_mems
+        return self.softmax.nll(h, labels, self.embedding), new_mems
+
+
+def count_params(model_or_state) -> int:
+    """Number of scalars in the nnx.Param leaves (works on abstract models from `nnx.eval_shape`)."""
+    state = nnx.state(model_or_state, nnx.Param)
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Hugging Face checkpoints: TransfoXLLMHeadModel / TransfoXLModel (transformers 4.34.1 names)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _path_str(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def hf_to_xlgen_params(config: TransformerXLConfig, weights: Dict[str, np.ndarray], *, prefix: str,
+                       head: bool) -> Dict[str, np.ndarray]:
+    """Map HF state-dict arrays onto xlgen parameter paths ("layers/3/attn/q/kernel", unscanned layout).
+
+    HF keeps q/k/v in one `qkv_net` [3·n·d_head, d_model] (torch Linear: out x in) and projections as
+    [d_proj, d_emb]; we store kernels input-first with heads split ([d_model, n, d_head]) and projections as
+    [d_emb, d_proj]. Tied output tables / projections are not stored by us; if the HF file kept only the
+    output copy of a tied tensor (safetensors de-duplication), it is used for the input side.
+    """
+    c = config
+    n, dh, d = c.n_head, c.d_head, c.d_model
+
+    def get(*keys):
+        for k in keys:
+            if k in weights:
+                return np.asarray(weights[k], np.float32)
+        raise KeyError(f"HF Transformer-XL weights: missing {keys[0]!r} (have e.g. {sorted(weights)[:6]})")
+
+    out: Dict[str, np.ndarray] = {}
+    t = prefix + "word_emb."
+    n_tables = 1 if c.div_val == 1 else len(c.cutoffs) + 1
+    tie_projs = c.resolved_tie_projs
+    for i in range(n_tables):
+        alt = [f"crit.out_layers.{i}.weight"] if head and c.tie_word_embeddings else []
+        out[f"embedding/tables/{i}"] = get(f"{t}emb_layers.{i}.weight", *alt)
+        needs_proj = c.div_val != 1 or c.embed_dim != d
+        if needs_proj:
+            alt = [f"crit.out_projs.{k}" for k in range(len(tie_projs)) if head and tie_projs[k]
+                   and (k == i or c.div_val == 1)]
+            out[f"embedding/projs/{i}"] = get(f"{t}emb_projs.{i}", *alt).T
+    if not c.untie_r:
+        out["r_w_bias"] = get(prefix + "r_w_bias")
+        out["r_r_bias"] = get(prefix + "r_r_bias")
+    for layer in range(c.n_layer):
+        p, q = f"{prefix}layers.{layer}.", f"layers/{layer}/"
+        qkv = get(p + "dec_attn.qkv_net.weight")  # [3·n·dh, d]
+        if qkv.shape != (3 * n * dh, d):
+            raise ValueError(f"{p}dec_attn.qkv_net.weight has shape {qkv.shape}; config implies {(3 * n * dh, d)}")
+        for j, name in enumerate("qkv"):
+            out[q + f"attn/{name}/kernel"] = qkv[j * n * dh:(j + 1) * n * dh].T.reshape(d, n, dh)
+        out[q + "attn/r/kernel"] = get(p + "dec_attn.r_net.weight").T.reshape(d, n, dh)
+        out[q + "attn/o/kernel"] = get(p + "dec_attn.o_net.weight").T.reshape(n, dh, d)
+        out[q + "attn/layer_norm/scale"] = get(p + "dec_attn.layer_norm.weight")
+        out[q + "attn/layer_norm/bias"] = get(p + "dec_attn.layer_norm.bias")
+        if c.untie_r:
+            out[q + "attn/r_w_bias"] = get(p + "dec_attn.r_w_bias")
+            out[q + "attn/r_r_bias"] = get(p + "dec_attn.r_r_bias")
+        out[q + "ff/layer_1/kernel"] = get(p + "pos_ff.CoreNet.0.weight").T
+        out[q + "ff/layer_1/bias"] = get(p + "pos_ff.CoreNet.0.bias")
+        out[q + "ff/layer_2/kernel"] = get(p + "pos_ff.CoreNet.3.weight").T
+        out[q + "ff/layer_2/bias"] = get(p + "pos_ff.CoreNet.3.bias")
+        out[q + "ff/layer_norm/scale"] = get(p + "pos_ff.layer_norm.weight")
+        out[q + "ff/layer_norm/bias"] = get(p + "pos_ff.layer_norm.bias")
+    if head:
+        for i in range(n_tables):
+            out[f"softmax/biases/{i}"] = get(f"crit.out_layers.{i}.bias")
+            if not c.tie_word_embeddings:
+                out[f"softmax/tables/{i}"] = get(f"crit.out_layers.{i}.weight")
+        for k in range(len(c.cutoffs) + 1):
+            needs_proj = c.div_val != 1 or c.embed_dim != d
+            if needs_proj and not tie_projs[k]:
+                out[f"softmax/projs/{k}"] = get(f"crit.out_projs.{k}").T
+        if c.cutoffs:
+            out["softmax/cluster_weight"] = get("crit.cluster_weight")
+            out["softmax/cluster_bias"] = get("crit.cluster_bias")
+    return out
+
+
+def load_params(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, strict: bool = True,
+                seed: int = 0) -> TransformerXLLM:
+    """Build a `TransformerXLLM` whose parameters are `params` ({unscanned path: array}) without random init.
+
+    Layers are stacked for `scan_layers` configs. Parameters absent from `params` are zero (allowed only with
+    `strict=False`, e.g. the unused softmax of a headless TransfoXLModel); RNG streams are seeded with `seed`.
+    """
+    abstract = nnx.eval_shape(lambda: TransformerXLLM(config, rngs=nnx.Rngs(seed)))
+    graphdef, state = nnx.split(abstract)
+    pure = nnx.to_pure_dict(state)
+    used = set()
+    key_shapes = {}  # RNG-stream keys, made in one jitted call (eager per-shape ops each compile)
+
+    def collect(path, leaf):
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            key_shapes[_path_str(path)] = leaf.shape
+
+    jax.tree_util.tree_map_with_path(collect, pure)
+    rng_keys = jax.jit(lambda: {name: jax.random.split(jax.random.fold_in(jax.random.key(seed), i), shape)
+                                for i, (name, shape) in enumerate(sorted(key_shapes.items()))})()
+
+    def fill(path, leaf):
+        name = _path_str(path)
+        if name in rng_keys:
+            return rng_keys[name]
+        if "/rngs/" in name or name.startswith("rngs/"):
+            return jax.device_put(np.zeros(leaf.shape, leaf.dtype))
+        if config.scan_layers and name.startswith("layers/"):
+            rest = name[len("layers/"):]
+            names = [f"layers/{n}/{rest}" for n in range(config.n_layer)]
+            if all(k in params for k in names):
+                used.update(names)
+                value = np.stack([np.asarray(params[k]) for k in names])
+            else:
+                value = None
+        else:
+            value = params.get(name)
+            if value is not None:
+                used.add(name)
+        if value is None:
+            if strict:
+                raise KeyError(f"no value for parameter {name!r}")
+            return jax.device_put(np.zeros(leaf.shape, leaf.dtype))
+        if tuple(value.shape) != tuple(leaf.shape):
+            raise ValueError(f"parameter {name!r}: got shape {tuple(value.shape)}, model expects {tuple(leaf.shape)}")
+        return jax.device_put(np.asarray(value, leaf.dtype))  # (jnp.asarray would compile per shape)
 
     pure = jax.tree_util.tree_map_with_path(fill, pure)
     unused = sorted(set(params) - used)

@@ -1,0 +1,336 @@
+"""Transformer-XL LM: parity with Hugging Face `TransfoXLLMHeadModel` (transformers 4.34.1) and model properties."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import xlgen
+from xlgen.models.transformer_xl import (TransformerXLConfig, TransformerXLLM, attention_mask, count_params,
+                                         load_params)
+
+SMALL = dict(vocab_size=50, cutoffs=(10, 30), d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32, div_val=2,
+             n_layer=2, mem_len=4, clamp_len=-1, same_length=False, untie_r=True, dropout=0.0, init_std=0.3,
+             proj_init_std=0.3, scan_layers=True)  # scanned: CPU compile time dominates these tests
+
+
+def make_model(**overrides) -> TransformerXLLM:
+    """A small random model in eval mode (init jitted: eager init compiles one kernel per parameter shape)."""
+    cfg = TransformerXLConfig(**{**SMALL, **overrides})
+    model = nnx.jit(lambda: TransformerXLLM(cfg, rngs=nnx.Rngs(0)))()
+    model.eval()
+    return model
+
+
+def unscanned_params_of(state) -> dict:
+    """{"a/b/0/c": array} of an nnx.State (parameters or gradients)."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
+        flat["/".join(str(k.key) for k in path)] = np.asarray(leaf)
+    return flat
+
+
+def unscanned_params(model: TransformerXLLM) -> dict:
+    """Parameters of an unscanned model in the `load_params` input format."""
+    assert not model.config.scan_layers
+    return unscanned_params_of(nnx.state(model, nnx.Param))
+
+
+@nnx.jit(static_argnames=("mem_len",))
+def forward(model, ids, mems, mem_len):
+    return model(ids, mems, mem_len=mem_len)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parity with transformers 4.34.1
+# ----------------------------------------------------------------------------------------------------------------
+
+HF_BASE = dict(vocab_size=60, d_model=16, n_head=2, d_head=8, d_inner=32, n_layer=2, dropout=0.0, dropatt=0.0,
+               init_std=0.3, proj_init_std=0.3)
+HF_CASES = {
+    # plain softmax, per-layer u/v, safetensors
+    "plain_untied_r": (dict(cutoffs=[], div_val=1, d_embed=16, mem_len=5, same_length=False, clamp_len=-1,
+                            untie_r=True), "safetensors", dict(scan_layers=False)),
+    # adaptive input + softmax, div_val > 1 (projections shared but the first), shared u/v, .bin
+    "adaptive_div2_tied_r": (dict(cutoffs=[20, 40], div_val=2, d_embed=16, mem_len=6, same_length=False,
+                                  clamp_len=-1, untie_r=False), "bin", dict(scan_layers=True)),
+    # div_val=1 with d_embed != d_model (one tied projection), same_length + clamp_len, loaded with scan_layers
+    "samelen_clamp_proj_scan": (dict(cutoffs=[20, 45], div_val=1, d_embed=12, mem_len=7, same_length=True,
+                                     clamp_len=3, untie_r=True), "safetensors", dict(scan_layers=True)),
+    # untied output embedding and projections, div_val=3, same_length + clamp, shared u/v
+    "untied_out_div3": (dict(cutoffs=[15, 30], div_val=3, d_embed=18, mem_len=4, same_length=True, clamp_len=2,
+                             untie_r=False, proj_share_all_but_first=False, tie_word_embeddings=False),
+                        "safetensors", dict(scan_layers=True)),
+}
+LABEL_CASES = ("plain_untied_r", "adaptive_div2_tied_r")  # label-loss parity (one more compile each)
+
+
+@pytest.fixture(scope="module")
+def torch_and_transformers():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    return torch, transformers
+
+
+@pytest.mark.parametrize("case", sorted(HF_CASES))
+def test_hf_parity_two_segments(case, tmp_path, torch_and_transformers):
+    """Random TransfoXLLMHeadModel -> save_pretrained -> xlgen.from_pretrained; two consecutive segments (each
+    side feeding its own memory) give the same log-probs (1e-4 abs), memories and label losses."""
+    torch, transformers = torch_and_transformers
+    kw, fmt, load_kwargs = HF_CASES[case]
+    torch.manual_seed(0)
+    hf = transformers.TransfoXLLMHeadModel(transformers.TransfoXLConfig(**HF_BASE, **kw)).eval()
+    with torch.no_grad():  # HF inits biases to 0 and LayerNorm near 1: make every parameter matter
+        for name, p in hf.named_parameters():
+            if "bias" in name or "layer_norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path, safe_serialization=(fmt == "safetensors"))
+    assert (tmp_path / ("model.safetensors" if fmt == "safetensors" else "pytorch_model.bin")).exists()
+    model = xlgen.from_pretrained(str(tmp_path), **load_kwargs)
+
+    rng = np.random.default_rng(0)
+    b, l = 2, 6
+    segs = [rng.integers(0, HF_BASE["vocab_size"], (b, l)) for _ in range(2)]
+    hf_mems, ours_mems, max_diff = None, None, 0.0
+    for ids in segs:
+        prev_hf_mems = hf_mems
+        with torch.no_grad():
+            ref = hf(input_ids=torch.tensor(ids), mems=hf_mems)
+            ref_loss = hf(input_ids=torch.tensor(ids), mems=hf_mems, labels=torch.tensor(ids))
+        out = model(input_ids=ids, mems=ours_mems)
+        ref_lp = ref.prediction_scores.numpy()
+        assert ref_lp.std() > 0.5  # log-probs far from uniform: the comparison is not vacuous
+        diff = np.abs(np.asarray(out.log_probs) - ref_lp).max()
+        max_diff = max(max_diff, diff)
+        assert diff < 1e-4, (case, diff)
+        assert len(out.mems) == len(ref.mems)
+        for ours_m, ref_m in zip(out.mems, ref.mems):
+            np.testing.assert_allclose(np.asarray(ours_m), ref_m.numpy(), atol=1e-4)
+        if case in LABEL_CASES:  # HF orders `losses` by cluster when cutoffs exist; ours are in token order
+            lab = model(input_ids=ids, mems=ours_mems, labels=ids)
+            np.testing.assert_allclose(np.sort(np.asarray(lab.losses).ravel()),
+                                       np.sort(ref_loss.losses.numpy().ravel()), atol=1e-4)
+            np.testing.assert_allclose(float(lab.loss), float(ref_loss.loss), atol=1e-5)
+        hf_mems, ours_mems = ref.mems, out.mems
+    print(f"{case}: max |log_probs - HF| = {max_diff:.2e}")
+    # HF-layout memories (torch tensors) are accepted as input too
+    again = model(input_ids=segs[1], mems=list(prev_hf_mems))
+    np.testing.assert_allclose(np.asarray(again.log_probs), ref.prediction_scores.numpy(), atol=1e-4)
+
+
+def test_hf_base_model_hidden_states(tmp_path, torch_and_transformers):
+    """A TransfoXLModel directory (no LM head) loads and returns HF's last_hidden_state and mems."""
+    torch, transformers = torch_and_transformers
+    torch.manual_seed(1)
+    kw = HF_CASES["adaptive_div2_tied_r"][0]
+    hf = transformers.TransfoXLModel(transformers.TransfoXLConfig(**HF_BASE, **kw)).eval()
+    hf.save_pretrained(tmp_path)
+    model = xlgen.from_pretrained(str(tmp_path), scan_layers=True)
+    ids = np.random.default_rng(1).integers(0, HF_BASE["vocab_size"], (2, 6))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(ids))
+    out = model(input_ids=ids)
+    assert out.log_probs is None
+    np.testing.assert_allclose(np.asarray(out.last_hidden_state), ref.last_hidden_state.numpy(), atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recurrence
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_recurrence_equals_full_context_and_longer_eval_memory():
+    """Segment-by-segment evaluation equals one causal pass over the concatenation whenever the memory holds
+    every earlier token: with the training memory (config mem_len = L = segment length) for the 2nd segment,
+    and with a longer evaluation memory (mem_len=2L) for the 3rd; a memory of only L tokens differs there."""
+    L = SMALL["mem_len"]
+    model = make_model(cutoffs=(), div_val=1)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, SMALL["vocab_size"], (2, 3 * L)))
+    full, _ = forward(model, ids, None, mem_len=2 * L)  # (one static mem_len: fewer compilations)
+
+    lp1, m1 = forward(model, ids[:, :L], None, mem_len=2 * L)
+    assert m1.shape == (SMALL["n_layer"], 2, L, SMALL["d_model"])  # = the training memory after one segment
+    lp2, m2 = forward(model, ids[:, L:2 * L], m1, mem_len=2 * L)
+    assert m2.shape == (SMALL["n_layer"], 2, 2 * L, SMALL["d_model"])
+    np.testing.assert_allclose(lp1, full[:, :L], atol=1e-5)
+    np.testing.assert_allclose(lp2, full[:, L:2 * L], atol=1e-5)
+    lp3_long, _ = forward(model, ids[:, 2 * L:], m2, mem_len=2 * L)
+    np.testing.assert_allclose(lp3_long, full[:, 2 * L:], atol=1e-5)
+    lp3_short, _ = forward(model, ids[:, 2 * L:], m2[:, :, L:], mem_len=2 * L)  # training-length memory
+    assert np.abs(lp3_short - full[:, 2 * L:]).max() > 1e-3
+
+
+def test_no_gradient_flows_into_memory():
+    """d loss / d mems is exactly zero, the new memory carries no gradient, parameters do get gradients."""
+    model = make_model(n_layer=1, cutoffs=(), div_val=1)
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, SMALL["vocab_size"], (2, 5)))
+    mems = jnp.asarray(rng.normal(size=(1, 2, SMALL["mem_len"], SMALL["d_model"])), jnp.float32)
+
+    @nnx.jit
+    def grads(model, mems):
+        def loss(model, mems):
+            nll, new_mems = model(ids, mems, labels=ids)
+            return nll.mean(), new_mems
+        def mem_only(model, mems):
+            return model(ids, mems, labels=ids)[1].sum()
+        return (nnx.grad(loss, argnums=(0, 1), has_aux=True)(model, mems),
+                nnx.grad(mem_only, argnums=(0, 1))(model, mems))
+
+    ((g_model, g_mems), _), g_new_mems = grads(model, mems)
+    assert np.all(np.asarray(g_mems) == 0.0)
+    assert np.abs(np.asarray(g_model["layers"]["attn"]["q"]["kernel"][...])).max() > 0
+    assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(g_new_mems))
+
+
+def test_attention_mask_conventions():
+    """Causal mask with memory, and HF/PyTorch same_length (each query sees exactly mem_len keys when full)."""
+    m = attention_mask(3, 2)
+    assert m.tolist() == [[False] * 3 + [True] * 2, [False] * 4 + [True], [False] * 5]
+    s = attention_mask(3, 4, same_length=True, mem_len=4)
+    assert (~s).sum(1).tolist() == [4, 4, 4]
+    assert s[1].tolist() == [True, True, False, False, False, False, True]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scan over layers, adaptive-softmax NLL, dtypes
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_scanned_equals_unscanned():
+    """scan_layers=True (stacked "layers" params, here with remat) gives the same NLL, memory and gradients as
+    the unscanned layer loop."""
+    plain = make_model(untie_r=False, same_length=True, clamp_len=3, scan_layers=False, cutoffs=(), div_val=1)
+    scanned = load_params(dataclasses.replace(plain.config, scan_layers=True, remat=True), unscanned_params(plain))
+    scanned.eval()
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, SMALL["vocab_size"], (2, 5)))
+    mems = jnp.asarray(rng.normal(size=(SMALL["n_layer"], 2, SMALL["mem_len"], SMALL["d_model"])), jnp.float32)
+
+    @nnx.jit
+    def loss_and_grad(model):
+        def loss(model):
+            nll, new_mems = model(ids, mems, labels=ids)
+            return nll.mean(), new_mems
+        return nnx.value_and_grad(loss, has_aux=True)(model)
+
+    (l0, m0), g0 = loss_and_grad(plain)
+    (l1, m1), g1 = loss_and_grad(scanned)
+    np.testing.assert_allclose(l1, l0, rtol=1e-6)
+    np.testing.assert_allclose(m1, m0, atol=1e-6)
+    flat0 = {k: v for k, v in unscanned_params_of(g0).items()}
+    for name, g in unscanned_params_of(g1).items():
+        if name.startswith("layers/"):
+            rest = name[len("layers/"):]
+            ref = np.stack([flat0[f"layers/{n}/{rest}"] for n in range(SMALL["n_layer"])])
+        else:
+            ref = flat0[name]
+        np.testing.assert_allclose(g, ref, atol=1e-6, err_msg=name)
+    meta = nnx.state(scanned, nnx.Param)["layers"]["attn"]["q"]["kernel"].get_metadata()["out_sharding"]
+    assert meta == ("layers", "embed", "heads", "kv")
+
+
+@pytest.mark.parametrize("kw", [dict(cutoffs=(10, 30), div_val=2), dict(cutoffs=(10, 30), div_val=1, d_embed=12,
+                                                                     tie_weights=False)])
+def test_label_nll_equals_gathered_log_probs(kw):
+    """AdaptiveLogSoftmax.nll(labels) == -log_probs[label] in value and gradient (w.r.t. hidden states and all
+    input/output parameters), with the blocked logsumexp exercised (block 7 < every cluster) and ignored
+    labels (< 0) giving 0."""
+    from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax
+    kw = dict(kw)
+    d_embed, tie = kw.pop("d_embed", 16), kw.pop("tie_weights", True)
+    rngs = nnx.Rngs(0)
+    emb = AdaptiveEmbedding(50, d_embed, 16, init_std=0.5, proj_init_std=0.5, rngs=rngs, **kw)
+    sm = AdaptiveLogSoftmax(50, d_embed, 16, tie_weights=tie, tie_projs=(False,) + (True,) * len(kw["cutoffs"]),
+                            init_std=0.5, proj_init_std=0.5, block_size=7, rngs=rngs, **kw)
+    rng = np.random.default_rng(0)
+    h = jnp.asarray(rng.normal(size=(3, 8, 16)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 50, (3, 8))).at[0, 2].set(-100)
+
+    @nnx.jit
+    def both(sm, emb, h):
+        def via_nll(sm, emb, h):
+            return sm.nll(h, labels, emb)
+        def via_log_probs(sm, emb, h):
+            picked = jnp.take_along_axis(sm.log_probs(h, emb), jnp.maximum(labels, 0)[..., None], -1)[..., 0]
+            return jnp.where(labels >= 0, -picked, 0.0)
+        a, ga = nnx.value_and_grad(lambda *x: via_nll(*x).sum(), argnums=(0, 1, 2), has_aux=False)(sm, emb, h)
+        b, gb = nnx.value_and_grad(lambda *x: via_log_probs(*x).sum(), argnums=(0, 1, 2))(sm, emb, h)
+        return a, b, via_nll(sm, emb, h), via_log_probs(sm, emb, h), ga, gb
+
+    _, _, nll, ref, ga, gb = both(sm, emb, h)
+    assert nll.shape == (3, 8) and nll.dtype == jnp.float32 and float(nll[0, 2]) == 0.0
+    assert float(ref.std()) > 0.5
+    np.testing.assert_allclose(nll, ref, atol=1e-5)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+
+
+def test_log_probs_normalised_and_bfloat16_compute():
+    """Full log-probs sum to 1 over V; bfloat16 compute keeps float32 params and float32 log-probs close to the
+    float32 model's."""
+    model = make_model(init_std=0.1, proj_init_std=0.1)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, SMALL["vocab_size"], (2, 5)))
+    lp32, _ = forward(model, ids, model.init_mems(2), mem_len=SMALL["mem_len"])
+    np.testing.assert_allclose(jnp.exp(lp32).sum(-1), 1.0, atol=1e-5)
+    bf = make_model(init_std=0.1, proj_init_std=0.1, dtype="bfloat16")  # same seed: same float32 params
+    np.testing.assert_array_equal(bf.embedding.tables[0][...], model.embedding.tables[0][...])
+    lp16, mems16 = forward(bf, ids, bf.init_mems(2), mem_len=SMALL["mem_len"])
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(bf, nnx.Param)))
+    assert lp16.dtype == jnp.float32 and mems16.dtype == jnp.bfloat16
+    assert np.abs(np.asarray(lp16) - np.asarray(lp32)).max() < 0.1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Paper parameter counts (abstract shapes only)
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,kw,paper", [
+    ("enwik8 12L", dict(vocab_size=204, cutoffs=(), d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048,
+                        div_val=1, n_layer=12, untie_r=False), 41.06e6),
+    ("enwik8/text8 24L", dict(vocab_size=204, cutoffs=(), d_model=1024, d_embed=1024, n_head=8, d_head=128,
+                              d_inner=3072, div_val=1, n_layer=24, untie_r=True), 277.2e6),
+    ("WT103 base", dict(vocab_size=267735, cutoffs=(20000, 40000, 200000), d_model=410, d_embed=410, n_head=10,
+                        d_head=41, d_inner=2100, div_val=1, n_layer=16, untie_r=False), 151.1e6),
+])
+def test_paper_parameter_counts(name, kw, paper):
+    """Parameter counts of the paper configs from `nnx.eval_shape` (nothing allocated), within 0.1%.
+
+    Convention: every nnx.Param counted once. Per layer: q, k, v, r, o projections (no biases), FFN weights and
+    biases, two LayerNorms (scale + bias); r_w_bias / r_r_bias per layer (`untie_r`, the TF large scripts) or
+    once per model (PyTorch base scripts); the input embedding (tied to the output softmax, counted once), the
+    output softmax biases, and the adaptive-softmax cluster weights/biases. No projections when d_embed ==
+    d_model with div_val=1 (the WT103 base setting). Exact counts: 41,055,436 / 277,278,924 / 151,107,538.
+    """
+    cfg = TransformerXLConfig(scan_layers=True, **kw)
+    abstract = nnx.eval_shape(lambda: TransformerXLLM(cfg, rngs=nnx.Rngs(0)))
+    n = count_params(abstract)
+    assert abs(n - paper) / paper < 1e-3, (name, n)
+
+
+def test_every_parameter_has_logical_axes():
+    abstract = nnx.eval_shape(lambda: TransformerXLLM(TransformerXLConfig(**SMALL), rngs=nnx.Rngs(0)))
+    for path, var in jax.tree_util.tree_flatten_with_path(
+            nnx.state(abstract, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))[0]:
+        axes = var.get_metadata().get("out_sharding")
+        assert axes is not None and len(axes) == len(var.shape), (jax.tree_util.keystr(path), axes)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_config_from_hf_and_round_trip():
+    hf = {"model_type": "transfo-xl", "vocab_size": 100, "cutoffs": [10, 50], "d_model": 32, "d_embed": 32,
+          "n_head": 2, "d_head": 16, "d_inner": 64, "div_val": 2, "n_layer": 2, "mem_len": 8, "clamp_len": 5,
+          "same_length": False, "untie_r": False, "tie_projs": [False, True, True], "architectures": ["x"],
+          "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
+    cfg = TransformerXLConfig.from_hf(hf, mem_len=16)
+    assert cfg.cutoffs == (10, 50) and cfg.resolved_tie_projs == (False, True, True) and cfg.mem_len == 16
+    assert TransformerXLConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="pre_lnorm"):
+        TransformerXLConfig.from_hf({**hf, "pre_lnorm": True})
+    with pytest.raises(ValueError, match="cutoffs"):
+        TransformerXLConfig(**{**SMALL, "cutoffs": (30, 10)})
+    with pytest.raises(ValueError, match="unknown TransformerXLConfig overrides"):
+        TransformerXLConfig.from_hf(hf, mem_length=3)
