@@ -13,7 +13,7 @@ where A and B come from `split_a_and_b` (A/B cut at sentence boundaries; B is th
 or with probability 1/2 a random sentence-aligned span of the row, nsp_label 0). Targets: `sample_mask` spans
 (n in 1..max_gram, p(n) ∝ 1/n, n·mask_alpha/mask_beta context, starting at word-initial pieces) in each half,
 `num_predict - num_predict//2` in the reuse half and `num_predict//2` in the other; `<sep>`/`<cls>` are never
-targets, and random single tokens fill each half up to exactly its share. `local_perm` then builds the
+targets, and (exact_num_predict) random single tokens fill each half up to exactly its share. `local_perm` builds the
 factorisation order and `perm_mask` separately for the two halves; the reuse half cannot see the second half.
 
 Everything random comes from a Philox generator keyed by (seed, step, global row): `batch(step)` is pure.
@@ -269,6 +269,11 @@ class XLNetPipeline:
                        f"= {non_reuse} (else information leaks)")
     if self.reuse_len % self.perm_size or non_reuse % self.perm_size:
       raise ValueError(f"perm_size={self.perm_size} must divide reuse_len and seq_len - reuse_len")
+    if not 0 < self.num_predict or self.num_predict - self.num_predict // 2 > self.reuse_len or \
+        self.num_predict // 2 > non_reuse - 3:
+      raise ValueError(f"num_predict={num_predict} does not fit: {self.num_predict - self.num_predict // 2} targets "
+                       f"in the reuse half ({reuse_len} tokens), {self.num_predict // 2} in the other "
+                       f"({non_reuse - 3} non-functional tokens)")
     if self.bi_data and self.global_batch_size % 2:
       raise ValueError(f"bi_data needs an even batch size, got {self.global_batch_size}")
     self.row0, self.local_batch_size = process_rows(self.global_batch_size, process_index, process_count)
