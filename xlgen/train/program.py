@@ -240,7 +240,15 @@ def _build_program(config, mesh: Mesh) -> Program:
         mems = jnp.zeros(mems_shape, mems_dtype) if mems_shape is not None else None
         return state, mems
 
-    init_state = jax.jit(init_fn, out_shardings=(state_shardings, mems_sharding))
+    init_jit = jax.jit(init_fn, out_shardings=(state_shardings, mems_sharding))
+
+    def init_state():
+        """(state, mems) created directly sharded. Runs once, so on CPU it is compiled without LLVM's expensive
+        optimisations (the random initialisers of a whole model otherwise take minutes to compile there)."""
+        if mesh.devices.flat[0].platform == "cpu":
+            opts = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+            return init_jit.lower().compile(compiler_options=opts)()
+        return init_jit()
 
     accum = int(config.optimizer.grad_accum_steps)
     if global_batch % (accum * dp):
