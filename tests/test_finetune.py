@@ -181,3 +181,16 @@ def test_layer_wise_lr_decay_scales_per_family(tmp_path):
         for prefix, value in expect.items():
             hits = [float(v) for k, v in scales.items() if k.startswith(prefix)]
             assert hits and all(h == value for h in hits), (cfg_file, prefix, hits)
+
+
+def test_match_pretrained_names_and_shapes():
+    """Same name, or the same name below the top module on either side; shapes must agree; ELECTRA workdirs give
+    the discriminator's tensors, not the (narrower) generator's."""
+    z = np.zeros
+    source = {"discriminator.funnel.encoder.w": z((4, 4)), "generator.funnel.encoder.w": z((4, 1)),
+              "discriminator.head.b": z(1), "transformer.layers.0.q": z(2), "lm_bias": z(9)}
+    mapping, fresh, unused = ft.match_pretrained(
+        {"funnel.encoder.w": (4, 4), "classifier.x": (2,), "layers.0.q": (2,), "lm_bias": (8,)}, source)
+    assert mapping == {"funnel.encoder.w": "discriminator.funnel.encoder.w", "layers.0.q": "transformer.layers.0.q"}
+    assert fresh == ["classifier.x", "lm_bias"]
+    assert sorted(unused) == ["discriminator.head.b", "generator.funnel.encoder.w", "lm_bias"]

@@ -246,27 +246,33 @@ def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
 
 def match_pretrained(target_shapes: Dict[str, Tuple[int, ...]], source: Dict[str, np.ndarray]
                      ) -> Tuple[Dict[str, str], List[str], List[str]]:
-    """Map target parameter names to source names: same name, or the same name below the top-level module
-    (`transformer.x` <-> `x`, `funnel.x` <-> `x`), with equal shapes. Returns (target->source, fresh, unused)."""
-    def strip(n):
-        return n.split(".", 1)[1] if "." in n else n
+    """Map task-model parameter names to pretrained names with equal shapes: the same name, else the same name
+    below its top-level module on either side (`transformer.x` <-> `x`, `funnel.x` <-> `discriminator.funnel.x` of
+    an ELECTRA workdir). Among several candidates the one with the fewest dropped components wins, then the
+    alphabetically first (ELECTRA: discriminator before generator). Returns (target->source, fresh, unused)."""
+    def suffixes(n, max_drop=3):
+        parts = n.split(".")
+        return [".".join(parts[k:]) for k in range(min(max_drop, len(parts) - 1) + 1)]
 
-    by_name = dict(source)
-    by_stripped: Dict[str, str] = {}
-    for n in source:
-        by_stripped.setdefault(strip(n), n)
-    mapping, fresh = {}, []
+    index: Dict[str, List[Tuple[int, str]]] = {}
+    for n in sorted(source):
+        for k, suf in enumerate(suffixes(n)):
+            index.setdefault(suf, []).append((k, n))
+    mapping, fresh, used = {}, [], set()
     for t, shape in target_shapes.items():
-        cand = [t, strip(t)]
-        src = next((c for c in cand if c in by_name and tuple(by_name[c].shape) == tuple(shape)), None)
-        if src is None:
-            src = next((by_stripped[c] for c in cand if c in by_stripped
-                        and tuple(source[by_stripped[c]].shape) == tuple(shape)), None)
-        if src is None:
+        best = None
+        for kt, suf in enumerate(suffixes(t, 1)):
+            for ks, n in index.get(suf, []):
+                if n in used or tuple(source[n].shape) != tuple(shape):
+                    continue
+                key = (kt + ks, n)
+                if best is None or key < best:
+                    best = key
+        if best is None:
             fresh.append(t)
         else:
-            mapping[t] = src
-    used = set(mapping.values())
+            mapping[t] = best[1]
+            used.add(best[1])
     unused = [n for n in source if n not in used]
     return mapping, fresh, unused
 
