@@ -150,8 +150,12 @@ def build_mesh(config, devices, num_slices: int):
     ici = (shape[0] // num_slices, shape[1], shape[2])
     dcn = (num_slices, 1, 1)
     grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
-    single = sharding.make_mesh({"data": ici[0], "fsdp": ici[1], "tensor": ici[2]}, devices[:math.prod(ici)])
-    return jax.sharding.Mesh(grid, sharding.MESH_AXES, axis_types=single.axis_types)  # same axis types as train
+    try:  # the same axis types as `xlgen train`'s mesh (built over one slice's devices)
+        slice0 = [d for d in devices if getattr(d, "slice_index", 0) == 0]
+        axis_types = sharding.make_mesh({"data": ici[0], "fsdp": ici[1], "tensor": ici[2]}, slice0).axis_types
+    except Exception:  # noqa: BLE001 - fall back to the trainer's documented choice
+        axis_types = (jax.sharding.AxisType.Auto,) * 3
+    return jax.sharding.Mesh(grid, sharding.MESH_AXES, axis_types=axis_types)
 
 
 def _log(msg: str) -> None:
