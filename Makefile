@@ -23,8 +23,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
+# A small Transformer-XL character LM on the embedded tinyshakespeare corpus: a few minutes on 2 CPU cores, loss
+# falling, evaluations (bpc) at steps 200/400/600; prints where checkpoints/metrics are and how to resume.
 demo: $(STAMP)
-	$(VENV)/bin/xlgen train --config=configs/pretrain/txl_tiny.py --config.demo=True --workdir=workdirs/demo
+	$(VENV)/bin/xlgen train --config=configs/pretrain/demo.py --workdir=workdirs/demo
 
 clean:
 	rm -rf $(VENV) workdirs .pytest_cache

@@ -197,6 +197,11 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
 
     # The data first: a missing corpus fails before anything is compiled.
     train_pipe = make_pipeline(config.data, "train")
+    data_vocab = getattr(train_pipe, "vocab_size", None)
+    model_vocab = config.model.get("vocab_size")
+    if data_vocab and model_vocab and int(model_vocab) < int(data_vocab):
+        raise ValueError(f"config.model.vocab_size={model_vocab} is smaller than the data's vocabulary "
+                         f"({data_vocab} symbols, data.source={config.data.get('source')!r})")
     bspec = program.objective.batch_spec(config, "train")
     gb = next(iter(bspec.values()))[0][0]
     row0, row1 = sharding.process_rows(mesh, gb)
