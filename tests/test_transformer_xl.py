@@ -16,12 +16,37 @@ SMALL = dict(vocab_size=50, cutoffs=(10, 30), d_model=16, d_embed=16, n_head=2, 
              proj_init_std=0.3, scan_layers=True)  # scanned: CPU compile time dominates these tests
 
 
-def make_model(**overrides) -> TransformerXLLM:
-    """A small random model in eval mode (init jitted: eager init compiles one kernel per parameter shape)."""
+def random_params(abstract, seed: int = 0, std: float = 0.3) -> dict:
+    """{path: N(0, std) array} for every nnx.Param of an abstract module (LayerNorm scales around 1).
+
+    Tests build models from NumPy draws through `load_params` / `nnx.update` rather than by running the
+    initialisers: a jitted random init compiles one threefry kernel per parameter, the slowest part on CPU."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))[0]:
+        name = "/".join(str(k.key) for k in path)
+        out[name] = (rng.normal(size=leaf.shape) * std + name.endswith("scale")).astype(np.float32)
+    return out
+
+
+def make_model(seed: int = 0, std: float = 0.3, **overrides) -> TransformerXLLM:
+    """A small model with random N(0, std) parameters, in eval mode."""
     cfg = TransformerXLConfig(**{**SMALL, **overrides})
-    model = nnx.jit(lambda: TransformerXLLM(cfg, rngs=nnx.Rngs(0)))()
+    unscanned = dataclasses.replace(cfg, scan_layers=False, remat=False)
+    abstract = nnx.eval_shape(lambda: TransformerXLLM(unscanned, rngs=nnx.Rngs(0)))
+    model = load_params(cfg, random_params(abstract, seed, std))
     model.eval()
     return model
+
+
+def fill_random(abstract, seed: int = 0, std: float = 0.5):
+    """Materialise an abstract parameter-only module with random N(0, std) parameters."""
+    graphdef, state = nnx.split(abstract)
+    values = random_params(abstract, seed, std)
+    pure = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: jax.device_put(values["/".join(str(k.key) for k in path)]), nnx.to_pure_dict(state))
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)
 
 
 def unscanned_params_of(state) -> dict:
@@ -239,10 +264,10 @@ def test_label_nll_equals_gathered_log_probs(kw):
     from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax
     kw = dict(kw)
     d_embed, tie = kw.pop("d_embed", 16), kw.pop("tie_weights", True)
-    rngs = nnx.Rngs(0)
-    emb = AdaptiveEmbedding(50, d_embed, 16, init_std=0.5, proj_init_std=0.5, rngs=rngs, **kw)
-    sm = AdaptiveLogSoftmax(50, d_embed, 16, tie_weights=tie, tie_projs=(False,) + (True,) * len(kw["cutoffs"]),
-                            init_std=0.5, proj_init_std=0.5, block_size=7, rngs=rngs, **kw)
+    emb, sm = fill_random(nnx.eval_shape(lambda: (
+        AdaptiveEmbedding(50, d_embed, 16, rngs=nnx.Rngs(0), **kw),
+        AdaptiveLogSoftmax(50, d_embed, 16, tie_weights=tie, tie_projs=(False,) + (True,) * len(kw["cutoffs"]),
+                           block_size=7, rngs=nnx.Rngs(1), **kw))))
     rng = np.random.default_rng(0)
     h = jnp.asarray(rng.normal(size=(3, 8, 16)), jnp.float32)
     labels = jnp.asarray(rng.integers(0, 50, (3, 8))).at[0, 2].set(-100)
@@ -269,11 +294,11 @@ def test_label_nll_equals_gathered_log_probs(kw):
 def test_log_probs_normalised_and_bfloat16_compute():
     """Full log-probs sum to 1 over V; bfloat16 compute keeps float32 params and float32 log-probs close to the
     float32 model's."""
-    model = make_model(init_std=0.1, proj_init_std=0.1)
+    model = make_model(std=0.1)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, SMALL["vocab_size"], (2, 5)))
     lp32, _ = forward(model, ids, model.init_mems(2), mem_len=SMALL["mem_len"])
     np.testing.assert_allclose(jnp.exp(lp32).sum(-1), 1.0, atol=1e-5)
-    bf = make_model(init_std=0.1, proj_init_std=0.1, dtype="bfloat16")  # same seed: same float32 params
+    bf = make_model(std=0.1, dtype="bfloat16")  # same seed: same float32 params
     np.testing.assert_array_equal(bf.embedding.tables[0][...], model.embedding.tables[0][...])
     lp16, mems16 = forward(bf, ids, bf.init_mems(2), mem_len=SMALL["mem_len"])
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(bf, nnx.Param)))

@@ -370,8 +370,12 @@ def load_params(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, s
             key_shapes[_path_str(path)] = leaf.shape
 
     jax.tree_util.tree_map_with_path(collect, pure)
-    rng_keys = jax.jit(lambda: {name: jax.random.split(jax.random.fold_in(jax.random.key(seed), i), shape)
-                                for i, (name, shape) in enumerate(sorted(key_shapes.items()))})()
+    # raw key data drawn on the host and wrapped in one tiny jitted call (no threefry kernels to compile)
+    key_width = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape[-1]
+    host_rng = np.random.default_rng(seed)
+    key_data = {name: host_rng.integers(0, 2 ** 32, size=tuple(shape) + (key_width,), dtype=np.uint32)
+                for name, shape in sorted(key_shapes.items())}
+    rng_keys = jax.jit(lambda d: {n: jax.random.wrap_key_data(v) for n, v in d.items()})(key_data)
 
     def fill(path, leaf):
         name = _path_str(path)
@@ -785,8 +789,12 @@ def load_params(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, s
             key_shapes[_path_str(path)] = leaf.shape
 
     jax.tree_util.tree_map_with_path(collect, pure)
-    rng_keys = jax.jit(lambda: {name: jax.random.split(jax.random.fold_in(jax.random.key(seed), i), shape)
-                                for i, (name, shape) in enumerate(sorted(key_shapes.items()))})()
+    # raw key data drawn on the host and wrapped in one tiny jitted call (no threefry kernels to compile)
+    key_width = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape[-1]
+    host_rng = np.random.default_rng(seed)
+    key_data = {name: host_rng.integers(0, 2 ** 32, size=tuple(shape) + (key_width,), dtype=np.uint32)
+                for name, shape in sorted(key_shapes.items())}
+    rng_keys = jax.jit(lambda d: {n: jax.random.wrap_key_data(v) for n, v in d.items()})(key_data)
 
     def fill(path, leaf):
         name = _path_str(path)
