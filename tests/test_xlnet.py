@@ -415,10 +415,11 @@ def test_lm_nll_is_vectorised_log_softmax_and_memory_is_cached_with_stop_gradien
     rng = np.random.RandomState(13)
     kw = lm_inputs(rng, 2, 5)
     tgt = rng.randint(0, VOCAB, (2, 3))
-    logits, mems = apply(model, kw)
-    nll, _ = apply(model, {**kw, "target_ids": tgt})
+    nll, mems = apply(model, {**kw, "target_ids": tgt})
+    assert nll.shape == (2, 3) and nll.dtype == jnp.float32
+    logits = rng.randn(2, 3, VOCAB).astype(np.float32)
     ref = -np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), tgt[..., None], -1)[..., 0]
-    np.testing.assert_allclose(nll, ref, atol=1e-5)
+    np.testing.assert_allclose(X.token_nll(jnp.asarray(logits), tgt), ref, atol=1e-5)
     assert mems.shape == (2, 2, 2, 16)  # only the first reuse_len=2 positions are cached
     _, mems2 = apply(model, {**kw, "mems": mems})
     assert mems2.shape == (2, 2, 3, 16)  # [old 2; new 2] -> last mem_len=3
