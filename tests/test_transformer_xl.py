@@ -259,15 +259,15 @@ def test_scanned_equals_unscanned():
                                                                      tie_weights=False)])
 def test_label_nll_equals_gathered_log_probs(kw):
     """AdaptiveLogSoftmax.nll(labels) == -log_probs[label] in value and gradient (w.r.t. hidden states and all
-    input/output parameters), with the blocked logsumexp exercised (block 7 < every cluster) and ignored
-    labels (< 0) giving 0."""
+    input/output parameters), with the blocked logsumexp (block 7 < every cluster) and the sorted tail chunks
+    (4 tokens, several per cluster) exercised, and ignored labels (< 0) giving 0."""
     from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax
     kw = dict(kw)
     d_embed, tie = kw.pop("d_embed", 16), kw.pop("tie_weights", True)
     emb, sm = fill_random(nnx.eval_shape(lambda: (
         AdaptiveEmbedding(50, d_embed, 16, rngs=nnx.Rngs(0), **kw),
         AdaptiveLogSoftmax(50, d_embed, 16, tie_weights=tie, tie_projs=(False,) + (True,) * len(kw["cutoffs"]),
-                           block_size=7, rngs=nnx.Rngs(1), **kw))))
+                           block_size=7, chunk_size=4, rngs=nnx.Rngs(1), **kw))))
     rng = np.random.default_rng(0)
     h = jnp.asarray(rng.normal(size=(3, 8, 16)), jnp.float32)
     labels = jnp.asarray(rng.integers(0, 50, (3, 8))).at[0, 2].set(-100)

@@ -15,8 +15,9 @@ softmax_k over E_k P_k h + b_k. Output tables/projections may be tied to the inp
 
 Layouts (ours; the HF loader transposes): tables `[V_k, d_k]` ("vocab", "embed"), projections `[d_k, d_proj]`
 (None, "embed"): the input side computes `E[x] @ P`, the output side `h @ P^T`. Output log-probs and NLLs are
-float32. `nll` never materialises `[..., V]`: it gathers the target rows and computes each cluster's log-normaliser
-in vocabulary blocks (an online logsumexp under `jax.checkpoint`), so memory is O(tokens x block).
+float32. `nll` never materialises `[..., V]`: it gathers the target rows, computes log-normalisers in vocabulary
+blocks (an online logsumexp under `jax.checkpoint`), and runs each tail cluster only on the tokens whose label is
+in it (sorted into fixed-size chunks), so memory is O(tokens x block) and compute is the adaptive softmax's.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class AdaptiveLogSoftmax(nnx.Module):
 
     def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1,
                  *, tie_weights: bool = True, tie_projs: Optional[Sequence[bool]] = None, init_std: float = 0.02,
-                 proj_init_std: float = 0.01, block_size: int = 16384, rngs: nnx.Rngs):
+                 proj_init_std: float = 0.01, block_size: int = 16384, chunk_size: int = 256,
+                 rngs: nnx.Rngs):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
         self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))
         n_clusters = len(self.bounds) - 1
@@ -139,7 +141,8 @@ class AdaptiveLogSoftmax(nnx.Module):
         tie_projs = tuple(tie_projs) if tie_projs is not None else (False,) * (n_clusters + 1)
         if len(tie_projs) != n_clusters + 1:
             raise ValueError(f"tie_projs has {len(tie_projs)} entries; expected {n_clusters + 1} (head + tails)")
-        self.tie_weights, self.tie_projs, self.block_size = tie_weights, tie_projs, block_size
+        self.tie_weights, self.tie_projs = tie_weights, tie_projs
+        self.block_size, self.chunk_size = block_size, chunk_size
         sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
         self.tables = None if tie_weights else nnx.List(
             [param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)])
@@ -212,9 +215,11 @@ class AdaptiveLogSoftmax(nnx.Module):
     def nll(self, h: jax.Array, labels: jax.Array, embedding: Optional[AdaptiveEmbedding] = None) -> jax.Array:
         """-log p(labels) `[...]` (float32) for h `[..., d_proj]`, labels `[...]`; labels < 0 are ignored (nll 0).
 
-        Head: target logit by a row gather, normaliser over the shortlist and cluster logits. Tail k: the
-        cluster's head log-prob plus gathered target logit minus the cluster log-normaliser (blocked logsumexp).
-        Every token computes every cluster's normaliser (static shapes); only its own cluster is selected.
+        Head (every token): gathered target logit minus the log-normaliser over the shortlist and the cluster
+        logits. Tails: only the tokens whose label lies in a tail cluster pay for that cluster, as in the
+        original GPU code, but with static shapes: they are sorted by cluster into `chunk_size` chunks (each
+        cluster padded to whole chunks) and a checkpointed scan runs `lax.switch` to the chunk's cluster
+        (gathered target logit minus the cluster's blocked logsumexp). Nothing of size `[tokens, V]` is built.
         """
         lead = labels.shape
         h = h.reshape(-1, h.shape[-1])
@@ -226,26 +231,62 @@ class AdaptiveLogSoftmax(nnx.Module):
         if self.n_clusters:
             head_table = jnp.concatenate([table0, self.cluster_weight[...].astype(table0.dtype)], 0)
             head_bias = jnp.concatenate([bias0, self.cluster_bias[...].astype(bias0.dtype)], 0)
-        head_lse = logsumexp_rows(h0, head_table, head_bias, block=self.block_size)
-
-        def target_logit(hk, table, bias, idx):
-            rows = jnp.take(table, idx, axis=0).astype(hk.dtype)
-            return (jnp.einsum("nd,nd->n", hk, rows, preferred_element_type=jnp.float32)
-                    + jnp.take(bias, idx).astype(jnp.float32))
-
-        # head column of each label: the label itself (shortlist) or its cluster's logit
         cluster = jnp.zeros_like(labels)
         for k, (s, _) in enumerate(self.bounds[1:], start=1):
             cluster = jnp.where(labels >= s, k, cluster)
-        head_col = jnp.where(cluster == 0, labels, shortlist + cluster - 1)
-        head_col = jnp.clip(head_col, 0, head_table.shape[0] - 1)
-        lp = target_logit(h0, head_table, head_bias, head_col) - head_lse
-        for k in range(1, self.n_clusters + 1):
+        head_col = jnp.clip(jnp.where(cluster == 0, labels, shortlist + cluster - 1), 0, head_table.shape[0] - 1)
+        lp = (_target_logit(h0, head_table, head_bias, head_col)
+              - logsumexp_rows(h0, head_table, head_bias, block=self.block_size))
+        if self.n_clusters:
+            lp = lp + self._tail_log_probs(h, labels, cluster, embedding)
+        return jnp.where(labels >= 0, -lp, 0.0).reshape(lead)
+
+    def _tail_log_probs(self, h: jax.Array, labels: jax.Array, cluster: jax.Array, embedding) -> jax.Array:
+        """log softmax_k(h)[label - c_k] for tokens of tail cluster k = cluster > 0, 0 for the others. `[N]`."""
+        n, n_tails, c = labels.shape[0], self.n_clusters, self.chunk_size
+        key = jnp.where(cluster > 0, cluster, n_tails + 1)  # tails first, by cluster; head tokens last
+        order = jnp.argsort(key, stable=True)
+        sorted_key = key[order]
+        counts = jnp.stack([(key == k).sum() for k in range(1, n_tails + 1)])
+        padded = (counts + c - 1) // c * c
+        ends = jnp.cumsum(padded)
+        starts, firsts = ends - padded, jnp.cumsum(counts) - counts
+        n_slots = (-(-n // c) + n_tails) * c  # static bound: every cluster pads by < c
+        k0 = jnp.clip(sorted_key - 1, 0, n_tails - 1)
+        slot = jnp.where(sorted_key <= n_tails, starts[k0] + jnp.arange(n) - firsts[k0], n_slots)
+        src = jnp.full((n_slots,), n, jnp.int32).at[slot].set(order.astype(jnp.int32), mode="drop")
+        chunk_src = src.reshape(-1, c)
+        chunk_cluster = jnp.searchsorted(ends, jnp.arange(n_slots // c) * c, side="right")  # 0-based tail index
+        branch = jnp.where(chunk_cluster < n_tails, chunk_cluster + 1, 0)  # 0: past the last tail chunk
+
+        h_pad = jnp.concatenate([h, jnp.zeros_like(h[:1])], 0)  # row n: padding
+        labels_pad = jnp.concatenate([labels, jnp.zeros_like(labels[:1])], 0)
+        weights = [self.cluster_weights(k, embedding) for k in range(n_tails + 1)]
+
+        def tail_branch(k):
             s, e = self.bounds[k]
-            table, bias, proj = self.cluster_weights(k, embedding)
-            hk = self._project(h, proj)
-            local = jnp.clip(labels - s, 0, e - s - 1)
-            tail = target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
-            lp = lp + jnp.where(cluster == k, tail, 0.0)
-        nll = jnp.where(labels >= 0, -lp, 0.0)
-        return nll.reshape(lead)
+            table, bias, proj = weights[k]
+
+            def run(hc, lc):
+                hk = self._project(hc, proj)
+                local = jnp.clip(lc - s, 0, e - s - 1)
+                return _target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
+            return run
+
+        branches = [lambda hc, lc: jnp.zeros(hc.shape[:1], jnp.float32)] + [tail_branch(k)
+                                                                            for k in range(1, n_tails + 1)]
+
+        @jax.checkpoint
+        def step(_, xs):
+            idx, br = xs
+            return None, jax.lax.switch(br, branches, h_pad[idx], labels_pad[idx])
+
+        _, out = jax.lax.scan(step, None, (chunk_src, branch))
+        return jnp.zeros((n + 1,), jnp.float32).at[src].set(out.reshape(-1))[:n]
+
+
+def _target_logit(h: jax.Array, table: jax.Array, bias: jax.Array, idx: jax.Array) -> jax.Array:
+    """h[n] · table[idx[n]] + bias[idx[n]] (float32) by row gathers: h `[N, d]`, idx `[N]` -> `[N]`."""
+    rows = jnp.take(table, idx, axis=0).astype(h.dtype)
+    return jnp.einsum("nd,nd->n", h, rows, preferred_element_type=jnp.float32) + jnp.take(bias, idx).astype(
+        jnp.float32)
