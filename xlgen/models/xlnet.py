@@ -28,7 +28,6 @@ Modules return `(output, new_mems)`; `new_mems` is `[n_layer, b, mem_len, d]` (s
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Dict, Optional
 
 import jax
@@ -36,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xlgen.models.layers import LayerNorm, PositionwiseFF, param, normal  # noqa: F401 (LayerNorm re-exported)
+from xlgen.models.layers import PositionwiseFF, normal, param
 from xlgen.models.relative_attention import (RelativeMultiHeadAttention, position_scores, relative_attention,
                                              relative_position_sequence, segment_scores, shift_offset,
                                              sinusoid_embedding)
@@ -559,9 +558,6 @@ class XLNetFromHF:
 
         self._run = jax.jit(run, static_argnums=2)
 
-    _ARRAY_KEYS = ("input_ids", "token_type_ids", "attention_mask", "input_mask", "perm_mask", "target_mapping",
-                   "p_mask", "cls_index", "start_positions", "is_forward")
-
     def __call__(self, input_ids=None, *, attention_mask=None, mems=None, perm_mask=None, target_mapping=None,
                  token_type_ids=None, input_mask=None, use_mems=None, labels=None, start_positions=None,
                  end_positions=None, is_impossible=None, cls_index=None, p_mask=None, is_forward=None,
@@ -573,8 +569,7 @@ class XLNetFromHF:
         if input_ids is None:
             raise ValueError(f"{self.head}: input_ids is required")
         cfg = self.config
-        np_ = lambda x: None if x is None else np.asarray(x)  # noqa: E731
-        arrays = {k: np_(v) for k, v in dict(
+        arrays = {k: np.asarray(v) for k, v in dict(
             input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
             input_mask=input_mask, perm_mask=perm_mask, target_mapping=target_mapping, is_forward=is_forward).items()
             if v is not None}
