@@ -349,6 +349,7 @@ def test_per_row_direction_equals_half_batch_layout_and_survives_resharding():
     assert np.abs(np.asarray(apply(model, {**kw, "is_forward": np.ones(4, bool)})[0]) - half).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_scan_layers_and_remat_equal_unscanned_in_value_and_gradient():
     rng = np.random.RandomState(11)
     kw = lm_inputs(rng, 2, 6)
