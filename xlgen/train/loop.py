@@ -319,9 +319,6 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)
     ckpt = Checkpointer(ckpt_dir, keep=0, async_save=False)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep),
-                        async_save=bool(ckpt_cfg.async_save))
-    writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
     with jax.set_mesh(mesh):
         restored = ckpt.restore_latest(program.abstract_state(), None)
         if restored is None:
