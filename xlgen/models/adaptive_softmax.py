@@ -176,9 +176,10 @@ class AdaptiveLogSoftmax(nnx.Module):
         proj = self.projs[k]
         if proj is not None:
             proj = proj[...]
-        elif self.tie_projs[k] and embedding is not None:
-            proj = embedding.projs[t]
-            proj = None if proj is None else proj[...]
+        elif self.tie_projs[k] and (self.div_val != 1 or self.dims[0] != self.d_proj):
+            if embedding is None:
+                raise ValueError("adaptive softmax with tied projections needs the AdaptiveEmbedding")
+            proj = embedding.projs[t][...]
         return table, bias, proj
 
     @staticmethod
