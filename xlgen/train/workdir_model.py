@@ -1,8 +1,9 @@
 """`xlgen.from_pretrained(workdir)` for xlgen training workdirs.
 
 Reads `workdir/config.json`, builds the model on one device (dropout off) and restores the parameters of the
-latest checkpoint (or `step=`). Transformer-XL comes back as `TransfoXLPretrained` (HF call convention: `.log_probs`,
-`.mems`); the other families as the family's pretrained wrapper when it has one, else the NNX module itself.
+latest checkpoint (or `step=`), wrapped with the family's HF-convention caller: Transformer-XL `TransfoXLPretrained`
+(`.log_probs`, `.mems`), XLNet `XLNetFromHF` (LM head: `.logits`, `.mems`), Funnel `HFFunnel` (MLM: `.logits`;
+ELECTRA workdirs: the discriminator, `FunnelForPreTraining`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
         if kwargs:
             module.config = dataclasses.replace(module.config, **kwargs)
         return txl.TransfoXLPretrained(module)
-    mod = importlib.import_module(f"xlgen.models.{family}")
-    wrap = getattr(mod, "wrap_pretrained", None)
-    return wrap(module, **kwargs) if wrap is not None else module
+    if family == "xlnet":
+        xlnet = importlib.import_module("xlgen.models.xlnet")
+        return xlnet.XLNetFromHF(module, "XLNetLMHeadModel", {"use_mems_eval": True, **kwargs})
+    if family == "funnel":
+        heads = importlib.import_module("xlgen.models.funnel_heads")
+        if hasattr(module, "discriminator"):  # ELECTRA: the discriminator is the model that gets finetuned
+            return heads.HFFunnel(module.discriminator, "FunnelForPreTraining")
+        return heads.HFFunnel(module, "FunnelForMaskedLM")
+    return module
