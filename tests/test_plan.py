@@ -86,10 +86,10 @@ def test_tiny_configs_compile_and_fit(reports, case):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_flops_xla_matches_counted_matmuls(reports, case):
-    """XLA's cost_analysis (per device x devices) and the jaxpr matmul count agree (element-wise work is small)."""
+    """XLA's cost_analysis (per device x devices) = the jaxpr's matmul FLOPs + a little element-wise work."""
     fl = reports[case]["flops_per_step"]
     assert not fl["xla_counts_loop_bodies_once"]
-    assert fl["xla_cost_analysis"] == pytest.approx(fl["matmul_jaxpr"], rel=0.10)
+    assert fl["matmul_jaxpr"] <= fl["xla_cost_analysis"] <= 1.25 * fl["matmul_jaxpr"]
     r = reports[case]
     assert 0 < r["mfu"] <= 1
     assert r["step_time_s"] >= r["executed_flops_per_step"] / r["devices"] / r["peak_bf16_flops_per_device"] * 0.999
