@@ -47,7 +47,7 @@ def test_resume_is_bitwise_exact(tmp_path, compile_cache, config):
 
 @pytest.mark.slow
 def test_resume_after_sigkill_mid_run(tmp_path, compile_cache):
-    total, every = 300, 5
+    total, every = 150, 5
     over = {"total_steps": total, "checkpoint.every_steps": every, "mesh.num_devices": 1}
     full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
     run_train(full, compile_cache, "txl_tiny.py", over)

@@ -56,9 +56,9 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._tb = None
+        self._file = None  # opened on the first write (after a resume has truncated stale records)
         if enabled:
             os.makedirs(workdir, exist_ok=True)
-            self._file = open(self.path, "a")
             if tensorboard:
                 from tensorboardX import SummaryWriter
 
@@ -68,6 +68,8 @@ class MetricsWriter:
         if not self.enabled:
             return
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in record.items()}
+        if self._file is None:
+            self._file = open(self.path, "a")
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
         if self._tb is not None:
@@ -84,7 +86,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         if self.enabled:
-            self._file.close()
+            if self._file is not None:
+                self._file.close()
             if self._tb is not None:
                 self._tb.close()
 
