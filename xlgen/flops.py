@@ -11,7 +11,8 @@ the attention score and value products including the relative-position term:
     ffn           2 * 2 * q * d * d_inner
   LM head         2 * q * d * V (tied or not; adaptive softmax counted as its clusters)
 
-Element-wise work (softmax, LayerNorm, relative shift) is ignored, as in the usual 6ND-style accounting.
+The memory k/v projections (stop-gradient input) and the position-key projection (computed once per batch and
+direction) get a weight gradient only. Element-wise work (softmax, LayerNorm, relative shift) is ignored, as in the usual 6ND-style accounting.
 Funnel uses `xlgen.models.funnel_cost` (the Funnel engineer's per-block cost with pooling) when available.
 """
 
@@ -21,33 +22,43 @@ import importlib
 from typing import Dict, Tuple
 
 
-def _attn_layer_fwd(q: int, k: int, d: int, n: int, dh: int, d_inner: int, *, pos_len: int, segment: bool) -> float:
+def _attn_layer_fwd(q: int, k: int, d: int, n: int, dh: int, d_inner: int, *, segment: bool) -> Tuple[float, float]:
+    """Per example: (flops with input gradients, memory k/v projection flops). The memory is stop-gradient, so its
+    projections have no input gradient (backward = 1x forward instead of 2x)."""
     mem = k - q
-    proj = 2 * q * d * 3 * n * dh + 2 * mem * d * 2 * n * dh + 2 * pos_len * d * n * dh + 2 * q * n * dh * d
+    proj = 2 * q * d * 3 * n * dh + 2 * q * n * dh * d
     scores = 2 * q * k * n * dh * (3 if segment else 2)
     values = 2 * q * k * n * dh
     ffn = 4 * q * d * d_inner
-    return float(proj + scores + values + ffn)
+    return float(proj + scores + values + ffn), float(2 * mem * d * 2 * n * dh)
 
 
-def txl_forward_flops(m, batch: int, tgt_len: int, mem_len: int) -> float:
+def _train(per_example: float, mem_proj: float, batch: int, pos_proj: float) -> float:
+    """Training FLOPs: 3x forward for everything with input gradients, 2x for the stop-gradient memory projections
+    (weight gradient only), and the position-key projection once per batch (sinusoids do not depend on the
+    example) with a weight gradient only."""
+    return 3.0 * batch * per_example + 2.0 * batch * mem_proj + 2.0 * pos_proj
+
+
+def txl_train_flops(m, batch: int, tgt_len: int, mem_len: int) -> float:
     d, n, dh, di, L, V = (int(m.d_model), int(m.n_head), int(m.d_head), int(m.d_inner), int(m.n_layer),
                           int(m.get("vocab_size", m.get("n_token", 0))))
     k = tgt_len + max(mem_len, 0)
-    per_layer = _attn_layer_fwd(tgt_len, k, d, n, dh, di, pos_len=k, segment=False)
+    main, mem = _attn_layer_fwd(tgt_len, k, d, n, dh, di, segment=False)
     head = 2 * tgt_len * d * V
-    return batch * (L * per_layer + head)
+    return _train(L * main + head, L * mem, batch, L * 2 * k * d * n * dh)
 
 
-def xlnet_forward_flops(m, batch: int, seq_len: int, num_predict: int, mem_len: int) -> float:
+def xlnet_train_flops(m, batch: int, seq_len: int, num_predict: int, mem_len: int, bi_data: bool) -> float:
     d, n, dh, di, L, V = (int(m.d_model), int(m.n_head), int(m.d_head), int(m.d_inner), int(m.n_layer),
                           int(m.vocab_size))
     k = seq_len + max(mem_len, 0)
-    content = _attn_layer_fwd(seq_len, k, d, n, dh, di, pos_len=k + seq_len, segment=True)
+    main, mem = _attn_layer_fwd(seq_len, k, d, n, dh, di, segment=True)
     # query stream: num_predict queries reuse the content keys/values; own q and output projections + ffn
     query = 2 * num_predict * d * n * dh * 2 + 2 * num_predict * k * n * dh * 4 + 4 * num_predict * d * di
     head = 2 * num_predict * d * V
-    return batch * (L * (content + query) + head)
+    directions = 2 if bi_data else 1
+    return _train(L * (main + query) + head, L * mem, batch, directions * L * 2 * (k + seq_len) * d * n * dh)
 
 
 def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None = None) -> float:
@@ -55,11 +66,11 @@ def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None
     fam = config.model.family
     data = config.data
     if fam == "transformer_xl":
-        fwd = txl_forward_flops(config.model, int(data.batch_size), int(data.tgt_len), int(config.model.mem_len))
-    elif fam == "xlnet":
-        fwd = xlnet_forward_flops(config.model, int(data.batch_size), int(data.seq_len), int(data.num_predict),
-                                  int(config.model.get("mem_len") or 0))
-    elif fam == "funnel":
+        return txl_train_flops(config.model, int(data.batch_size), int(data.tgt_len), int(config.model.mem_len))
+    if fam == "xlnet":
+        return xlnet_train_flops(config.model, int(data.batch_size), int(data.seq_len), int(data.num_predict),
+                                 int(config.model.get("mem_len") or 0), bool(data.get("bi_data", False)))
+    if fam == "funnel":
         try:
             cost = importlib.import_module("xlgen.models.funnel_cost")
         except ImportError:
