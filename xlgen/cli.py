@@ -109,6 +109,12 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
     args = _train_eval_parser(cmd).parse_args(rest)
+    if cmd == "eval":
+        from xlgen import finetune
+
+        if finetune.is_finetune_workdir(args.workdir):  # a finetune workdir: re-evaluate its best checkpoint
+            return finetune.main(["--eval_only", "--workdir", args.workdir, f"--config={args.config}"]
+                                 + [f"--config.{k}={v}" for k, v in overrides.items()])
     try:
         config = config_lib.load_config(args.config, overrides)
     except config_lib.ConfigError as e:

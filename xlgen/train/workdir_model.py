@@ -27,6 +27,10 @@ def load_params(workdir: str, step: Optional[int] = None):
     if os.path.basename(workdir).isdigit() and os.path.basename(os.path.dirname(workdir)) == "checkpoints":
         step = int(os.path.basename(workdir)) if step is None else step
         workdir = os.path.dirname(os.path.dirname(workdir))
+    from xlgen import finetune
+
+    if finetune.is_finetune_workdir(workdir):
+        import xlgen.tasks.objective  # noqa: F401  (registers the finetune objective before the config resolves)
     config = config_lib.read_workdir_config(workdir)
     if config is None:
         raise FileNotFoundError(f"{workdir}: no config.json (not an xlgen workdir)")
