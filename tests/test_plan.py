@@ -96,9 +96,9 @@ def test_flops_xla_matches_counted_matmuls(reports, case):
 
 
 XLNET_ANALYTIC = pytest.mark.xfail(
-    reason="xlgen/flops.py (trainer) overcounts XLNet: the relative-position projection is counted per example and "
-           "x3 (it is computed once per batch and direction, with no input gradient) and the memory k/v projections "
-           "x3 (stop-gradient memory has no input gradient): analytic 8.09e9 vs 5.47e9 counted for this case",
+    reason="xlgen/flops.py's XLNet model (6.66e9 for this case) is 22% above the compiled step's matmuls (5.47e9): "
+           "it does not yet model what XLA drops (the last layer's content stream is dead when only the query stream "
+           "is predicted) or the per-example position keys of bi_data; TXL and Funnel are within 10%",
     strict=False)
 
 
@@ -106,8 +106,11 @@ XLNET_ANALYTIC = pytest.mark.xfail(
 @pytest.mark.parametrize("case", [pytest.param(c, marks=XLNET_ANALYTIC) if c.startswith("xlnet") else c
                                   for c in CASES])
 def test_flops_match_analytic_model(reports, case):
+    """The analytic model (xlgen.flops: matmul FLOPs, 6ND-style incl. attention) is within 10% of the matmul FLOPs
+    of the compiled step (counted on its jaxpr); XLA's total adds element-wise work on top (checked above)."""
     fl = reports[case]["flops_per_step"]
-    assert fl["xla_cost_analysis"] == pytest.approx(fl["analytic_model"], rel=0.10)
+    assert fl["analytic_model"] == pytest.approx(fl["matmul_jaxpr"], rel=0.10)
+    assert fl["analytic_model"] <= fl["xla_cost_analysis"]
 
 
 @pytest.mark.slow

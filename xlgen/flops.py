@@ -6,7 +6,7 @@ the attention score and value products including the relative-position term:
   per layer, per example, query length q, key length k = mem + q, heads n, head width dh, model width d:
     projections   2 * q * d * (3 n dh)  (q, k, v over the segment)  + 2 * k_mem * d * 2 n dh (k, v over memory)
                   + 2 * R * d * n dh  (position keys, R = k (+ q for bidirectional))  + 2 * q * n dh * d (output)
-    scores        2 * q * k * n dh * (2 + segment)    content + position (+ segment)
+    scores        2 * q * n dh * (k + R (+ 2))        content, position before the shift (+ segment select)
     values        2 * q * k * n dh
     ffn           2 * 2 * q * d * d_inner
   LM head         2 * q * d * V (tied or not; adaptive softmax counted as its clusters)
@@ -22,12 +22,15 @@ import importlib
 from typing import Dict, Tuple
 
 
-def _attn_layer_fwd(q: int, k: int, d: int, n: int, dh: int, d_inner: int, *, segment: bool) -> Tuple[float, float]:
+def _attn_layer_fwd(q: int, k: int, d: int, n: int, dh: int, d_inner: int, *, segment: bool,
+                    pos_rows: int) -> Tuple[float, float]:
     """Per example: (flops with input gradients, memory k/v projection flops). The memory is stop-gradient, so its
-    projections have no input gradient (backward = 1x forward instead of 2x)."""
+    projections have no input gradient (backward = 1x forward instead of 2x). The position term multiplies the
+    queries with all `pos_rows` relative-position keys before the (free) shift; the segment term with the two
+    segment embeddings before the (free) select."""
     mem = k - q
     proj = 2 * q * d * 3 * n * dh + 2 * q * n * dh * d
-    scores = 2 * q * k * n * dh * (3 if segment else 2)
+    scores = 2 * q * n * dh * (k + pos_rows + (2 if segment else 0))
     values = 2 * q * k * n * dh
     ffn = 4 * q * d * d_inner
     return float(proj + scores + values + ffn), float(2 * mem * d * 2 * n * dh)
@@ -44,7 +47,7 @@ def txl_train_flops(m, batch: int, tgt_len: int, mem_len: int) -> float:
     d, n, dh, di, L, V = (int(m.d_model), int(m.n_head), int(m.d_head), int(m.d_inner), int(m.n_layer),
                           int(m.get("vocab_size", m.get("n_token", 0))))
     k = tgt_len + max(mem_len, 0)
-    main, mem = _attn_layer_fwd(tgt_len, k, d, n, dh, di, segment=False)
+    main, mem = _attn_layer_fwd(tgt_len, k, d, n, dh, di, segment=False, pos_rows=k)
     head = 2 * tgt_len * d * V
     return _train(L * main + head, L * mem, batch, L * 2 * k * d * n * dh)
 
@@ -53,9 +56,12 @@ def xlnet_train_flops(m, batch: int, seq_len: int, num_predict: int, mem_len: in
     d, n, dh, di, L, V = (int(m.d_model), int(m.n_head), int(m.d_head), int(m.d_inner), int(m.n_layer),
                           int(m.vocab_size))
     k = seq_len + max(mem_len, 0)
-    main, mem = _attn_layer_fwd(seq_len, k, d, n, dh, di, segment=True)
-    # query stream: num_predict queries reuse the content keys/values; own q and output projections + ffn
-    query = 2 * num_predict * d * n * dh * 2 + 2 * num_predict * k * n * dh * 4 + 4 * num_predict * d * di
+    rows = k + seq_len  # bidirectional distances klen ... -qlen+1
+    main, mem = _attn_layer_fwd(seq_len, k, d, n, dh, di, segment=True, pos_rows=rows)
+    # query stream: num_predict queries reuse the content keys/values/position keys; own q and output projections,
+    # content + values against k keys, position against all rows, segment against 2 embeddings, and the ffn
+    query = (2 * num_predict * d * n * dh * 2 + 2 * num_predict * n * dh * (2 * k + rows + 2)
+             + 4 * num_predict * d * di)
     head = 2 * num_predict * d * V
     directions = 2 if bi_data else 1
     return _train(L * (main + query) + head, L * mem, batch, directions * L * 2 * (k + seq_len) * d * n * dh)
