@@ -107,3 +107,18 @@ class PositionwiseFF(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         h = self.drop_inner(activation(self.act_name)(self.layer_1(x)))
         return self.layer_norm(x + self.drop_out(self.layer_2(h)))
+
+
+def stacked_layers(make_layer: Callable[[nnx.Rngs], nnx.Module], n_layer: int, rngs: nnx.Rngs, *,
+                   scan: bool) -> nnx.Module:
+    """`n_layer` layers: a list, or (scan=True) one module whose parameters are stacked on a leading `layers`
+    logical axis, for `nnx.scan`/`jax.lax.scan` over layers (fast compiles for deep models)."""
+    if not scan:
+        return nnx.List([make_layer(rngs) for _ in range(n_layer)])
+
+    @nnx.split_rngs(splits=n_layer)
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def make(r):
+        return make_layer(r)
+
+    return make(rngs)

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
-from xlgen.models.layers import PositionwiseFF, normal, param
+from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.relative_attention import (RelativeMultiHeadAttention, relative_position_sequence, shift_offset,
                                              sinusoid_embedding)
 
@@ -210,15 +210,7 @@ class TransformerXLLM(nnx.Module):
         if not c.untie_r:  # one u, v shared by all layers
             self.r_w_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
             self.r_r_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
-        if c.scan_layers:
-            @nnx.split_rngs(splits=c.n_layer)
-            @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-            def make(r):
-                return TransformerXLBlock(c, rngs=r)
-
-            self.layers = make(rngs)
-        else:
-            self.layers = nnx.List([TransformerXLBlock(c, rngs=rngs) for _ in range(c.n_layer)])
+        self.layers = stacked_layers(lambda r: TransformerXLBlock(c, rngs=r), c.n_layer, rngs, scan=c.scan_layers)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
 
     def init_mems(self, batch_size: int, mem_len: Optional[int] = None) -> jax.Array:

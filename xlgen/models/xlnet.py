@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xlgen.models.layers import PositionwiseFF, normal, param
+from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.relative_attention import (RelativeMultiHeadAttention, position_scores, relative_attention,
                                              relative_position_sequence, segment_scores, shift_offset,
                                              sinusoid_embedding)
@@ -271,15 +271,7 @@ class XLNetModel(nnx.Module):
             self.r_w_bias = param(rngs, normal(std), hd, ax)
             self.r_r_bias = param(rngs, normal(std), hd, ax)
             self.r_s_bias = param(rngs, normal(std), hd, ax)
-        if cfg.scan_layers:
-            @nnx.split_rngs(splits=cfg.n_layer)
-            @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-            def make(r):
-                return XLNetLayer(cfg, rngs=r)
-
-            self.layers = make(rngs)
-        else:
-            self.layers = nnx.List([XLNetLayer(cfg, rngs=rngs) for _ in range(cfg.n_layer)])
+        self.layers = stacked_layers(lambda r: XLNetLayer(cfg, rngs=r), cfg.n_layer, rngs, scan=cfg.scan_layers)
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
 
     def shared_biases(self):
