@@ -257,6 +257,6 @@ def base_config() -> ConfigDict:
     c.log_every_steps = 50
     c.eval_every_steps = 500     # 0 = never (not even at the end), -1 = only at the end
     c.seed = 0
-    c.peak_flops_per_device = 0.0  # for MFU; e.g. 123e12 for a TPU v3 core pair (bf16)
+    c.peak_flops_per_device = 0.0  # for MFU; per JAX device, e.g. 61.5e12 for one TPU v3 TensorCore (bf16)
     c.tensorboard = True
     return c
