@@ -30,149 +30,149 @@ XLNET_USER_SYMBOLS = ("<eop>", ".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u2
 
 
 def _sha256_bytes(data: bytes) -> str:
-  return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-      h.update(chunk)
-  return h.hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-  """Writes to `path.tmp-PID` then renames, so a reader never sees a half-written file."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, path)
+    """Writes to `path.tmp-PID` then renames, so a reader never sees a half-written file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # XLNet text normalisation (prepro_utils.py)
 # ----------------------------------------------------------------------------------------------------------------
 def preprocess_text(text: str, lower: bool = False, remove_space: bool = True, keep_accents: bool = False) -> str:
-  """XLNet's `preprocess_text`: collapse whitespace, `` and '' -> ", strip accents (NFKD + drop combining marks)
-  unless keep_accents, optional lower-casing."""
-  out = " ".join(text.strip().split()) if remove_space else text
-  out = out.replace("``", '"').replace("''", '"')
-  if not keep_accents:
-    out = unicodedata.normalize("NFKD", out)
-    out = "".join(c for c in out if not unicodedata.combining(c))
-  if lower:
-    out = out.lower()
-  return out
+    """XLNet's `preprocess_text`: collapse whitespace, `` and '' -> ", strip accents (NFKD + drop combining marks)
+    unless keep_accents, optional lower-casing."""
+    out = " ".join(text.strip().split()) if remove_space else text
+    out = out.replace("``", '"').replace("''", '"')
+    if not keep_accents:
+        out = unicodedata.normalize("NFKD", out)
+        out = "".join(c for c in out if not unicodedata.combining(c))
+    if lower:
+        out = out.lower()
+    return out
 
 
 def encode_pieces(sp, text: str, sample: bool = False) -> list[str]:
-  """XLNet's `encode_pieces`: SentencePiece pieces, with "<digits>," re-split so the comma is its own piece."""
-  pieces = sp.SampleEncodeAsPieces(text, 64, 0.1) if sample else sp.EncodeAsPieces(text)
-  out = []
-  for piece in pieces:
-    if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
-      cur = sp.EncodeAsPieces(piece[:-1].replace(SPIECE_UNDERLINE, ""))
-      if piece[0] != SPIECE_UNDERLINE and cur and cur[0][0] == SPIECE_UNDERLINE:
-        cur = cur[1:] if len(cur[0]) == 1 else [cur[0][1:]] + cur[1:]
-      out.extend(cur)
-      out.append(piece[-1])
-    else:
-      out.append(piece)
-  return out
+    """XLNet's `encode_pieces`: SentencePiece pieces, with "<digits>," re-split so the comma is its own piece."""
+    pieces = sp.SampleEncodeAsPieces(text, 64, 0.1) if sample else sp.EncodeAsPieces(text)
+    out = []
+    for piece in pieces:
+        if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+            cur = sp.EncodeAsPieces(piece[:-1].replace(SPIECE_UNDERLINE, ""))
+            if piece[0] != SPIECE_UNDERLINE and cur and cur[0][0] == SPIECE_UNDERLINE:
+                cur = cur[1:] if len(cur[0]) == 1 else [cur[0][1:]] + cur[1:]
+            out.extend(cur)
+            out.append(piece[-1])
+        else:
+            out.append(piece)
+    return out
 
 
 def is_start_piece(piece: str) -> bool:
-  """The original `_is_start_piece`: "▁"-prefixed, "<...>" symbols and single punctuation pieces start a word."""
-  return piece.startswith(SPIECE_UNDERLINE) or piece.startswith("<") or piece in _ORIG_START_PUNCT
+    """The original `_is_start_piece`: "▁"-prefixed, "<...>" symbols and single punctuation pieces start a word."""
+    return piece.startswith(SPIECE_UNDERLINE) or piece.startswith("<") or piece in _ORIG_START_PUNCT
 
 
 class SentencePieceTokenizer:
-  """An XLNet `spiece.model` (trained here with `train_sentencepiece`, or from a released checkpoint directory)."""
+    """An XLNet `spiece.model` (trained here with `train_sentencepiece`, or from a released checkpoint directory)."""
 
-  kind = "sentencepiece"
+    kind = "sentencepiece"
 
-  def __init__(self, model_file: str, uncased: bool = False, keep_accents: bool = False):
-    import sentencepiece as spm
-    if not os.path.isfile(model_file):
-      raise FileNotFoundError(f"SentencePiece model not found: {model_file}")
-    self.model_file = model_file
-    self.sp = spm.SentencePieceProcessor()
-    try:
-      self.sp.Load(model_file)
-    except Exception as e:  # sentencepiece raises OSError/RuntimeError with little context
-      raise ValueError(f"{model_file}: not a SentencePiece model ({e})") from e
-    self.uncased = uncased
-    self.keep_accents = keep_accents
-    self.vocab_size = self.sp.GetPieceSize()
-    def pid(p):
-      i = self.sp.PieceToId(p)
-      return None if (i == self.sp.unk_id() and p != "<unk>") else i
-    self.special_ids = {"unk": self.sp.unk_id(), "cls": pid("<cls>"), "sep": pid("<sep>"), "pad": pid("<pad>"),
-                        "mask": pid("<mask>"), "eod": pid("<eod>"), "eop": pid("<eop>"), "eos": None}
+    def __init__(self, model_file: str, uncased: bool = False, keep_accents: bool = False):
+        import sentencepiece as spm
+        if not os.path.isfile(model_file):
+            raise FileNotFoundError(f"SentencePiece model not found: {model_file}")
+        self.model_file = model_file
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.Load(model_file)
+        except Exception as e:  # sentencepiece raises OSError/RuntimeError with little context
+            raise ValueError(f"{model_file}: not a SentencePiece model ({e})") from e
+        self.uncased = uncased
+        self.keep_accents = keep_accents
+        self.vocab_size = self.sp.GetPieceSize()
+        def pid(p):
+            i = self.sp.PieceToId(p)
+            return None if (i == self.sp.unk_id() and p != "<unk>") else i
+        self.special_ids = {"unk": self.sp.unk_id(), "cls": pid("<cls>"), "sep": pid("<sep>"), "pad": pid("<pad>"),
+                            "mask": pid("<mask>"), "eod": pid("<eod>"), "eop": pid("<eop>"), "eos": None}
 
-  def normalize(self, text: str) -> str:
-    return preprocess_text(text, lower=self.uncased, keep_accents=self.keep_accents)
+    def normalize(self, text: str) -> str:
+        return preprocess_text(text, lower=self.uncased, keep_accents=self.keep_accents)
 
-  def encode_as_pieces(self, text: str) -> list[str]:
-    return encode_pieces(self.sp, self.normalize(text))
+    def encode_as_pieces(self, text: str) -> list[str]:
+        return encode_pieces(self.sp, self.normalize(text))
 
-  def encode(self, text: str) -> list[int]:
-    return [self.sp.PieceToId(p) for p in self.encode_as_pieces(text)]
+    def encode(self, text: str) -> list[int]:
+        return [self.sp.PieceToId(p) for p in self.encode_as_pieces(text)]
 
-  def decode(self, ids: Iterable[int]) -> str:
-    return self.sp.DecodeIds([int(i) for i in ids])
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.DecodeIds([int(i) for i in ids])
 
-  def id_to_piece(self, i: int) -> str:
-    return self.sp.IdToPiece(int(i))
+    def id_to_piece(self, i: int) -> str:
+        return self.sp.IdToPiece(int(i))
 
-  def is_start_table(self) -> np.ndarray:
-    return np.array([is_start_piece(self.sp.IdToPiece(i)) for i in range(self.vocab_size)], dtype=bool)
+    def is_start_table(self) -> np.ndarray:
+        return np.array([is_start_piece(self.sp.IdToPiece(i)) for i in range(self.vocab_size)], dtype=bool)
 
-  def fingerprint(self) -> str:
-    return sha256_file(self.model_file)
+    def fingerprint(self) -> str:
+        return sha256_file(self.model_file)
 
-  def save(self, directory: str) -> str:
-    with open(self.model_file, "rb") as f:
-      atomic_write_bytes(os.path.join(directory, "spiece.model"), f.read())
-    return "spiece.model"
+    def save(self, directory: str) -> str:
+        with open(self.model_file, "rb") as f:
+            atomic_write_bytes(os.path.join(directory, "spiece.model"), f.read())
+        return "spiece.model"
 
-  def settings(self) -> dict:
-    return {"uncased": self.uncased, "keep_accents": self.keep_accents}
+    def settings(self) -> dict:
+        return {"uncased": self.uncased, "keep_accents": self.keep_accents}
 
 
 def train_sentencepiece(input_files: Sequence[str], model_prefix: str, vocab_size: int = 32000,
                         character_coverage: float = 0.99995, input_sentence_size: int = 10_000_000,
                         uncased: bool = False, extra_args: dict | None = None) -> str:
-  """Trains a unigram SentencePiece model with XLNet's recipe; returns the `.model` path.
+    """Trains a unigram SentencePiece model with XLNet's recipe; returns the `.model` path.
 
-  Lines are passed through `preprocess_text` first (as XLNet's data is at encode time), into a temp file.
-  Resulting ids: <unk>0 <s>1 </s>2 <cls>3 <sep>4 <pad>5 <mask>6 <eod>7 <eop>8, then the punctuation symbols.
-  """
-  import sentencepiece as spm
-  os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
-  tmp_txt = f"{model_prefix}.normalized.tmp-{os.getpid()}.txt"
-  with open(tmp_txt, "w", encoding="utf-8") as out:
-    for path in input_files:
-      for line in read_text_lines(path):
-        line = preprocess_text(line, lower=uncased)
-        if line:
-          out.write(line + "\n")
-  tmp_prefix = f"{model_prefix}.tmp-{os.getpid()}"
-  try:
-    kwargs = dict(input=tmp_txt, model_prefix=tmp_prefix, vocab_size=vocab_size, model_type="unigram",
-                  character_coverage=character_coverage, control_symbols=list(XLNET_CONTROL_SYMBOLS),
-                  user_defined_symbols=list(XLNET_USER_SYMBOLS), shuffle_input_sentence=True,
-                  input_sentence_size=input_sentence_size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-                  minloglevel=2)
-    kwargs.update(extra_args or {})
-    spm.SentencePieceTrainer.Train(**kwargs)
-    for ext in ("model", "vocab"):
-      os.replace(f"{tmp_prefix}.{ext}", f"{model_prefix}.{ext}")
-  finally:
-    for p in (tmp_txt, f"{tmp_prefix}.model", f"{tmp_prefix}.vocab"):
-      if os.path.exists(p):
-        os.remove(p)
-  return f"{model_prefix}.model"
+    Lines are passed through `preprocess_text` first (as XLNet's data is at encode time), into a temp file.
+    Resulting ids: <unk>0 <s>1 </s>2 <cls>3 <sep>4 <pad>5 <mask>6 <eod>7 <eop>8, then the punctuation symbols.
+    """
+    import sentencepiece as spm
+    os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
+    tmp_txt = f"{model_prefix}.normalized.tmp-{os.getpid()}.txt"
+    with open(tmp_txt, "w", encoding="utf-8") as out:
+        for path in input_files:
+            for line in read_text_lines(path):
+                line = preprocess_text(line, lower=uncased)
+                if line:
+                    out.write(line + "\n")
+    tmp_prefix = f"{model_prefix}.tmp-{os.getpid()}"
+    try:
+        kwargs = dict(input=tmp_txt, model_prefix=tmp_prefix, vocab_size=vocab_size, model_type="unigram",
+                      character_coverage=character_coverage, control_symbols=list(XLNET_CONTROL_SYMBOLS),
+                      user_defined_symbols=list(XLNET_USER_SYMBOLS), shuffle_input_sentence=True,
+                      input_sentence_size=input_sentence_size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                      minloglevel=2)
+        kwargs.update(extra_args or {})
+        spm.SentencePieceTrainer.Train(**kwargs)
+        for ext in ("model", "vocab"):
+            os.replace(f"{tmp_prefix}.{ext}", f"{model_prefix}.{ext}")
+    finally:
+        for p in (tmp_txt, f"{tmp_prefix}.model", f"{tmp_prefix}.vocab"):
+            if os.path.exists(p):
+                os.remove(p)
+    return f"{model_prefix}.model"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -182,249 +182,249 @@ WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 class WordPieceTokenizer:
-  """A BERT/Funnel `vocab.txt` (WordPiece, `##` continuation pieces)."""
+    """A BERT/Funnel `vocab.txt` (WordPiece, `##` continuation pieces)."""
 
-  kind = "wordpiece"
+    kind = "wordpiece"
 
-  def __init__(self, vocab_file: str, uncased: bool = True):
-    from tokenizers import BertWordPieceTokenizer
-    if not os.path.isfile(vocab_file):
-      raise FileNotFoundError(f"WordPiece vocabulary not found: {vocab_file}")
-    self.vocab_file = vocab_file
-    self.uncased = uncased
-    self.tok = BertWordPieceTokenizer(vocab_file, lowercase=uncased, strip_accents=uncased)
-    self.vocab_size = self.tok.get_vocab_size()
-    get = self.tok.token_to_id
-    self.special_ids = {"unk": get("[UNK]"), "cls": get("[CLS]"), "sep": get("[SEP]"), "pad": get("[PAD]"),
-                        "mask": get("[MASK]"), "eod": None, "eop": None, "eos": None}
+    def __init__(self, vocab_file: str, uncased: bool = True):
+        from tokenizers import BertWordPieceTokenizer
+        if not os.path.isfile(vocab_file):
+            raise FileNotFoundError(f"WordPiece vocabulary not found: {vocab_file}")
+        self.vocab_file = vocab_file
+        self.uncased = uncased
+        self.tok = BertWordPieceTokenizer(vocab_file, lowercase=uncased, strip_accents=uncased)
+        self.vocab_size = self.tok.get_vocab_size()
+        get = self.tok.token_to_id
+        self.special_ids = {"unk": get("[UNK]"), "cls": get("[CLS]"), "sep": get("[SEP]"), "pad": get("[PAD]"),
+                            "mask": get("[MASK]"), "eod": None, "eop": None, "eos": None}
 
-  def encode_as_pieces(self, text: str) -> list[str]:
-    return self.tok.encode(text, add_special_tokens=False).tokens
+    def encode_as_pieces(self, text: str) -> list[str]:
+        return self.tok.encode(text, add_special_tokens=False).tokens
 
-  def encode(self, text: str) -> list[int]:
-    return self.tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
 
-  def decode(self, ids: Iterable[int]) -> str:
-    return self.tok.decode([int(i) for i in ids])
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode([int(i) for i in ids])
 
-  def id_to_piece(self, i: int) -> str:
-    return self.tok.id_to_token(int(i))
+    def id_to_piece(self, i: int) -> str:
+        return self.tok.id_to_token(int(i))
 
-  def is_start_table(self) -> np.ndarray:
-    return np.array([not (self.tok.id_to_token(i) or "").startswith("##") for i in range(self.vocab_size)])
+    def is_start_table(self) -> np.ndarray:
+        return np.array([not (self.tok.id_to_token(i) or "").startswith("##") for i in range(self.vocab_size)])
 
-  def fingerprint(self) -> str:
-    return sha256_file(self.vocab_file)
+    def fingerprint(self) -> str:
+        return sha256_file(self.vocab_file)
 
-  def save(self, directory: str) -> str:
-    with open(self.vocab_file, "rb") as f:
-      atomic_write_bytes(os.path.join(directory, "vocab.txt"), f.read())
-    return "vocab.txt"
+    def save(self, directory: str) -> str:
+        with open(self.vocab_file, "rb") as f:
+            atomic_write_bytes(os.path.join(directory, "vocab.txt"), f.read())
+        return "vocab.txt"
 
-  def settings(self) -> dict:
-    return {"uncased": self.uncased}
+    def settings(self) -> dict:
+        return {"uncased": self.uncased}
 
 
 def train_wordpiece(input_files: Sequence[str], output_dir: str, vocab_size: int = 30522, min_frequency: int = 2,
                     uncased: bool = True) -> str:
-  """Trains a BERT-style WordPiece vocabulary with `tokenizers`; returns the `vocab.txt` path."""
-  from tokenizers import BertWordPieceTokenizer
-  for p in input_files:
-    _check_utf8(p)
-  tok = BertWordPieceTokenizer(lowercase=uncased, strip_accents=uncased)
-  tok.train(list(input_files), vocab_size=vocab_size, min_frequency=min_frequency,
-            special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
-  os.makedirs(output_dir, exist_ok=True)
-  tmp_dir = os.path.join(output_dir, f".tmp-{os.getpid()}")
-  os.makedirs(tmp_dir, exist_ok=True)
-  tok.save_model(tmp_dir)
-  os.replace(os.path.join(tmp_dir, "vocab.txt"), os.path.join(output_dir, "vocab.txt"))
-  os.rmdir(tmp_dir)
-  return os.path.join(output_dir, "vocab.txt")
+    """Trains a BERT-style WordPiece vocabulary with `tokenizers`; returns the `vocab.txt` path."""
+    from tokenizers import BertWordPieceTokenizer
+    for p in input_files:
+        _check_utf8(p)
+    tok = BertWordPieceTokenizer(lowercase=uncased, strip_accents=uncased)
+    tok.train(list(input_files), vocab_size=vocab_size, min_frequency=min_frequency,
+              special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
+    os.makedirs(output_dir, exist_ok=True)
+    tmp_dir = os.path.join(output_dir, f".tmp-{os.getpid()}")
+    os.makedirs(tmp_dir, exist_ok=True)
+    tok.save_model(tmp_dir)
+    os.replace(os.path.join(tmp_dir, "vocab.txt"), os.path.join(output_dir, "vocab.txt"))
+    os.rmdir(tmp_dir)
+    return os.path.join(output_dir, "vocab.txt")
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Transformer-XL vocabularies: characters / bytes (enwik8, text8) and words (WikiText-103, 1B Word, PTB)
 # ----------------------------------------------------------------------------------------------------------------
 class SymbolVocab:
-  """A list of symbols, stored as JSON (`vocab.json`).
+    """A list of symbols, stored as JSON (`vocab.json`).
 
-  level="char": symbols are characters; "byte": symbols are byte values (text is UTF-8 encoded first);
-  "word": symbols are whitespace-separated words, each line ends with `<eos>` (Transformer-XL `add_eos`).
-  char/byte vocabularies start with the nine XLNet special symbols (same ids); word vocabularies start with
-  `<unk>`, `<eos>` and then words by decreasing frequency (adaptive-softmax cutoffs rely on that order).
-  """
+    level="char": symbols are characters; "byte": symbols are byte values (text is UTF-8 encoded first);
+    "word": symbols are whitespace-separated words, each line ends with `<eos>` (Transformer-XL `add_eos`).
+    char/byte vocabularies start with the nine XLNet special symbols (same ids); word vocabularies start with
+    `<unk>`, `<eos>` and then words by decreasing frequency (adaptive-softmax cutoffs rely on that order).
+    """
 
-  def __init__(self, level: str, symbols: Sequence, lower: bool = False):
-    if level not in ("char", "byte", "word"):
-      raise ValueError(f"unknown vocabulary level {level!r} (char, byte, word)")
-    self.level, self.lower = level, lower
-    self.kind = level
-    self.symbols = list(symbols)
-    self.index = {s: i for i, s in enumerate(self.symbols)}
-    self.vocab_size = len(self.symbols)
-    def get(*names, default=None):
-      return next((self.index[n] for n in names if n in self.index), default)
-    self.special_ids = {"unk": get("<unk>", "<UNK>"), "cls": get("<cls>"), "sep": get("<sep>"),
-                        "pad": get("<pad>"), "mask": get("<mask>"), "eod": get("<eod>"), "eop": get("<eop>"),
-                        "eos": get("<eos>", "</S>")}  # <UNK>, </S>: the One Billion Word vocabulary file
-    self._unk = get("<unk>", "<UNK>", default=0)
-    if level in ("char", "byte"):
-      self._lut = self._build_lut()
+    def __init__(self, level: str, symbols: Sequence, lower: bool = False):
+        if level not in ("char", "byte", "word"):
+            raise ValueError(f"unknown vocabulary level {level!r} (char, byte, word)")
+        self.level, self.lower = level, lower
+        self.kind = level
+        self.symbols = list(symbols)
+        self.index = {s: i for i, s in enumerate(self.symbols)}
+        self.vocab_size = len(self.symbols)
+        def get(*names, default=None):
+            return next((self.index[n] for n in names if n in self.index), default)
+        self.special_ids = {"unk": get("<unk>", "<UNK>"), "cls": get("<cls>"), "sep": get("<sep>"),
+                            "pad": get("<pad>"), "mask": get("<mask>"), "eod": get("<eod>"), "eop": get("<eop>"),
+                            "eos": get("<eos>", "</S>")}  # <UNK>, </S>: the One Billion Word vocabulary file
+        self._unk = get("<unk>", "<UNK>", default=0)
+        if level in ("char", "byte"):
+            self._lut = self._build_lut()
 
-  def _build_lut(self):
-    n = 256 if self.level == "byte" else 0x110000
-    lut = np.full(n, self._unk, dtype=np.int32)
-    for i, s in enumerate(self.symbols):
-      if isinstance(s, int):
-        lut[s] = i
-      elif len(s) == 1 and self.level == "char":
-        lut[ord(s)] = i
-    return lut
+    def _build_lut(self):
+        n = 256 if self.level == "byte" else 0x110000
+        lut = np.full(n, self._unk, dtype=np.int32)
+        for i, s in enumerate(self.symbols):
+            if isinstance(s, int):
+                lut[s] = i
+            elif len(s) == 1 and self.level == "char":
+                lut[ord(s)] = i
+        return lut
 
-  # --- construction ------------------------------------------------------------------------------------------
-  @classmethod
-  def build(cls, level: str, texts: Iterable[str], *, min_freq: int = 1, max_size: int | None = None,
-            lower: bool = False) -> "SymbolVocab":
-    """Counts symbols over `texts` (an iterable of lines/strings)."""
-    counter = collections.Counter()
-    for t in texts:
-      t = t.lower() if lower else t
-      if level == "char":
-        counter.update(t)
-      elif level == "byte":
-        counter.update(t.encode("utf-8"))
-      else:
-        counter.update(t.split())
-    if level == "word":
-      specials = ["<unk>", "<eos>"]
-      for s in specials:
-        counter.pop(s, None)
-      words = [w for w, c in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_freq]
-      if max_size is not None:
-        words = words[:max(0, max_size - len(specials))]
-      return cls("word", specials + words, lower=lower)
-    syms = sorted(s for s, c in counter.items() if c >= min_freq)
-    return cls(level, list(XLNET_SPECIALS) + syms, lower=lower)
+    # --- construction ------------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, level: str, texts: Iterable[str], *, min_freq: int = 1, max_size: int | None = None,
+              lower: bool = False) -> "SymbolVocab":
+        """Counts symbols over `texts` (an iterable of lines/strings)."""
+        counter = collections.Counter()
+        for t in texts:
+            t = t.lower() if lower else t
+            if level == "char":
+                counter.update(t)
+            elif level == "byte":
+                counter.update(t.encode("utf-8"))
+            else:
+                counter.update(t.split())
+        if level == "word":
+            specials = ["<unk>", "<eos>"]
+            for s in specials:
+                counter.pop(s, None)
+            words = [w for w, c in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_freq]
+            if max_size is not None:
+                words = words[:max(0, max_size - len(specials))]
+            return cls("word", specials + words, lower=lower)
+        syms = sorted(s for s, c in counter.items() if c >= min_freq)
+        return cls(level, list(XLNET_SPECIALS) + syms, lower=lower)
 
-  @classmethod
-  def load(cls, path: str) -> "SymbolVocab":
-    """An xlgen `vocab.json`, or (word level) a plain vocabulary file: one symbol per line, first column (the
-    Transformer-XL `vocab_file` format, e.g. One Billion Word's `1b_word_vocab.txt`), ids in file order."""
-    if not path.endswith(".json"):
-      syms = [line.split()[0] for line in read_text_lines(path) if line.strip()]
-      if len(set(syms)) != len(syms):
-        raise ValueError(f"{path}: duplicate symbols in the vocabulary file")
-      v = cls("word", syms)
-      if v.special_ids["unk"] is None:
-        raise ValueError(f"{path}: word vocabulary has no <unk> (or <UNK>) symbol")
-      return v
-    try:
-      with open(path, encoding="utf-8") as f:
-        d = json.load(f)
-      return cls(d["level"], d["symbols"], lower=d.get("lower", False))
-    except (OSError, ValueError, KeyError) as e:
-      raise ValueError(f"{path}: not an xlgen vocabulary file ({e})") from e
+    @classmethod
+    def load(cls, path: str) -> "SymbolVocab":
+        """An xlgen `vocab.json`, or (word level) a plain vocabulary file: one symbol per line, first column (the
+        Transformer-XL `vocab_file` format, e.g. One Billion Word's `1b_word_vocab.txt`), ids in file order."""
+        if not path.endswith(".json"):
+            syms = [line.split()[0] for line in read_text_lines(path) if line.strip()]
+            if len(set(syms)) != len(syms):
+                raise ValueError(f"{path}: duplicate symbols in the vocabulary file")
+            v = cls("word", syms)
+            if v.special_ids["unk"] is None:
+                raise ValueError(f"{path}: word vocabulary has no <unk> (or <UNK>) symbol")
+            return v
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+            return cls(d["level"], d["symbols"], lower=d.get("lower", False))
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{path}: not an xlgen vocabulary file ({e})") from e
 
-  def to_json(self) -> str:
-    return json.dumps({"level": self.level, "lower": self.lower, "symbols": self.symbols}, ensure_ascii=False)
+    def to_json(self) -> str:
+        return json.dumps({"level": self.level, "lower": self.lower, "symbols": self.symbols}, ensure_ascii=False)
 
-  def save(self, directory: str) -> str:
-    atomic_write_bytes(os.path.join(directory, "vocab.json"), self.to_json().encode("utf-8"))
-    return "vocab.json"
+    def save(self, directory: str) -> str:
+        atomic_write_bytes(os.path.join(directory, "vocab.json"), self.to_json().encode("utf-8"))
+        return "vocab.json"
 
-  def fingerprint(self) -> str:
-    return _sha256_bytes(self.to_json().encode("utf-8"))
+    def fingerprint(self) -> str:
+        return _sha256_bytes(self.to_json().encode("utf-8"))
 
-  def settings(self) -> dict:
-    return {"lower": self.lower}
+    def settings(self) -> dict:
+        return {"lower": self.lower}
 
-  # --- encoding ----------------------------------------------------------------------------------------------
-  def encode(self, text: str, add_eos: bool = True) -> list[int]:
-    return self.encode_array(text, add_eos=add_eos).tolist()
+    # --- encoding ----------------------------------------------------------------------------------------------
+    def encode(self, text: str, add_eos: bool = True) -> list[int]:
+        return self.encode_array(text, add_eos=add_eos).tolist()
 
-  def encode_array(self, text: str, add_eos: bool = True) -> np.ndarray:
-    """int32 ids. char/byte: one id per character/byte (newlines included). word: words of each line + <eos>."""
-    if self.lower:
-      text = text.lower()
-    if self.level == "char":
-      cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-      return self._lut[cps]
-    if self.level == "byte":
-      return self._lut[np.frombuffer(text.encode("utf-8"), dtype=np.uint8)]
-    eos = self.special_ids["eos"]
-    if add_eos and eos is None:
-      raise ValueError("this word vocabulary has no <eos> (or </S>) symbol to end lines with")
-    ids = []
-    for line in text.splitlines():
-      ids.extend(self.index.get(w, self._unk) for w in line.split())
-      if add_eos:
-        ids.append(eos)
-    return np.asarray(ids, dtype=np.int32)
+    def encode_array(self, text: str, add_eos: bool = True) -> np.ndarray:
+        """int32 ids. char/byte: one id per character/byte (newlines included). word: words of each line + <eos>."""
+        if self.lower:
+            text = text.lower()
+        if self.level == "char":
+            cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            return self._lut[cps]
+        if self.level == "byte":
+            return self._lut[np.frombuffer(text.encode("utf-8"), dtype=np.uint8)]
+        eos = self.special_ids["eos"]
+        if add_eos and eos is None:
+            raise ValueError("this word vocabulary has no <eos> (or </S>) symbol to end lines with")
+        ids = []
+        for line in text.splitlines():
+            ids.extend(self.index.get(w, self._unk) for w in line.split())
+            if add_eos:
+                ids.append(eos)
+        return np.asarray(ids, dtype=np.int32)
 
-  def decode(self, ids: Iterable[int]) -> str:
-    syms = [self.symbols[int(i)] for i in ids]
-    if self.level == "word":
-      return " ".join("\n" if s == "<eos>" else s for s in syms).replace(" \n ", "\n").replace(" \n", "\n")
-    if self.level == "byte":
-      return b"".join(bytes([s]) if isinstance(s, int) else s.encode() for s in syms).decode("utf-8", "replace")
-    return "".join(syms)
+    def decode(self, ids: Iterable[int]) -> str:
+        syms = [self.symbols[int(i)] for i in ids]
+        if self.level == "word":
+            return " ".join("\n" if s == "<eos>" else s for s in syms).replace(" \n ", "\n").replace(" \n", "\n")
+        if self.level == "byte":
+            return b"".join(bytes([s]) if isinstance(s, int) else s.encode() for s in syms).decode("utf-8", "replace")
+        return "".join(syms)
 
-  def id_to_piece(self, i: int) -> str:
-    s = self.symbols[int(i)]
-    return chr(s) if isinstance(s, int) and s < 128 else str(s)
+    def id_to_piece(self, i: int) -> str:
+        s = self.symbols[int(i)]
+        return chr(s) if isinstance(s, int) and s < 128 else str(s)
 
-  def is_start_table(self) -> np.ndarray:
-    """Word starts for span sampling: words (word level); spaces, punctuation and <...> symbols (char/byte)."""
-    if self.level == "word":
-      return np.ones(self.vocab_size, dtype=bool)
-    out = np.zeros(self.vocab_size, dtype=bool)
-    for i, s in enumerate(self.symbols):
-      c = chr(s) if isinstance(s, int) else s
-      out[i] = len(c) > 1 or c.isspace() or c in _ORIG_START_PUNCT or c == "'"
-    return out
+    def is_start_table(self) -> np.ndarray:
+        """Word starts for span sampling: words (word level); spaces, punctuation and <...> symbols (char/byte)."""
+        if self.level == "word":
+            return np.ones(self.vocab_size, dtype=bool)
+        out = np.zeros(self.vocab_size, dtype=bool)
+        for i, s in enumerate(self.symbols):
+            c = chr(s) if isinstance(s, int) else s
+            out[i] = len(c) > 1 or c.isspace() or c in _ORIG_START_PUNCT or c == "'"
+        return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reading text robustly
 # ----------------------------------------------------------------------------------------------------------------
 def _check_utf8(path: str) -> None:
-  read_text(path)
+    read_text(path)
 
 
 def read_text(path: str) -> str:
-  """Whole file as str; a clear error naming the file (and byte offset) for missing/empty/non-UTF-8 files."""
-  try:
-    with open(path, "rb") as f:
-      data = f.read()
-  except OSError as e:
-    raise FileNotFoundError(f"{path}: cannot read ({e.strerror})") from e
-  if not data.strip():
-    raise ValueError(f"{path}: file is empty")
-  try:
-    return data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = data[:e.start].count(b"\n") + 1
-    raise ValueError(f"{path}: not valid UTF-8 (line {line}, byte offset {e.start}: {e.reason})") from e
+    """Whole file as str; a clear error naming the file (and byte offset) for missing/empty/non-UTF-8 files."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise FileNotFoundError(f"{path}: cannot read ({e.strerror})") from e
+    if not data.strip():
+        raise ValueError(f"{path}: file is empty")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}: not valid UTF-8 (line {line}, byte offset {e.start}: {e.reason})") from e
 
 
 def read_text_lines(path: str) -> list[str]:
-  return read_text(path).splitlines()
+    return read_text(path).splitlines()
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading by spec
 # ----------------------------------------------------------------------------------------------------------------
 def load_tokenizer(kind: str, path: str, **settings):
-  """Loads a tokenizer saved by `save` (kind in sentencepiece, wordpiece, char, byte, word)."""
-  if kind == "sentencepiece":
-    return SentencePieceTokenizer(path, uncased=settings.get("uncased", False),
-                                  keep_accents=settings.get("keep_accents", False))
-  if kind == "wordpiece":
-    return WordPieceTokenizer(path, uncased=settings.get("uncased", True))
-  if kind in ("char", "byte", "word"):
-    v = SymbolVocab.load(path)
-    if v.level != kind:
-      raise ValueError(f"{path}: vocabulary level is {v.level!r}, expected {kind!r}")
-    return v
-  raise ValueError(f"unknown tokenizer kind {kind!r} (sentencepiece, wordpiece, char, byte, word)")
+    """Loads a tokenizer saved by `save` (kind in sentencepiece, wordpiece, char, byte, word)."""
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer(path, uncased=settings.get("uncased", False),
+                                      keep_accents=settings.get("keep_accents", False))
+    if kind == "wordpiece":
+        return WordPieceTokenizer(path, uncased=settings.get("uncased", True))
+    if kind in ("char", "byte", "word"):
+        v = SymbolVocab.load(path)
+        if v.level != kind:
+            raise ValueError(f"{path}: vocabulary level is {v.level!r}, expected {kind!r}")
+        return v
+    raise ValueError(f"unknown tokenizer kind {kind!r} (sentencepiece, wordpiece, char, byte, word)")
