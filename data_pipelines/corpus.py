@@ -4,6 +4,9 @@ Sources:
   * the embedded demo corpus (`tinyshakespeare`, char-level, held-out tail as `valid`), no preparation step;
   * a raw text file with a char/byte/word vocabulary built on the fly;
   * a prepared directory (`xlgen prepare corpus`): `manifest.json` + memory-mapped `.npy` shards.
+Text files and prepared directories may be URLs (`gs://bucket/corpus`): a remote shard is downloaded once into
+the local cache (`$XLGEN_CACHE_DIR/shards`, default ~/.cache/xlgen), verified against the manifest's sha256, and
+memory-mapped from there.
 
 Layouts: "lm" = the text as one stream (newlines are tokens for char/byte; `<eos>` ends each line for words);
 "sentences" = XLNet's convention: one sentence per line, sentence parity flips at every line, a blank line is
@@ -19,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from data_pipelines import paths
 from data_pipelines import vocab as vocab_lib
 
 ASSETS = os.path.join(os.path.dirname(__file__), "assets")
@@ -163,12 +167,11 @@ def text_corpus(path: str, level: str, layout: str, split: str, valid_fraction: 
 # Prepared directories
 # ----------------------------------------------------------------------------------------------------------------
 def read_manifest(directory: str) -> dict:
-  path = os.path.join(directory, MANIFEST)
-  if not os.path.isfile(path):
+  path = paths.as_path(directory) / MANIFEST
+  if not path.is_file():
     raise FileNotFoundError(f"{path}: no manifest; prepare the corpus with `xlgen prepare corpus ...`")
   try:
-    with open(path, encoding="utf-8") as f:
-      m = json.load(f)
+    m = json.loads(path.read_text(encoding="utf-8"))
   except ValueError as e:
     raise ValueError(f"{path}: corrupt manifest ({e})") from e
   if m.get("format") != FORMAT:
@@ -179,11 +182,11 @@ def read_manifest(directory: str) -> dict:
 def load_manifest_tokenizer(directory: str, manifest: dict | None = None):
   m = manifest or read_manifest(directory)
   t = m["tokenizer"]
-  path = os.path.join(directory, t["file"])
+  path = paths.join(directory, t["file"])
   tok = vocab_lib.load_tokenizer(t["kind"], path, **t.get("settings", {}))
   if tok.fingerprint() != t["sha256"]:
     raise ValueError(f"{path}: vocabulary sha256 {tok.fingerprint()[:12]} does not match "
-                     f"{os.path.join(directory, MANIFEST)} ({t['sha256'][:12]}); the shards were made with "
+                     f"{paths.join(directory, MANIFEST)} ({t['sha256'][:12]}); the shards were made with "
                      f"another vocabulary. Re-run `xlgen prepare corpus`.")
   return tok
 
@@ -194,8 +197,17 @@ def check_tokenizer_matches(directory: str, manifest: dict, tokenizer_path: str)
   got = vocab_lib.load_tokenizer(t["kind"], tokenizer_path, **t.get("settings", {})).fingerprint()
   if got != t["sha256"]:
     raise ValueError(f"vocabulary mismatch: {tokenizer_path} (sha256 {got[:12]}) is not the vocabulary "
-                     f"{os.path.join(directory, MANIFEST)} was prepared with ({t['file']}, sha256 "
+                     f"{paths.join(directory, MANIFEST)} was prepared with ({t['file']}, sha256 "
                      f"{t['sha256'][:12]})")
+
+
+def _load_shard(path: str, entry: dict, kind: str) -> np.ndarray:
+  """Memory-maps a `.npy` shard; a remote one through a local cached copy named by its content hash (the
+  manifest's `<kind>_sha256`; manifests written before it existed use the shard's key, verified by length)."""
+  if paths.is_remote(path):
+    sha = entry.get(f"{kind}_sha256")
+    path = paths.local_copy(path, sha256=sha, key=None if sha else f"{entry['key']}.{kind}", subdir="shards")
+  return np.load(path, mmap_mode="r")
 
 
 def prepared_corpus(directory: str, split: str, *, expect_vocab_size: int | None = None,
@@ -206,40 +218,43 @@ def prepared_corpus(directory: str, split: str, *, expect_vocab_size: int | None
     check_tokenizer_matches(directory, m, expect_tokenizer)
   if expect_vocab_size is not None and int(expect_vocab_size) != tok.vocab_size:
     raise ValueError(f"vocabulary mismatch: config data.vocab_size={expect_vocab_size} but "
-                     f"{os.path.join(directory, MANIFEST)} has vocab_size={tok.vocab_size}")
+                     f"{paths.join(directory, MANIFEST)} has vocab_size={tok.vocab_size}")
   if split not in m["splits"]:
-    raise ValueError(f"{os.path.join(directory, MANIFEST)}: no split {split!r} (has {sorted(m['splits'])})")
+    raise ValueError(f"{paths.join(directory, MANIFEST)}: no split {split!r} (has {sorted(m['splits'])})")
   shards, sents, docs = [], [], 0
   for sh in m["splits"][split]["shards"]:
-    p = os.path.join(directory, sh["tokens"])
-    arr = np.load(p, mmap_mode="r")
+    p = paths.join(directory, sh["tokens"])
+    arr = _load_shard(p, sh, "tokens")
     if len(arr) != sh["num_tokens"]:
       raise ValueError(f"{p}: {len(arr)} tokens, manifest says {sh['num_tokens']}")
     if len(arr) == 0:
       continue
     shards.append(arr)
     if m["layout"] == "sentences":
-      sents.append(np.load(os.path.join(directory, sh["sentences"]), mmap_mode="r"))
+      sents.append(_load_shard(paths.join(directory, sh["sentences"]), sh, "sentences"))
     docs += sh.get("num_documents", 0)
   if not shards:
-    raise ValueError(f"{os.path.join(directory, MANIFEST)}: split {split!r} has no tokens")
+    raise ValueError(f"{paths.join(directory, MANIFEST)}: split {split!r} has no tokens")
   return TokenCorpus(shards, sents if m["layout"] == "sentences" else None, tok, f"{directory}[{split}]", docs)
 
 
 def corpus_from_config(cfg, split: str, layout: str) -> TokenCorpus:
   """Resolves `data.source` (embedded name, text file or prepared directory) for a split."""
   source = cfg.get("source", "tinyshakespeare")
-  if source in EMBEDDED or os.path.isfile(source):
+  src = None if source in EMBEDDED else paths.as_path(source)
+  if src is not None and paths.is_remote(src):
+    source = str(src)
+  if source in EMBEDDED or src.is_file():
     if cfg.get("vocab", "char") not in ("char", "byte", "word"):
       raise ValueError(f"data.vocab={cfg.get('vocab')!r}: a raw text source needs char, byte or word; "
                        f"prepare subword corpora with `xlgen prepare corpus`")
     return text_corpus(source, cfg.get("vocab", "char"), layout, split, float(cfg.get("valid_fraction", 0.1)),
                        cfg.get("valid_source") or None, bool(cfg.get("use_eod", True)),
                        bool(cfg.get("lower", False)))
-  if os.path.isdir(source):
+  if (src / MANIFEST).exists() or src.is_dir():
     m = read_manifest(source)
     if m["layout"] != layout and not (layout == "lm" and m["layout"] == "sentences"):
-      raise ValueError(f"{os.path.join(source, MANIFEST)}: layout {m['layout']!r}, this pipeline needs {layout!r}")
+      raise ValueError(f"{paths.join(source, MANIFEST)}: layout {m['layout']!r}, this pipeline needs {layout!r}")
     return prepared_corpus(source, split, expect_vocab_size=cfg.get("vocab_size") or None,
                            expect_tokenizer=cfg.get("tokenizer") or None)
   raise FileNotFoundError(f"data.source={source!r}: not an embedded corpus ({sorted(EMBEDDED)}), a text file, "

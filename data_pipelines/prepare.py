@@ -11,7 +11,8 @@
 parity shard for the `sentences` layout) per input file. Re-runs are idempotent: a shard whose source content,
 tokenizer and settings are unchanged is kept. Unreadable, empty or non-UTF-8 inputs are skipped and reported
 (in the output and in the manifest's `skipped`), or are errors with --strict. Every file is written to a temp
-path and renamed.
+path and renamed. `--output` may be a URL (`gs://bucket/corpus`, needs `xlgen[gcs]`); the manifest records each
+shard's sha256, which readers use to verify (and name) their local cached copy of a remote shard.
 """
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ import json
 import os
 import sys
 
+import io
+
 import numpy as np
 
 from data_pipelines import corpus as corpus_lib
+from data_pipelines import paths
 from data_pipelines import vocab as vocab_lib
 
 
@@ -61,11 +65,13 @@ def resolve_tokenizer(spec: str, train_files, output: str, args):
 # ----------------------------------------------------------------------------------------------------------------
 # Shards
 # ----------------------------------------------------------------------------------------------------------------
-def _save_npy(path: str, arr: np.ndarray) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    np.save(f, arr)
-  os.replace(tmp, path)
+def _save_npy(path: str, arr: np.ndarray) -> str:
+  """Atomic write of `arr` as .npy (local or gs://); returns the file's sha256."""
+  buf = io.BytesIO()
+  np.save(buf, arr)
+  data = buf.getvalue()
+  paths.atomic_write_bytes(path, data)
+  return hashlib.sha256(data).hexdigest()
 
 
 def _documents(lines):
@@ -111,12 +117,13 @@ def _encode_file(job: dict) -> dict:
     raise ValueError(f"{src}: token id out of range for the vocabulary")
   dtype = np.uint16 if t["vocab_size"] <= np.iinfo(np.uint16).max + 1 else np.int32
   out = job["output"]
-  _save_npy(os.path.join(out, job["tokens"]), ids.astype(dtype))
+  tokens_sha = _save_npy(paths.join(out, job["tokens"]), ids.astype(dtype))
   entry = {"source": src, "source_sha256": job["source_sha256"], "key": job["key"], "tokens": job["tokens"],
+           "tokens_sha256": tokens_sha,
            "num_tokens": int(len(ids)), "num_documents": num_docs, "dropped_documents": dropped,
            "num_lines": text.count("\n") + (not text.endswith("\n"))}
   if layout == "sentences":
-    _save_npy(os.path.join(out, job["sentences"]), np.concatenate(parity))
+    entry["sentences_sha256"] = _save_npy(paths.join(out, job["sentences"]), np.concatenate(parity))
     entry["sentences"] = job["sentences"]
   return entry
 
@@ -134,13 +141,13 @@ def prepare_corpus(splits: dict, tokenizer, output: str, *, layout: str = "lm", 
   from tqdm import tqdm
   if layout not in ("lm", "sentences"):
     raise ValueError(f"--layout {layout!r}: expected lm or sentences")
-  os.makedirs(output, exist_ok=True)
+  paths.makedirs(output)
   vocab_file = tokenizer.save(output)
   tok_entry = {"kind": tokenizer.kind, "file": vocab_file, "sha256": tokenizer.fingerprint(),
                "vocab_size": tokenizer.vocab_size, "settings": tokenizer.settings()}
   settings = {"layout": layout, "use_eod": use_eod, "min_doc_tokens": min_doc_tokens}
   old = {}
-  if os.path.isfile(os.path.join(output, corpus_lib.MANIFEST)):
+  if paths.as_path(output).joinpath(corpus_lib.MANIFEST).is_file():
     try:
       prev = corpus_lib.read_manifest(output)
       old = {sh["key"]: sh for s in prev["splits"].values() for sh in s["shards"]}
@@ -149,26 +156,27 @@ def prepare_corpus(splits: dict, tokenizer, output: str, *, layout: str = "lm", 
   config_key = json.dumps([tok_entry["sha256"], tok_entry["settings"], settings], sort_keys=True)
   jobs, entries, skipped, reused = [], {s: [] for s in splits}, [], 0
   for split, files in splits.items():
-    os.makedirs(os.path.join(output, split), exist_ok=True)
+    paths.makedirs(paths.join(output, split))
     for i, src in enumerate(files):
-      src = os.path.abspath(src)
+      src = paths.display(src)
       sha = _file_sha256(src)
       if sha is None:
         skipped.append({"file": src, "split": split, "reason": f"{src}: cannot read"})
         continue
       key = hashlib.sha256(f"{sha}|{config_key}".encode()).hexdigest()[:16]
-      stem = os.path.splitext(os.path.basename(src))[0]
+      stem = paths.as_path(src).stem
       name = f"{split}/{i:05d}-{stem}-{key}"
       sh = old.get(key)
-      if sh and sh["tokens"] == f"{name}.tokens.npy" and os.path.isfile(os.path.join(output, sh["tokens"])) and (
-          layout == "lm" or os.path.isfile(os.path.join(output, sh.get("sentences", "")))):
+      out_dir = paths.as_path(output)
+      if sh and sh["tokens"] == f"{name}.tokens.npy" and out_dir.joinpath(sh["tokens"]).is_file() and (
+          layout == "lm" or out_dir.joinpath(sh.get("sentences", "")).is_file()):
         entries[split].append(sh)
         reused += 1
         continue
       jobs.append((split, {"source": src, "source_sha256": sha, "key": key, "output": output, "layout": layout,
                            "use_eod": use_eod, "min_doc_tokens": min_doc_tokens, "tokens": f"{name}.tokens.npy",
                            "sentences": f"{name}.sentences.npy",
-                           "tokenizer": {**tok_entry, "path": os.path.join(output, vocab_file)}}))
+                           "tokenizer": {**tok_entry, "path": paths.join(output, vocab_file)}}))
   results = []
   if jobs:
     bar = tqdm(total=len(jobs), desc="prepare", unit="file", disable=not progress)
@@ -205,7 +213,7 @@ def prepare_corpus(splits: dict, tokenizer, output: str, *, layout: str = "lm", 
                  for s, es in entries.items()},
       "skipped": skipped,
   }
-  vocab_lib.atomic_write_bytes(os.path.join(output, corpus_lib.MANIFEST),
+  vocab_lib.atomic_write_bytes(paths.join(output, corpus_lib.MANIFEST),
                                json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8"))
   manifest["report"] = {"written": len(results) - sum("skipped" in r for _, r in results), "up_to_date": reused,
                         "skipped": len(skipped)}

@@ -19,6 +19,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from data_pipelines import paths
+
 XLNET_SPECIALS = ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>")
 XLNET_SPECIAL_IDS = {s: i for i, s in enumerate(XLNET_SPECIALS)}
 SPIECE_UNDERLINE = "\u2581"
@@ -34,19 +36,14 @@ def _sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a local file or URL (gs://...)."""
+    return paths.sha256_of(path)
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Writes to `path.tmp-PID` then renames, so a reader never sees a half-written file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    """Writes to a temp name then renames (local), or uploads in one object (gs://): readers never see a
+    half-written file."""
+    paths.atomic_write_bytes(path, data)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -93,12 +90,13 @@ class SentencePieceTokenizer:
 
     def __init__(self, model_file: str, uncased: bool = False, keep_accents: bool = False):
         import sentencepiece as spm
-        if not os.path.isfile(model_file):
+        if not paths.as_path(model_file).is_file():
             raise FileNotFoundError(f"SentencePiece model not found: {model_file}")
         self.model_file = model_file
+        self._proto = paths.read_bytes(model_file)  # local or gs://
         self.sp = spm.SentencePieceProcessor()
         try:
-            self.sp.Load(model_file)
+            self.sp.LoadFromSerializedProto(self._proto)
         except Exception as e:  # sentencepiece raises OSError/RuntimeError with little context
             raise ValueError(f"{model_file}: not a SentencePiece model ({e})") from e
         self.uncased = uncased
@@ -129,11 +127,10 @@ class SentencePieceTokenizer:
         return np.array([is_start_piece(self.sp.IdToPiece(i)) for i in range(self.vocab_size)], dtype=bool)
 
     def fingerprint(self) -> str:
-        return sha256_file(self.model_file)
+        return _sha256_bytes(self._proto)
 
     def save(self, directory: str) -> str:
-        with open(self.model_file, "rb") as f:
-            atomic_write_bytes(os.path.join(directory, "spiece.model"), f.read())
+        atomic_write_bytes(paths.join(directory, "spiece.model"), self._proto)
         return "spiece.model"
 
     def settings(self) -> dict:
@@ -188,11 +185,13 @@ class WordPieceTokenizer:
 
     def __init__(self, vocab_file: str, uncased: bool = True):
         from tokenizers import BertWordPieceTokenizer
-        if not os.path.isfile(vocab_file):
+        if not paths.as_path(vocab_file).is_file():
             raise FileNotFoundError(f"WordPiece vocabulary not found: {vocab_file}")
         self.vocab_file = vocab_file
         self.uncased = uncased
-        self.tok = BertWordPieceTokenizer(vocab_file, lowercase=uncased, strip_accents=uncased)
+        self._bytes = paths.read_bytes(vocab_file)  # local or gs://; `tokenizers` needs a local file name
+        local = paths.local_copy(vocab_file, sha256=_sha256_bytes(self._bytes), subdir="vocab")
+        self.tok = BertWordPieceTokenizer(local, lowercase=uncased, strip_accents=uncased)
         self.vocab_size = self.tok.get_vocab_size()
         get = self.tok.token_to_id
         self.special_ids = {"unk": get("[UNK]"), "cls": get("[CLS]"), "sep": get("[SEP]"), "pad": get("[PAD]"),
@@ -214,11 +213,10 @@ class WordPieceTokenizer:
         return np.array([not (self.tok.id_to_token(i) or "").startswith("##") for i in range(self.vocab_size)])
 
     def fingerprint(self) -> str:
-        return sha256_file(self.vocab_file)
+        return _sha256_bytes(self._bytes)
 
     def save(self, directory: str) -> str:
-        with open(self.vocab_file, "rb") as f:
-            atomic_write_bytes(os.path.join(directory, "vocab.txt"), f.read())
+        atomic_write_bytes(paths.join(directory, "vocab.txt"), self._bytes)
         return "vocab.txt"
 
     def settings(self) -> dict:
@@ -320,8 +318,7 @@ class SymbolVocab:
                 raise ValueError(f"{path}: word vocabulary has no <unk> (or <UNK>) symbol")
             return v
         try:
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f)
+            d = json.loads(paths.read_text(path))
             return cls(d["level"], d["symbols"], lower=d.get("lower", False))
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{path}: not an xlgen vocabulary file ({e})") from e
@@ -330,7 +327,7 @@ class SymbolVocab:
         return json.dumps({"level": self.level, "lower": self.lower, "symbols": self.symbols}, ensure_ascii=False)
 
     def save(self, directory: str) -> str:
-        atomic_write_bytes(os.path.join(directory, "vocab.json"), self.to_json().encode("utf-8"))
+        atomic_write_bytes(paths.join(directory, "vocab.json"), self.to_json().encode("utf-8"))
         return "vocab.json"
 
     def fingerprint(self) -> str:
@@ -395,10 +392,9 @@ def _check_utf8(path: str) -> None:
 def read_text(path: str) -> str:
     """Whole file as str; a clear error naming the file (and byte offset) for missing/empty/non-UTF-8 files."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = paths.as_path(path).read_bytes()  # local or gs://
     except OSError as e:
-        raise FileNotFoundError(f"{path}: cannot read ({e.strerror})") from e
+        raise FileNotFoundError(f"{path}: cannot read ({e.strerror or e})") from e
     if not data.strip():
         raise ValueError(f"{path}: file is empty")
     try:

@@ -1,0 +1,134 @@
+"""Local and remote (`gs://`, any fsspec URL) paths through `etils.epath`, the path type Orbax uses.
+
+    as_path(p)                 epath.Path of a local path or URL ("gs://bucket/run"); URLs are never abspath'ed
+    is_remote(p)               True for URLs ("gs://", "s3://", ...), False for local paths
+    display(p)                 a string for messages and configs: absolute for local paths, the URL otherwise
+    atomic_write_bytes/text    readers never see a half-written file (local: temp + rename; GCS: an object
+                               upload only becomes visible when complete, so it is written directly)
+    read_bytes/read_text       with a clear error naming the path
+    local_copy(p, sha256=)     a local file with the contents of `p`: `p` itself if local, else a cached download
+                               (`$XLGEN_CACHE_DIR` or ~/.cache/xlgen), verified against `sha256` when given
+
+`gs://` needs `gcsfs` (`pip install 'xlgen[gcs]'`); on a TPU VM credentials come from the VM's service account.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+from etils import epath
+
+
+def is_remote(path) -> bool:
+    s = os.fspath(path) if not isinstance(path, epath.Path) else str(path)
+    return "://" in s and not s.startswith("file://")
+
+
+def as_path(path) -> epath.Path:
+    """An epath.Path; local paths are made absolute (as before), URLs are left as they are."""
+    if isinstance(path, epath.Path):
+        return path if is_remote(path) else epath.Path(os.path.abspath(os.fspath(path)))
+    s = os.fspath(path)
+    if s.startswith("file://"):
+        s = s[len("file://"):]
+    return epath.Path(s) if is_remote(s) else epath.Path(os.path.abspath(s))
+
+
+def display(path) -> str:
+    return str(as_path(path))
+
+
+def join(path, *parts) -> str:
+    """`os.path.join` that keeps URLs intact; returns a str (for configs and messages)."""
+    return str(as_path(path).joinpath(*parts))
+
+
+def read_bytes(path) -> bytes:
+    p = as_path(path)
+    try:
+        return p.read_bytes()
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{p}: no such file") from e
+    except OSError as e:
+        raise OSError(f"{p}: cannot read ({e})") from e
+
+
+def read_text(path, encoding: str = "utf-8") -> str:
+    return read_bytes(path).decode(encoding)
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see either the old or the new file, never a partial one."""
+    p = as_path(path)
+    if is_remote(p):
+        p.write_bytes(data)  # object stores: an upload becomes visible only once complete
+        return
+    tmp = f"{p}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_write_text(path, text: str, encoding: str = "utf-8") -> None:
+    atomic_write_bytes(path, text.encode(encoding))
+
+
+def makedirs(path) -> None:
+    """mkdir -p; a no-op on object stores without directories."""
+    as_path(path).mkdir(parents=True, exist_ok=True)
+
+
+def cache_dir(*parts: str) -> str:
+    root = os.environ.get("XLGEN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "xlgen")
+    d = os.path.join(root, *parts)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def sha256_of(path) -> str:
+    h = hashlib.sha256()
+    with as_path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def local_copy(path, *, sha256: str | None = None, key: str | None = None, subdir: str = "files") -> str:
+    """A local file path with the contents of `path` (for memory-mapping, or libraries that need a file name).
+
+    Local paths are returned as they are. Remote files are downloaded once into `cache_dir(subdir)` under
+    `<sha256><suffix>` (or `<key><suffix>`, or a hash of the URL), to a temporary name then renamed, so
+    concurrent processes on one host are safe. With `sha256`, the download (and any cached copy) is verified.
+    """
+    p = as_path(path)
+    if not is_remote(p):
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such file")
+        return str(p)
+    suffix = "".join(p.suffixes[-1:])
+    name = sha256 or key or hashlib.sha256(str(p).encode()).hexdigest()
+    dst = os.path.join(cache_dir(subdir), f"{name}{suffix}")
+    if os.path.exists(dst) and (sha256 is not None or key is not None):
+        return dst  # content-addressed: verified when it was written
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file")
+    tmp = f"{dst}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    h = hashlib.sha256()
+    try:
+        with p.open("rb") as src, open(tmp, "wb") as out:
+            for chunk in iter(lambda: src.read(1 << 22), b""):
+                h.update(chunk)
+                out.write(chunk)
+        if sha256 is not None and h.hexdigest() != sha256:
+            raise ValueError(f"{p}: sha256 {h.hexdigest()[:12]} does not match the expected {sha256[:12]} "
+                             "(the file changed after its manifest was written)")
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return dst
