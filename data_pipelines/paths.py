@@ -132,3 +132,35 @@ def local_copy(path, *, sha256: str | None = None, key: str | None = None, subdi
         if os.path.exists(tmp):
             os.remove(tmp)
     return dst
+
+
+def local_dir_copy(path, *, subdir: str = "dirs") -> str:
+    """A local directory with the files under `path`: `path` itself if local, else a mirror in
+    `cache_dir(subdir, <hash of the URL>)`, refreshed file by file (a file is downloaded again when it is missing
+    or its size changed; each download goes to a temporary name and is renamed)."""
+    p = as_path(path)
+    if not is_remote(p):
+        return str(p)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no such directory")
+    root = cache_dir(subdir, hashlib.sha256(str(p).encode()).hexdigest()[:16])
+    base = str(p).rstrip("/") + "/"
+    for f in p.rglob("*"):
+        if f.is_dir():
+            continue
+        rel = str(f)[len(base):]
+        dst = os.path.join(root, *rel.split("/"))
+        size = f.stat().length
+        if os.path.exists(dst) and os.path.getsize(dst) == size:
+            continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        tmp = f"{dst}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            with f.open("rb") as src, open(tmp, "wb") as out:
+                for chunk in iter(lambda: src.read(1 << 22), b""):
+                    out.write(chunk)
+            os.replace(tmp, dst)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return root

@@ -10,29 +10,34 @@ Orbax writes a step into a temporary directory and renames it when complete, so 
 checkpoint that `all_steps()` reports; `restore_latest` additionally falls back to the previous checkpoint, with a
 warning, if the newest one cannot be read. Restoring takes an abstract target whose leaves carry the *current*
 shardings, so a checkpoint written on one mesh restores onto another.
+
+`directory` may be a URL (`gs://bucket/run/checkpoints`): Orbax (through etils.epath and TensorStore's own GCS
+driver) reads and writes it directly; the finalize-by-rename above is Orbax's commit-success marker on GCS.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Dict, Optional, Tuple
 
 import jax
 import orbax.checkpoint as ocp
+
+from data_pipelines import paths
 
 log = logging.getLogger("xlgen")
 
 
 class Checkpointer:
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        self.path = paths.as_path(directory)  # an epath: local (absolute) or gs://, never abspath'ed as a URL
+        self.directory = str(self.path)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=int(keep) if keep and keep > 0 else None,
             enable_async_checkpointing=bool(async_save),
             create=True,
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = ocp.CheckpointManager(self.path, options=options)
 
     # -- queries ---------------------------------------------------------------------------------------------
     def all_steps(self):
@@ -63,7 +68,7 @@ class Checkpointer:
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
     def has_mems(self, step: int) -> bool:
-        return os.path.isdir(os.path.join(self.directory, str(step), "mems"))
+        return (self.path / str(step) / "mems").is_dir()
 
     def restore(self, step: int, abstract_state: Any, abstract_mems: Optional[jax.ShapeDtypeStruct]
                 ) -> Tuple[Any, Optional[jax.Array], Dict[str, Any]]:

@@ -191,21 +191,20 @@ def _tuplify(x):
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to a temp file next to `path`, then rename (never a half-written file)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write JSON to `path` (local or gs://) atomically: temp file + rename locally, one object upload on GCS."""
+    from data_pipelines import paths
+
+    paths.atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def write_resolved_config(config: ConfigDict, workdir: str) -> str:
     """Write `workdir/config.json` (the resolved config, tagged with an `xlgen` key so that
     `xlgen.from_pretrained(workdir)` knows it is an xlgen workdir and not a Hugging Face directory)."""
+    from data_pipelines import paths
     from xlgen import __version__
 
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "config.json")
+    paths.makedirs(workdir)
+    path = paths.join(workdir, "config.json")
     d = to_json_dict(config)
     d["xlgen"] = {"version": __version__, "kind": "pretrain"}
     write_json_atomic(path, d)
@@ -213,14 +212,16 @@ def write_resolved_config(config: ConfigDict, workdir: str) -> str:
 
 
 def read_workdir_config(workdir: str) -> ConfigDict | None:
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
+    """`workdir/config.json` (local or gs://) as a ConfigDict, or None if there is none."""
+    from data_pipelines import paths
+
+    path = paths.as_path(workdir) / "config.json"
+    if not path.exists():
         return None
-    with open(path) as f:
-        try:
-            return from_json_dict(json.load(f))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: invalid JSON ({e})") from e
+    try:
+        return from_json_dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON ({e})") from e
 
 
 def base_config() -> ConfigDict:

@@ -26,7 +26,9 @@ the best (else latest) checkpoint: `evaluate(config, workdir)`.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
+import io
 import json
 import logging
 import os
@@ -46,31 +48,35 @@ EVAL_RESULTS = "eval_results.json"
 # ----------------------------------------------------------------------------------------------------------------
 
 def _is_hf_dir(path: str) -> Optional[dict]:
-    cfg = os.path.join(path, "config.json")
-    if not os.path.exists(cfg):
+    from data_pipelines import paths
+
+    cfg = paths.as_path(path) / "config.json"
+    if not cfg.exists():
         return None
-    with open(cfg) as f:
-        try:
-            d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg}: invalid JSON ({e})") from e
+    try:
+        d = json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg}: invalid JSON ({e})") from e
     return d if ("model_type" in d and "xlgen" not in d) else None
 
 
 def _split_checkpoint_path(path: str) -> Tuple[str, Optional[int]]:
     """`workdir` -> (workdir, None = best/latest); `workdir/checkpoints/<step>` -> (workdir, step)."""
-    path = os.path.abspath(path)
-    base = os.path.basename(path)
-    if base.isdigit() and os.path.basename(os.path.dirname(path)) in ("checkpoints", "best"):
-        return os.path.dirname(os.path.dirname(path)), int(base)
-    return path, None
+    from data_pipelines import paths
+
+    p = paths.as_path(path)  # local (absolute) or gs://
+    if p.name.isdigit() and p.parent.name in ("checkpoints", "best"):
+        return str(p.parent.parent), int(p.name)
+    return str(p), None
 
 
 def pretrained_model_section(init_from: str) -> Dict[str, Any]:
     """The `config.model` dict (with `family`) of the model stored at `init_from`."""
     from xlgen import config as config_lib
 
-    if not os.path.isdir(init_from):
+    from data_pipelines import paths
+
+    if not paths.as_path(init_from).is_dir():
         raise FileNotFoundError(f"init_from={init_from}: not a directory (a HF model directory or an xlgen workdir)")
     hf = _is_hf_dir(init_from)
     if hf is not None:
@@ -122,6 +128,27 @@ def resolve_config(config, model_overrides: Dict[str, str] = ()):
 # Data
 # ----------------------------------------------------------------------------------------------------------------
 
+def _local_tokenizer_file(path: str) -> str:
+    """A remote tokenizer file or model directory (gs://) -> a local cached copy of its tokenizer file."""
+    from data_pipelines import paths
+
+    p = paths.as_path(path)
+    if not paths.is_remote(p):
+        return path
+    if p.is_dir():
+        for name in ("spiece.model", "tokenizer.model", "vocab.txt"):
+            if (p / name).exists():
+                p = p / name
+                break
+        else:
+            raise FileNotFoundError(f"{p}: no spiece.model, tokenizer.model or vocab.txt in this directory")
+    data = p.read_bytes()
+    local = os.path.join(paths.cache_dir("tokenizers", hashlib.sha256(data).hexdigest()[:16]), p.name)
+    if not os.path.exists(local):
+        paths.atomic_write_bytes(local, data)
+    return local
+
+
 def load_tokenizer(config):
     from data_pipelines.tasks.tokenization import load_task_tokenizer
 
@@ -129,7 +156,7 @@ def load_tokenizer(config):
     if not path:
         raise ValueError("config.tokenizer is empty and there is no init_from to find spiece.model / vocab.txt in")
     lower = None if config.data.lower is None else bool(config.data.lower)
-    tok = load_task_tokenizer(path, lower=lower)
+    tok = load_task_tokenizer(_local_tokenizer_file(path), lower=lower)
     # The input layout follows the model: XLNet (<cls> last, left padding) or Funnel/BERT (<cls> first).
     tok.style = "xlnet" if config.model.family == "xlnet" else "funnel"
     if tok.vocab_size > int(config.model.vocab_size):
@@ -147,6 +174,38 @@ def _files_fingerprint(data_dir: str) -> str:
             st = os.stat(p)
             h.update(f"{os.path.relpath(p, data_dir)}:{st.st_size}:{int(st.st_mtime)}".encode())
     return h.hexdigest()[:16]
+
+
+def localize_data_dir(config):
+    """A copy of `config` whose `data_dir` is local: a gs:// data_dir is mirrored into the local cache
+    (task readers read plain files; GLUE/SQuAD/RACE directories are small)."""
+    from data_pipelines import paths
+
+    if not config.get("data_dir") or str(config.data_dir).startswith("tfds:") or not paths.is_remote(config.data_dir):
+        return config
+    local = copy.deepcopy(config)
+    with local.unlocked():
+        local.data_dir = paths.local_dir_copy(config.data_dir, subdir="task_data")
+    return local
+
+
+def _load_npz(path: str) -> Optional[Dict[str, np.ndarray]]:
+    from data_pipelines import paths
+
+    p = paths.as_path(path)
+    if not p.exists():
+        return None
+    with np.load(io.BytesIO(p.read_bytes()) if paths.is_remote(p) else str(p)) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _save_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
+    from data_pipelines import paths
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    paths.makedirs(paths.as_path(path).parent)
+    paths.atomic_write_bytes(path, buf.getvalue())
 
 
 def split_examples_and_features(config, tokenizer, split: str, workdir: Optional[str]):
@@ -167,10 +226,12 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
                      sort_keys=True)
     cache = None
     if workdir and d.cache:
-        cache = os.path.join(workdir, "cache", f"{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz")
-        if os.path.exists(cache):
-            with np.load(cache) as z:
-                return examples, {k: z[k] for k in z.files}
+        from data_pipelines import paths
+
+        cache = paths.join(workdir, "cache", f"{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz")
+        cached = _load_npz(cache)
+        if cached is not None:
+            return examples, cached
     if task.kind == "squad":
         feats = squad_features(examples, tokenizer, max_seq_length=int(d.max_seq_length),
                                doc_stride=int(d.doc_stride), max_query_length=int(d.max_query_length),
@@ -182,10 +243,7 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
         feats = text_features(examples, tokenizer, max_seq_length=int(d.max_seq_length),
                               regression=task.kind == "regression")
     if cache and _is_main():
-        os.makedirs(os.path.dirname(cache), exist_ok=True)
-        tmp = cache + f".tmp-{os.getpid()}.npz"
-        np.savez(tmp, **feats)
-        os.replace(tmp, cache)
+        _save_npz(cache, feats)
     return examples, feats
 
 
@@ -230,8 +288,10 @@ def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
         import xlgen.tasks.objective  # noqa: F401  (registers the objective)
     mesh = sharding.make_mesh(old.mesh)
     program = build_program(old, mesh)
-    sub = "best" if step is None and os.path.isdir(os.path.join(workdir, "best")) else "checkpoints"
-    ckpt = Checkpointer(os.path.join(workdir, sub), keep=0, async_save=False)
+    from data_pipelines import paths
+
+    sub = "best" if step is None and paths.as_path(workdir).joinpath("best").is_dir() else "checkpoints"
+    ckpt = Checkpointer(paths.join(workdir, sub), keep=0, async_save=False)
     with jax.set_mesh(mesh):
         if step is None:
             restored = ckpt.restore_latest(program.abstract_state(), None)
@@ -347,10 +407,23 @@ class Predictor:
         return {k: np.concatenate(v)[:n] for k, v in outs.items()}
 
 
-def _write_tsv(path: str, header: List[str], rows: List[List[Any]]) -> None:
+def _write_text(path: str, text: str) -> None:
+    """Atomic write, local (temp + fsync + rename) or gs:// (one object upload)."""
+    from data_pipelines import paths
     from xlgen.tasks.atomic import atomic_write_text
 
-    atomic_write_text(path, "\n".join(["\t".join(header)] + ["\t".join(str(x) for x in r) for r in rows]) + "\n")
+    if paths.is_remote(path):
+        paths.atomic_write_text(path, text)
+    else:
+        atomic_write_text(path, text)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    _write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _write_tsv(path: str, header: List[str], rows: List[List[Any]]) -> None:
+    _write_text(path, "\n".join(["\t".join(header)] + ["\t".join(str(x) for x in r) for r in rows]) + "\n")
 
 
 def evaluate_split(config, task, examples, features, outputs, split: str) -> Tuple[Dict[str, float], Dict[str, Any]]:
@@ -429,21 +502,22 @@ def run_evaluation(config, predictor, params, data: Dict[str, Any], step: int) -
 
 
 def write_artefacts(workdir: str, results: Dict[str, Any], artefacts: Dict[str, Any]) -> None:
-    from xlgen.tasks.atomic import atomic_write_json
+    from data_pipelines import paths
 
     for name, a in artefacts.items():
-        path = os.path.join(workdir, name)
+        path = paths.join(workdir, name)
         if name.endswith(".json"):
-            atomic_write_json(path, a)
+            _write_json(path, a)
         else:
             _write_tsv(path, *a)
-    atomic_write_json(os.path.join(workdir, EVAL_RESULTS), results)
+    _write_json(paths.join(workdir, EVAL_RESULTS), results)
 
 
 def write_test_predictions(config, predictor, params, tokenizer, workdir: str) -> List[str]:
     """GLUE submission files from the test split(s), when the test files exist."""
+    from data_pipelines import paths
     from xlgen.tasks import get_task
-    from xlgen.tasks.submission import write_glue_submission
+    from xlgen.tasks.submission import glue_submission_text
 
     task = get_task(config.task)
     written = []
@@ -460,8 +534,9 @@ def write_test_predictions(config, predictor, params, tokenizer, workdir: str) -
         stem = task.submission
         if task.name == "glue/mnli":
             stem = "MNLI-mm" if split == "test_mismatched" else "MNLI-m"
-        path = os.path.join(workdir, "submission", f"{stem}.tsv")
-        write_glue_submission(path, task.label_names, [e.guid for e in examples], preds)
+        path = paths.join(workdir, "submission", f"{stem}.tsv")
+        paths.makedirs(paths.as_path(path).parent)
+        _write_text(path, glue_submission_text(task.label_names, [e.guid for e in examples], preds))
         written.append(path)
     return written
 
@@ -477,21 +552,24 @@ def _better(task, new: Dict[str, float], old: Optional[Dict[str, float]]) -> boo
 
 
 def _read_results(workdir: str) -> Optional[Dict[str, Any]]:
-    p = os.path.join(workdir, EVAL_RESULTS)
-    if not os.path.exists(p):
+    from data_pipelines import paths
+
+    p = paths.as_path(workdir) / EVAL_RESULTS
+    if not p.exists():
         return None
-    with open(p) as f:
-        return json.load(f)
+    return json.loads(p.read_text())
 
 
 def write_finetune_config(config, workdir: str) -> None:
     from xlgen import __version__
     from xlgen import config as config_lib
 
-    os.makedirs(workdir, exist_ok=True)
+    from data_pipelines import paths
+
+    paths.makedirs(workdir)
     d = config_lib.to_json_dict(config)
     d["xlgen"] = {"version": __version__, "kind": "finetune"}
-    config_lib.write_json_atomic(os.path.join(workdir, "config.json"), d)
+    config_lib.write_json_atomic(paths.join(workdir, "config.json"), d)
 
 
 def finetune(config, workdir: str) -> Dict[str, Any]:
@@ -507,11 +585,14 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     from xlgen.train.loop import global_batch
     from xlgen.train.program import build_program
 
-    workdir = os.path.abspath(workdir)
+    from data_pipelines import paths
+
+    workdir = paths.display(workdir)  # absolute if local; a URL stays a URL
     task = get_task(config.task)
     is_main = _is_main()
     if is_main:
         write_finetune_config(config, workdir)
+    config = localize_data_dir(config)  # after writing: config.json keeps the gs:// data_dir
     tokenizer = load_tokenizer(config)
     t0 = time.time()
     _, train_feats = split_examples_and_features(config, tokenizer, "train", workdir)
@@ -524,9 +605,9 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)
     total = int(config.total_steps)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
+    ckpt = Checkpointer(paths.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
                         async_save=bool(config.checkpoint.async_save))
-    best_ckpt = Checkpointer(os.path.join(workdir, "best"), keep=1, async_save=False)
+    best_ckpt = Checkpointer(paths.join(workdir, "best"), keep=1, async_save=False)
     writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
     best = _read_results(workdir)
 
@@ -594,6 +675,7 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
                 else:
                     progress.update(step)
                 if (every > 0 and step % every == 0) or step == total:
+                    writer.flush()  # records up to `step` are durable before its checkpoint (gs://: no append)
                     ckpt.save(step, state, None, {"step": step, "task": task.name})
                 if eval_every > 0 and step % eval_every == 0 and step != total:
                     do_eval(step)
@@ -618,14 +700,17 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
     from xlgen.tasks import get_task
     from xlgen.train.program import build_program
 
-    workdir = os.path.abspath(workdir)
+    from data_pipelines import paths
+
+    workdir = paths.display(workdir)
     task = get_task(config.task)
+    config = localize_data_dir(config)
     tokenizer = load_tokenizer(config)
     dev = {s: split_examples_and_features(config, tokenizer, s, workdir) for s in task.eval_splits}
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)
-    sub = "best" if os.path.isdir(os.path.join(workdir, "best")) else "checkpoints"
-    ckpt = Checkpointer(os.path.join(workdir, sub), keep=0, async_save=False)
+    sub = "best" if paths.as_path(workdir).joinpath("best").is_dir() else "checkpoints"
+    ckpt = Checkpointer(paths.join(workdir, sub), keep=0, async_save=False)
     with jax.set_mesh(mesh):
         restored = ckpt.restore_latest(program.abstract_state(), None)
         if restored is None:
@@ -647,12 +732,13 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
 
 def is_finetune_workdir(workdir: str) -> bool:
     """True if `workdir/config.json` was written by `xlgen finetune` (hook for `xlgen eval`)."""
-    p = os.path.join(workdir, "config.json")
-    if not os.path.exists(p):
-        return False
+    from data_pipelines import paths
+
+    p = paths.as_path(workdir) / "config.json"
     try:
-        with open(p) as f:
-            return json.load(f).get("xlgen", {}).get("kind") == "finetune"
+        if not p.exists():
+            return False
+        return json.loads(p.read_text()).get("xlgen", {}).get("kind") == "finetune"
     except (OSError, json.JSONDecodeError):
         return False
 
@@ -714,5 +800,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if _is_main():
         print(f"\n{config.task} @ step {res.get('step')}: "
               + "  ".join(f"{k} {v:.4f}" for k, v in res.items() if k != "step" and isinstance(v, float)))
-        print(f"  results      {os.path.join(os.path.abspath(args.workdir), EVAL_RESULTS)}", flush=True)
+        from data_pipelines import paths
+
+        print(f"  results      {paths.join(args.workdir, EVAL_RESULTS)}", flush=True)
     return 0

@@ -4,15 +4,21 @@
   `config.json["model_type"]` ("transfo-xl", "xlnet", "funnel") to the loader each model family registers with
   `register_hf_loader`. The loader picks the head from `config.json["architectures"]`.
 * An xlgen workdir or checkpoint directory: registered by the trainer via `register_xlgen_loader`.
+
+`path` may be a URL (`gs://bucket/models/xlnet-base-cased`, `gs://bucket/run`): files are read through etils.epath;
+a remote `pytorch_model.bin` is read into memory for torch.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from typing import Any, Callable, Dict
 
 import numpy as np
+
+from data_pipelines import paths
 
 HFLoader = Callable[[Dict[str, Any], Dict[str, np.ndarray], Dict[str, Any]], Any]
 
@@ -35,36 +41,37 @@ def _resolve(spec: str) -> Callable:
 def read_hf_state_dict(path: str) -> Dict[str, np.ndarray]:
     """Read a HF weights file as float32/int NumPy arrays: `model.safetensors` (no torch needed) or
     `pytorch_model.bin` (needs torch). Raises FileNotFoundError naming the directory otherwise."""
-    st = os.path.join(path, "model.safetensors")
-    if os.path.exists(st):
-        from safetensors.numpy import load_file
+    root = paths.as_path(path)
+    st = root / "model.safetensors"
+    if st.exists():
+        from safetensors.numpy import load, load_file
 
-        return dict(load_file(st))
-    bin_path = os.path.join(path, "pytorch_model.bin")
-    if os.path.exists(bin_path):
+        return dict(load_file(str(st))) if not paths.is_remote(st) else dict(load(st.read_bytes()))
+    bin_path = root / "pytorch_model.bin"
+    if bin_path.exists():
         try:
             import torch
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError(f"{bin_path}: reading a .bin checkpoint needs torch (pip install 'xlgen[parity]'), "
                               "or convert it to model.safetensors") from e
-        sd = torch.load(bin_path, map_location="cpu", weights_only=True)
+        src = str(bin_path) if not paths.is_remote(bin_path) else io.BytesIO(bin_path.read_bytes())
+        sd = torch.load(src, map_location="cpu", weights_only=True)
         return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in sd.items()}
     raise FileNotFoundError(f"{path}: no model.safetensors or pytorch_model.bin")
 
 
 def from_pretrained(path: str, **kwargs) -> Any:
     """Load a model from `path` (HF directory or xlgen workdir/checkpoint). Extra kwargs go to the loader."""
-    path = os.fspath(path)
-    if not os.path.isdir(path):
+    path = os.fspath(path) if not paths.is_remote(path) else str(path)
+    if not paths.as_path(path).is_dir():
         raise FileNotFoundError(f"{path}: not a directory (expected a Hugging Face model directory or an xlgen workdir)")
-    cfg_path = os.path.join(path, "config.json")
+    cfg_path = paths.as_path(path) / "config.json"
     hf_cfg = None
-    if os.path.exists(cfg_path):
-        with open(cfg_path) as f:
-            try:
-                hf_cfg = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{cfg_path}: invalid JSON ({e})") from e
+    if cfg_path.exists():
+        try:
+            hf_cfg = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_path}: invalid JSON ({e})") from e
     if hf_cfg is not None and "model_type" in hf_cfg and "xlgen" not in hf_cfg:
         model_type = hf_cfg["model_type"]
         if model_type not in _HF_LOADERS:

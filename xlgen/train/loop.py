@@ -8,13 +8,15 @@ assembled into global arrays with `jax.make_array_from_process_local_data`; `sta
 mems)`. Logging every `log_every_steps`, eval every `eval_every_steps`, checkpoints every
 `checkpoint.every_steps`, at the end, and on SIGTERM/SIGINT (the current step is saved, then the process exits
 with status 143).
+
+`workdir` and `data.source` may be URLs (`gs://bucket/run`): every path goes through etils.epath
+(data_pipelines/paths.py); Orbax writes checkpoints there directly; see docs/remote_paths.md.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import os
 import signal
 import sys
 import time
@@ -24,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from data_pipelines import paths
 from xlgen import config as config_lib
 from xlgen import sharding
 from xlgen.checkpointing import Checkpointer
@@ -58,7 +61,7 @@ def _shapes(config) -> Dict[str, Any]:
 def check_workdir_compatible(config, workdir: str) -> None:
     """A config that changes parameter or memory shapes against an existing workdir is an error."""
     old = config_lib.read_workdir_config(workdir)
-    if old is None or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    if old is None or not paths.as_path(workdir).joinpath("checkpoints").is_dir():
         return
     old_model, new_model = old.model.to_dict(), config.model.to_dict()
     changed = sorted(k for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
@@ -182,7 +185,7 @@ def _fmt_metrics(d: Dict[str, float]) -> str:
 def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) to config.total_steps. `stop_at` (CLI --stop_at_step) saves and stops early at that step
     without changing the schedule, as an interruption would. Returns a summary dict (step, last record, eval)."""
-    workdir = os.path.abspath(workdir)
+    workdir = paths.display(workdir)  # absolute if local; a URL stays a URL
     is_main = jax.process_index() == 0
     check_workdir_compatible(config, workdir)
     if is_main:
@@ -209,7 +212,7 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
         raise ValueError(f"the data pipeline gives {train_pipe.local_batch_size} rows per process but the mesh "
                          f"places {row1 - row0} rows on process {jax.process_index()}")
 
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep),
+    ckpt = Checkpointer(paths.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep),
                         async_save=bool(ckpt_cfg.async_save))
     writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
     with jax.set_mesh(mesh):
@@ -245,6 +248,7 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
         def save(step):
             meta = {"step": step, "mems_shape": list(program.mems_shape) if program.mems_shape else None,
                     "family": config.model.family}
+            writer.flush()  # records up to `step` are durable before its checkpoint can exist (gs://: no append)
             ckpt.save(step, state, mems if save_mems else None, meta)
 
         stop = _StopFlag()
@@ -311,9 +315,9 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
 
 def evaluate(config, workdir: str) -> Dict[str, Any]:
     """Evaluate the latest checkpoint of `workdir` on config.eval.split; appends the record to metrics.jsonl."""
-    workdir = os.path.abspath(workdir)
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(ckpt_dir):
+    workdir = paths.display(workdir)
+    ckpt_dir = paths.join(workdir, "checkpoints")
+    if not paths.as_path(ckpt_dir).is_dir():
         raise FileNotFoundError(f"{workdir}: no checkpoints/ directory (train first: xlgen train ... --workdir={workdir})")
     check_workdir_compatible(config, workdir)
     mesh = sharding.make_mesh(config.mesh)

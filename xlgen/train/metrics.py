@@ -4,17 +4,25 @@ Only process 0 writes (the writer is a no-op elsewhere). `metrics.jsonl` holds o
   training   {"step", "loss", "learning_rate", "tokens_per_sec", "grad_norm", "steps_per_sec", "mfu", ...}
   evaluation {"step", "split": "valid", "loss", "ppl" (LMs), "bpc" (char-level LMs)}
 `step` counts completed optimizer updates, so the training record with step s is the loss of the s-th batch.
+
+The workdir may be a URL (`gs://bucket/run`). Objects on GCS cannot be appended to, so there the writer keeps the
+file's text and rewrites `metrics.jsonl` (one atomic object upload) on `flush()` (the trainer flushes before every
+checkpoint, so a restored step always has its records), every `flush_secs`, and on close. TensorBoard events go
+through tensorboardX's own `gs://` writer (google-cloud-storage); if it cannot be created, TensorBoard is disabled
+with a one-line warning.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
-import os
 import sys
 import time
 from typing import Any, Dict, Optional
+
+from data_pipelines import paths
 
 log = logging.getLogger("xlgen")
 
@@ -22,56 +30,80 @@ log = logging.getLogger("xlgen")
 def truncate_after(path: str, step: int) -> int:
     """Drop records with step > `step` (left by a run that died after its last checkpoint); atomic rewrite.
     Returns the number of dropped records."""
-    if not os.path.exists(path):
+    p = paths.as_path(path)
+    if not p.exists():
         return 0
     keep, dropped = [], 0
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a kill: drop it
-                dropped += 1
-                continue
-            if int(rec.get("step", 0)) > step:
-                dropped += 1
-            else:
-                keep.append(line if line.endswith("\n") else line + "\n")
+    for line in io.StringIO(p.read_text()):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill: drop it
+            dropped += 1
+            continue
+        if int(rec.get("step", 0)) > step:
+            dropped += 1
+        else:
+            keep.append(line if line.endswith("\n") else line + "\n")
     if dropped:
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.writelines(keep)
-        os.replace(tmp, path)
+        paths.atomic_write_text(p, "".join(keep))
     return dropped
 
 
 def read_metrics(path: str):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
+
+
+def _summary_writer(logdir: str):
+    """tensorboardX SummaryWriter, or None with a one-line warning if it cannot write to `logdir` (gs:// needs
+    google-cloud-storage, installed with `xlgen[gcs]`)."""
+    try:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter(logdir)
+    except Exception as e:  # noqa: BLE001  (missing backend / credentials: metrics.jsonl still has everything)
+        log.warning("TensorBoard disabled: cannot write events to %s (%s: %s)", logdir, type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "")
+        return None
 
 
 class MetricsWriter:
-    def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True, flush_secs: float = 30.0):
         self.enabled = enabled
-        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.path = paths.join(workdir, "metrics.jsonl")
+        self.remote = paths.is_remote(workdir)
+        self.flush_secs = flush_secs
         self._tb = None
-        self._file = None  # opened on the first write (after a resume has truncated stale records)
+        self._file = None  # local: opened on the first write (after a resume has truncated stale records)
+        self._text = None  # remote: the object's text, read on the first write, rewritten on flush
+        self._dirty = False
+        self._last_flush = time.time()
         if enabled:
-            os.makedirs(workdir, exist_ok=True)
+            paths.makedirs(workdir)
             if tensorboard:
-                from tensorboardX import SummaryWriter
-
-                self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+                self._tb = _summary_writer(paths.join(workdir, "tensorboard"))
 
     def write(self, record: Dict[str, Any]) -> None:
         if not self.enabled:
             return
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in record.items()}
-        if self._file is None:
-            self._file = open(self.path, "a")
-        self._file.write(json.dumps(clean) + "\n")
-        self._file.flush()
+        line = json.dumps(clean) + "\n"
+        if self.remote:
+            if self._text is None:
+                p = paths.as_path(self.path)
+                self._text = p.read_text() if p.exists() else ""
+                if self._text and not self._text.endswith("\n"):
+                    self._text += "\n"
+            self._text += line
+            self._dirty = True
+            if time.time() - self._last_flush >= self.flush_secs:
+                self._flush_jsonl()
+        else:
+            if self._file is None:
+                self._file = open(self.path, "a")
+            self._file.write(line)
+            self._file.flush()
         if self._tb is not None:
             step = int(record["step"])
             prefix = record.get("split", "train")
@@ -80,12 +112,23 @@ class MetricsWriter:
                     continue
                 self._tb.add_scalar(f"{prefix}/{k}", v, step)
 
+    def _flush_jsonl(self) -> None:
+        if self.remote and self._dirty:
+            paths.atomic_write_text(self.path, self._text)
+            self._dirty = False
+        self._last_flush = time.time()
+
     def flush(self):
-        if self.enabled and self._tb is not None:
-            self._tb.flush()
+        """Make every record written so far durable (remote: rewrite the object; local lines are flushed on
+        write)."""
+        if self.enabled:
+            self._flush_jsonl()
+            if self._tb is not None:
+                self._tb.flush()
 
     def close(self) -> None:
         if self.enabled:
+            self._flush_jsonl()
             if self._file is not None:
                 self._file.close()
             if self._tb is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 from typing import Any, Optional
 
 import jax
@@ -23,10 +22,13 @@ def load_params(workdir: str, step: Optional[int] = None):
     from xlgen.train.program import build_program
     from xlgen import sharding
 
-    workdir = os.path.abspath(workdir)
-    if os.path.basename(workdir).isdigit() and os.path.basename(os.path.dirname(workdir)) == "checkpoints":
-        step = int(os.path.basename(workdir)) if step is None else step
-        workdir = os.path.dirname(os.path.dirname(workdir))
+    from data_pipelines import paths
+
+    wd = paths.as_path(workdir)  # local (absolute) or gs://
+    if wd.name.isdigit() and wd.parent.name == "checkpoints":
+        step = int(wd.name) if step is None else step
+        wd = wd.parent.parent
+    workdir = str(wd)
     from xlgen import finetune
 
     if finetune.is_finetune_workdir(workdir):
@@ -38,7 +40,7 @@ def load_params(workdir: str, step: Optional[int] = None):
         config.mesh.update(dict(data=1, fsdp=1, tensor=1, num_devices=1))
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=0, async_save=False)
+    ckpt = Checkpointer(paths.join(workdir, "checkpoints"), keep=0, async_save=False)
     try:
         with jax.set_mesh(mesh):
             if step is None:
