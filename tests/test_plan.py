@@ -95,22 +95,15 @@ def test_flops_xla_matches_counted_matmuls(reports, case):
     assert r["step_time_s"] >= r["executed_flops_per_step"] / r["devices"] / r["peak_bf16_flops_per_device"] * 0.999
 
 
-XLNET_ANALYTIC = pytest.mark.xfail(
-    reason="xlgen/flops.py's XLNet model (6.66e9 for this case) is 22% above the compiled step's matmuls (5.47e9): "
-           "it does not yet model what XLA drops (the last layer's content stream is dead when only the query stream "
-           "is predicted) or the per-example position keys of bi_data; TXL and Funnel are within 10%",
-    strict=False)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [pytest.param(c, marks=XLNET_ANALYTIC) if c.startswith("xlnet") else c
-                                  for c in CASES])
+@pytest.mark.parametrize("case", list(CASES))
 def test_flops_match_analytic_model(reports, case):
     """The analytic model (xlgen.flops: matmul FLOPs, 6ND-style incl. attention) is within 10% of the matmul FLOPs
-    of the compiled step (counted on its jaxpr); XLA's total adds element-wise work on top (checked above)."""
+    of the compiled step (counted on its dead-code-eliminated jaxpr) and never above them; XLA's total adds
+    element-wise work on top (checked above). The exact per-family checks run on CPU below."""
     fl = reports[case]["flops_per_step"]
     assert fl["analytic_model"] == pytest.approx(fl["matmul_jaxpr"], rel=0.10)
-    assert fl["analytic_model"] <= fl["xla_cost_analysis"]
+    assert fl["analytic_model"] <= fl["matmul_jaxpr"] <= fl["xla_cost_analysis"]
 
 
 @pytest.mark.slow
@@ -177,6 +170,90 @@ def test_jaxpr_matmul_flops_counts_scan_iterations():
         assert flops == fwd
         flops, _ = plan_lib.jaxpr_matmul_flops(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(ws, x).jaxpr)
         assert flops == 3 * fwd  # forward + grad w.r.t. weights + grad w.r.t. activations
+
+
+def test_jaxpr_matmul_flops_skips_dead_code():
+    """What no output depends on is not executed (XLA removes it), so it is not counted; e.g. XLNet's last content
+    stream when the loss is on the query stream."""
+    def f(w, x):
+        dead = jnp.tanh(x @ w) @ w  # noqa: F841 - computed, never used
+        return (x @ w).sum()
+
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(f))(jnp.zeros((32, 32)), jnp.zeros((8, 32))).jaxpr
+    live = 2 * 8 * 32 * 32
+    assert plan_lib.jaxpr_matmul_flops(jaxpr)[0] == 2 * live          # forward + weight gradient
+    assert plan_lib.jaxpr_matmul_flops(jaxpr, dce=False)[0] == 4 * live  # + the dead pair, before DCE
+
+
+# Analytic model FLOPs (xlgen.flops) vs the matmul FLOPs of the trainer's real train step, traced on one CPU device
+# (no TPU, no compile). Widened tiny configs, remat off. Where the implementation does exactly the model's math the
+# two agree to 0.5%; elsewhere the step does some extra matmul work the model (the math) does not count, < 5% here:
+#   memory: k/v of [memory; h] are one matmul each, so their input gradient is computed for the memory rows too and
+#     then dropped at the stop-gradient (xlnet.py / transformer_xl.py; TPU XLA keeps it);
+#   adaptive softmax: the input embedding projects every token through every cluster's projection, the tails run in
+#     256-token chunks counted at their costliest cluster (a data-dependent `lax.switch`: counted as its max branch);
+#   XLNet without bi_data: the position keys are still projected in both directions (once per batch).
+WIDE = ["--config.model.d_model=256", "--config.model.d_inner=1024", "--config.model.d_head=64"]
+TXL, XLNET, FUNNEL = "txl_tiny", "xlnet_tiny", "funnel_tiny"
+ADAPTIVE = ["--config.model.cutoffs=(20,40)", "--config.data.batch_size=32", "--config.data.tgt_len=64"]
+EXACT = {
+    "txl_no_memory": (TXL, [*WIDE, "--config.model.d_embed=256", "--config.model.mem_len=0"]),
+    "xlnet_bi_data_3_layers": (XLNET, [*WIDE, "--config.model.mem_len=0", "--config.model.n_layer=3"]),
+    "funnel_mlm_relative_shift": (FUNNEL, []),
+    "funnel_electra_factorized": (FUNNEL, ["--config.objective=funnel_electra", "--config.data.pipeline=electra",
+                                           "--config.model.attention_type=factorized"]),
+}
+CLOSE = {
+    "txl_memory": (TXL, [*WIDE, "--config.model.d_embed=256", "--config.data.tgt_len=64",
+                         "--config.model.mem_len=32"]),
+    "txl_adaptive_div4_memory": (TXL, [*WIDE, *ADAPTIVE, "--config.model.d_embed=256", "--config.model.div_val=4",
+                                       "--config.model.mem_len=32", "--config.model.tie_word_embeddings=False",
+                                       "--config.model.n_layer=3"]),
+    "txl_adaptive_projected": (TXL, [*WIDE, *ADAPTIVE, "--config.model.d_embed=128", "--config.model.mem_len=0"]),
+    "xlnet_bi_data_memory": (XLNET, [*WIDE, "--config.model.mem_len=16"]),
+    "xlnet_one_direction_memory": (XLNET, [*WIDE, "--config.model.mem_len=16", "--config.data.bi_data=False",
+                                           "--config.model.bi_data=False", "--config.data.num_predict=10"]),
+}
+
+
+def _model_and_traced(name, overrides):
+    from xlgen import flops
+
+    c = _load(name, *overrides)
+    return flops.train_flops_per_step(c), plan_lib.traced_matmul_flops(c)
+
+
+@pytest.mark.parametrize("case", list(EXACT))
+def test_analytic_flops_equal_traced_step(case):
+    model, traced = _model_and_traced(*EXACT[case])
+    assert model == pytest.approx(traced, rel=0.005)
+
+
+@pytest.mark.parametrize("case", list(CLOSE))
+def test_analytic_flops_within_5_percent_of_traced_step(case):
+    model, traced = _model_and_traced(*CLOSE[case])
+    assert 0.95 * traced <= model <= traced
+
+
+def test_remat_executes_model_flops_plus_the_forward_again():
+    """With every layer rematerialised the step executes model + forward ≈ 4/3 x model FLOPs (the LM head is not
+    rematerialised), so MFU <= 75% at best; scanned or not."""
+    model, plain = _model_and_traced(TXL, EXACT["txl_no_memory"][1])
+    for scan in ("False", "True"):
+        m, remat = _model_and_traced(TXL, [*EXACT["txl_no_memory"][1], "--config.model.remat=True",
+                                           f"--config.model.scan_layers={scan}"])
+        assert m == model
+        assert 1.30 * model < remat < 4 / 3 * model * 1.001
+        assert remat - plain == pytest.approx((plain - _head_flops(TXL, EXACT["txl_no_memory"][1])) / 3, rel=0.01)
+
+
+def _head_flops(name, overrides):
+    from xlgen import flops
+
+    c = _load(name, *overrides)
+    d = int(c.model.d_model)
+    emb, head = flops.adaptive_softmax_fwd(int(c.data.tgt_len), d, int(c.model.vocab_size), (), 1, d)
+    return 3 * int(c.data.batch_size) * (emb + head)
 
 
 def test_pod_table_in_docs_is_generated_from_saved_plans():

@@ -14,13 +14,18 @@ What happens (nothing is allocated, no TPU is needed; `libtpu` from the `tpu` ex
      code) and `cost_analysis()` are reported with the chip's HBM and peak bf16 FLOP/s.
 
 FLOPs are given three ways: XLA's `cost_analysis()` (per device × devices; note XLA counts the body of a `while`
-loop ONCE, so with scan over layers it undercounts and is flagged), matmul FLOPs counted on the traced jaxpr
-(scan-aware; includes rematerialisation), and the analytic model FLOPs of `xlgen.flops` (6·N·D-style, no remat).
-The predicted step time is the compute-bound time `matmul FLOPs per device / peak` (or XLA's own roofline estimate
-when it is larger and not loop-affected); MFU = model FLOPs / (devices · peak · step time). Both are optimistic
-bounds: communication that does not overlap and memory-bound ops are not modelled beyond XLA's estimate.
+loop ONCE, so with scan over layers it undercounts and is flagged), the executed matmul FLOPs counted on the traced
+jaxpr (scan-aware, dead code removed as XLA does, rematerialisation included), and the analytic model FLOPs of
+`xlgen.flops` (6·N·D-style: the math of forward + backward, no remat). executed = model + recomputed forward (remat,
+≈ 1/3 of the model with every layer rematerialised) + the little work the implementation does beyond the math
+(see `xlgen.flops`). The predicted step time is the compute-bound time `executed FLOPs per device / peak` (or XLA's
+own roofline estimate when it is larger and not loop-affected); MFU = model FLOPs / (devices · peak · step time),
+so ≤ ≈ 75% with full remat. Both are optimistic bounds: communication that does not overlap and memory-bound ops
+are not modelled beyond XLA's estimate.
 
-`python -m xlgen.plan --table A.json B.json ...` renders saved `--json` reports as the markdown pod table.
+`python -m xlgen.plan --table A.json B.json ... [--into=DOC.md]` renders saved `--json` reports as the markdown pod
+table; `python -m xlgen.plan --refresh A.json ...` recomputes their model FLOPs, traced matmul FLOPs, step time and
+MFU from each report's own config + overrides (a CPU trace, no compile) and rewrites them in place.
 """
 
 from __future__ import annotations
@@ -52,11 +57,33 @@ def _subjaxprs(params: Dict[str, Any]):
                 yield key, v
 
 
-def jaxpr_matmul_flops(jaxpr) -> tuple[float, bool]:
+def dead_code_eliminated(jaxpr):
+    """`jaxpr` without the equations no output depends on (JAX's own DCE, recursing into scan/cond/remat/jit
+    bodies), as XLA removes them before executing: e.g. XLNet's last content stream when only the query stream is
+    predicted. Returns `jaxpr` unchanged if JAX's (internal) DCE is unavailable."""
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        return pe.dce_jaxpr_consts(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)[0]
+    except Exception:  # noqa: BLE001 - an internal API: counting without DCE only overcounts
+        return jaxpr
+
+
+def jaxpr_matmul_flops(jaxpr, *, dce: bool = True) -> tuple[float, bool]:
     """Global FLOPs of every `dot_general` in `jaxpr` (2·out·contracted), scan bodies × length, cond = max branch.
 
-    Returns (flops, saw_while_loop) — a `while` with unknown trip count is counted once and flagged.
+    With `dce` (the default) dead equations are removed first (`dead_code_eliminated`), as XLA does, so the count
+    is of the matmuls the compiled step executes. Remat recompute IS counted (it is executed work); so is work whose
+    result is partly discarded (a gradient computed for all rows, then sliced: XLA keeps the full matmul), and a
+    data-dependent `cond`/`switch` counts its costliest branch. Returns (flops, saw_while_loop) — a `while` with
+    unknown trip count is counted once and flagged.
     """
+    if dce:
+        jaxpr = dead_code_eliminated(jaxpr)
+    return _count(jaxpr)
+
+
+def _count(jaxpr) -> tuple[float, bool]:
     total, saw_while = 0.0, False
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -67,14 +94,14 @@ def jaxpr_matmul_flops(jaxpr) -> tuple[float, bool]:
             total += 2.0 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in lhs_contract)
             continue
         if name == "cond":
-            branch = [jaxpr_matmul_flops(b.jaxpr) for b in eqn.params["branches"]]
+            branch = [_count(b.jaxpr) for b in eqn.params["branches"]]
             total += max(f for f, _ in branch)
             saw_while |= any(w for _, w in branch)
             continue
         mult = eqn.params.get("length", 1) if name == "scan" else 1
         saw_while |= name == "while"
         for _, sub in _subjaxprs(eqn.params):
-            f, w = jaxpr_matmul_flops(sub)
+            f, w = _count(sub)
             total += mult * f
             saw_while |= w
     return total, saw_while
@@ -214,28 +241,87 @@ def plan(config, topology: str, num_slices: int = 1, *, config_path: str = "", o
     report.update(compile_and_measure(program.train_step, args, mesh, hbm, label=t.name))
     # build + trace + lower, everything but XLA's compile
     report["trace_lower_time_s"] = round(time.perf_counter() - t0 - report["compile_time_s"], 2)
-    n = len(devices)
-    analytic = float(program.analytic_flops_per_step)
-    report["flops_per_step"]["analytic_model"] = analytic
-    matmul_flops, has_while = report["flops_per_step"]["matmul_jaxpr"], report.pop("_has_while")
+    report["flops_per_step"]["analytic_model"] = float(program.analytic_flops_per_step)
+    report.pop("_has_while")
+    tokens = getattr(program, "tokens_per_step", None)
+    if tokens:
+        report["tokens_per_step"] = int(tokens)
+    derive_timing(report)
+    report["suggestions"] = [] if report["fits"] else suggestions(config, report)
+    return report
 
-    # Predicted step time (a lower bound): the executed FLOPs at the chip's peak, or XLA's roofline estimate when it
-    # is larger; both XLA figures are only used when no while loop hides work from cost_analysis.
+
+def derive_timing(report: Dict[str, Any]) -> Dict[str, Any]:
+    """Fill the report's predicted step time, MFU and tokens/s from its FLOP counts (in place; returns it).
+
+    executed FLOPs = the matmuls counted on the traced step (dead code removed, remat recompute included), or XLA's
+    cost_analysis when it is larger and no while loop hides work from it; step time >= executed / (devices · peak),
+    or XLA's own roofline estimate when larger (same condition). MFU <= model FLOPs (analytic, no remat) /
+    (devices · peak · step time): with full remat the executed work is ≈ 4/3 of the model's, so MFU <= ≈ 75%.
+    """
     fl = report["flops_per_step"]
-    loops = fl.get("xla_counts_loop_bodies_once", has_while)
-    executed = matmul_flops if loops else max(matmul_flops, fl.get("xla_cost_analysis", 0.0))
+    n, peak = report["devices"], report["peak_bf16_flops_per_device"]
+    loops = fl.get("xla_counts_loop_bodies_once", True)
+    executed = fl["matmul_jaxpr"] if loops else max(fl["matmul_jaxpr"], fl.get("xla_cost_analysis", 0.0))
     step = executed / n / peak
     if not loops and report.get("xla_optimal_seconds", 0.0) > step:
         step = report["xla_optimal_seconds"]
     report["executed_flops_per_step"] = executed
     report["step_time_s"] = step
-    report["mfu"] = min(1.0, analytic / (n * peak * step)) if step > 0 else 0.0
-    tokens = getattr(program, "tokens_per_step", None)
-    if tokens:
-        report["tokens_per_step"] = int(tokens)
-        report["tokens_per_sec"] = tokens / step
-    report["suggestions"] = [] if report["fits"] else suggestions(config, report)
+    # not clipped: an analytic model above the executed work would show here as MFU > 100% (a bug in xlgen.flops)
+    report["mfu"] = fl["analytic_model"] / (n * peak * step) if step > 0 else 0.0
+    if report.get("tokens_per_step"):
+        report["tokens_per_sec"] = report["tokens_per_step"] / step
     return report
+
+
+def traced_matmul_flops(config) -> float:
+    """Matmul FLOPs (`jaxpr_matmul_flops`) of the train step of `config`, traced on one CPU device: the traced
+    program's global shapes do not depend on the mesh, so no TPU topology (and no compile) is needed."""
+    import jax
+
+    from xlgen import sharding
+    from xlgen.train.program import build_program
+
+    config = config.copy_and_resolve_references()
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
+    cpu = jax.devices("cpu")[:1]
+    mesh = sharding.make_mesh(config.mesh, cpu)
+    program = build_program(config, mesh)
+    with jax.set_mesh(mesh):
+        traced = program.train_step.trace(*tuple(program.abstract_args()))
+    return jaxpr_matmul_flops(traced.jaxpr.jaxpr)[0]
+
+
+def refresh(path: str) -> Dict[str, Any]:
+    """Recompute what a saved `--json` report derives from the analytic model and the trace (model FLOPs, matmul
+    FLOPs of the traced step, step time, MFU, tokens/s) from its own `config` + `overrides`, without compiling; the
+    compiled measurements (memory, fits, XLA's cost analysis, compile time) are kept. Rewrites `path` atomically."""
+    from xlgen import flops
+    from xlgen.config import load_config, parse_overrides
+
+    with open(path) as f:
+        report = json.load(f)
+    for key in ("config", "overrides", "flops_per_step", "devices", "peak_bf16_flops_per_device"):
+        if key not in report:
+            raise SystemExit(f"{path}: not an `xlgen plan --json` report (no {key!r})")
+    overrides, rest = parse_overrides(list(report["overrides"]))
+    if rest:
+        raise SystemExit(f"{path}: overrides {rest} are not --config.KEY=VALUE")
+    config = load_config(report["config"], overrides)
+    report["flops_per_step"]["analytic_model"] = float(flops.train_flops_per_step(config))
+    report["flops_per_step"]["matmul_jaxpr"] = traced_matmul_flops(config)
+    derive_timing(report)
+    _write_json(path, report)
+    return report
+
+
+def _write_json(path: str, report: Dict[str, Any]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(tmp, "w") as f:
+        f.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def compile_and_measure(jitted, args, mesh, hbm: int, *, label: str = "") -> Dict[str, Any]:
@@ -462,6 +548,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the report as JSON to PATH (or stdout with no PATH)")
     p.add_argument("--table", nargs="+", metavar="REPORT.json",
                    help="render saved --json reports as a markdown table and exit")
+    p.add_argument("--refresh", nargs="+", metavar="REPORT.json",
+                   help="recompute the model FLOPs, traced matmul FLOPs, step time and MFU of saved --json reports "
+                        "from their config + overrides (no compile; compiled measurements kept) and exit")
     p.add_argument("--into", metavar="DOC.md",
                    help="with --table: replace the table between the pod-table markers of DOC.md")
     return p
@@ -476,6 +565,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides, rest = parse_overrides(argv)
     args = _parser().parse_args(rest)
+    if args.refresh:
+        for path in args.refresh:
+            r = refresh(path)
+            fl = r["flops_per_step"]
+            print(f"{path}: model {_flops(fl['analytic_model'])}, matmuls (jaxpr) {_flops(fl['matmul_jaxpr'])}, "
+                  f"step >= {r['step_time_s'] * 1e3:.1f} ms, MFU <= {100 * r['mfu']:.1f}%")
+        return 0
     if args.table:
         reports = []
         for path in args.table:
@@ -502,11 +598,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.json == "-":
             print(text)
         else:
-            tmp = f"{args.json}.tmp-{os.getpid()}"
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(tmp, "w") as f:
-                f.write(text + "\n")
-            os.replace(tmp, args.json)
+            _write_json(args.json, report)
             print(render_text(report))
     return 0
 
