@@ -32,7 +32,10 @@ setup(
         "etils[epath]>=1.7",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5"],
+        # gs:// workdirs and data (etils.epath's GCS backend; TensorBoard events via google-cloud-storage).
+        "gcs": ["gcsfs==2026.8.2"],
+        # tests/test_remote_paths.py runs train/eval against a local GCS emulator.
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "gcsfs==2026.8.2", "gcp-storage-emulator==2026.7.19"],
         "parity": ["torch==2.13.0", "transformers==4.34.1"],
         "tpu": ["libtpu==0.0.42.1"],
         "tf": ["tensorflow-cpu>=2.16"],
