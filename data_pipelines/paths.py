@@ -134,6 +134,15 @@ def local_copy(path, *, sha256: str | None = None, key: str | None = None, subdi
     return dst
 
 
+def _walk_files(p: epath.Path):
+    """Every file below `p` (epath's gs:// glob refuses `**`)."""
+    for child in sorted(p.iterdir(), key=str):
+        if child.is_dir():
+            yield from _walk_files(child)
+        else:
+            yield child
+
+
 def local_dir_copy(path, *, subdir: str = "dirs") -> str:
     """A local directory with the files under `path`: `path` itself if local, else a mirror in
     `cache_dir(subdir, <hash of the URL>)`, refreshed file by file (a file is downloaded again when it is missing
@@ -145,9 +154,7 @@ def local_dir_copy(path, *, subdir: str = "dirs") -> str:
         raise FileNotFoundError(f"{p}: no such directory")
     root = cache_dir(subdir, hashlib.sha256(str(p).encode()).hexdigest()[:16])
     base = str(p).rstrip("/") + "/"
-    for f in p.rglob("*"):
-        if f.is_dir():
-            continue
+    for f in _walk_files(p):
         rel = str(f)[len(base):]
         dst = os.path.join(root, *rel.split("/"))
         size = f.stat().length
