@@ -29,6 +29,8 @@ _ORIG_START_PUNCT = set('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
 # XLNet's spm_train recipe (README): unigram, 32k, coverage 0.99995, control/user-defined symbols.
 XLNET_CONTROL_SYMBOLS = ("<cls>", "<sep>", "<pad>", "<mask>", "<eod>")
 XLNET_USER_SYMBOLS = ("<eop>", ".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u20ac")
+# XLNet's preprocess_text maps these LaTeX-style quotes to '"' (also used by tasks.tokenization's offset map).
+LATEX_QUOTES = ("``", "''")
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -53,7 +55,8 @@ def preprocess_text(text: str, lower: bool = False, remove_space: bool = True, k
     """XLNet's `preprocess_text`: collapse whitespace, `` and '' -> ", strip accents (NFKD + drop combining marks)
     unless keep_accents, optional lower-casing."""
     out = " ".join(text.strip().split()) if remove_space else text
-    out = out.replace("``", '"').replace("''", '"')
+    for quote in LATEX_QUOTES:
+        out = out.replace(quote, '"')
     if not keep_accents:
         out = unicodedata.normalize("NFKD", out)
         out = "".join(c for c in out if not unicodedata.combining(c))

@@ -19,7 +19,6 @@ that cover only whitespace, e.g. a lone "▁").
 from __future__ import annotations
 
 import os
-import unicodedata
 from typing import List, Sequence, Tuple
 
 import numpy as np
@@ -29,26 +28,23 @@ Offsets = Tuple[List[int], List[int], List[int]]
 
 def preprocess_with_map(text: str, *, lower: bool = False, keep_accents: bool = False
                         ) -> Tuple[str, List[int], List[int]]:
-    """XLNet `prepro_utils.preprocess_text` without whitespace collapsing (SentencePiece collapses whitespace itself
-    and reports offsets through it). Returns (new_text, src, src_end): new_text[k] comes from text[src[k]:src_end[k]]
-    (two characters for `` and '')."""
+    """XLNet `prepro_utils.preprocess_text` (`data_pipelines.vocab.preprocess_text`, applied character by character)
+    without whitespace collapsing (SentencePiece collapses whitespace itself and reports offsets through it).
+    Returns (new_text, src, src_end): new_text[k] comes from text[src[k]:src_end[k]] (two characters for `` and '')."""
+    from data_pipelines.vocab import LATEX_QUOTES, preprocess_text
+
     out: List[str] = []
     src: List[int] = []
     src_end: List[int] = []
     i, n = 0, len(text)
     while i < n:
-        two = text[i:i + 2]
-        if two in ("``", "''"):  # LaTeX-style quotes -> "
+        if text[i:i + 2] in LATEX_QUOTES:  # LaTeX-style quotes -> "
             out.append('"')
             src.append(i)
             src_end.append(i + 2)
             i += 2
             continue
-        pieces = text[i]
-        if not keep_accents:
-            pieces = "".join(c for c in unicodedata.normalize("NFKD", pieces) if not unicodedata.combining(c))
-        if lower:
-            pieces = pieces.lower()
+        pieces = preprocess_text(text[i], lower=lower, remove_space=False, keep_accents=keep_accents)
         for c in pieces:
             out.append(c)
             src.append(i)
