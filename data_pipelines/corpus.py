@@ -241,17 +241,17 @@ def prepared_corpus(directory: str, split: str, *, expect_vocab_size: int | None
 def corpus_from_config(cfg, split: str, layout: str) -> TokenCorpus:
   """Resolves `data.source` (embedded name, text file or prepared directory) for a split."""
   source = cfg.get("source", "tinyshakespeare")
-  src = None if source in EMBEDDED else paths.as_path(source)
+  src = None if source in EMBEDDED or not source else paths.as_path(source)  # local or gs://
   if src is not None and paths.is_remote(src):
     source = str(src)
-  if source in EMBEDDED or src.is_file():
+  if source in EMBEDDED or (src is not None and src.is_file()):
     if cfg.get("vocab", "char") not in ("char", "byte", "word"):
       raise ValueError(f"data.vocab={cfg.get('vocab')!r}: a raw text source needs char, byte or word; "
                        f"prepare subword corpora with `xlgen prepare corpus`")
     return text_corpus(source, cfg.get("vocab", "char"), layout, split, float(cfg.get("valid_fraction", 0.1)),
                        cfg.get("valid_source") or None, bool(cfg.get("use_eod", True)),
                        bool(cfg.get("lower", False)))
-  if (src / MANIFEST).exists() or src.is_dir():
+  if src is not None and ((src / MANIFEST).exists() or src.is_dir()):
     m = read_manifest(source)
     if m["layout"] != layout and not (layout == "lm" and m["layout"] == "sentences"):
       raise ValueError(f"{paths.join(source, MANIFEST)}: layout {m['layout']!r}, this pipeline needs {layout!r}")
