@@ -256,6 +256,34 @@ def _head_flops(name, overrides):
     return 3 * int(c.data.batch_size) * (emb + head)
 
 
+def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path):
+    """`xlgen.plan --refresh` re-derives model FLOPs, traced matmul FLOPs, step time and MFU of a saved report from
+    its own config + overrides (no compile) and rewrites it; memory / fits / XLA's numbers are left as measured."""
+    from xlgen import flops
+
+    saved = os.path.join(ROOT, "docs", "pod_plans", "txl_enwik8_large.json")
+    if not os.path.exists(saved):
+        pytest.skip("no saved plan")
+    report = json.load(open(saved))
+    report["flops_per_step"]["analytic_model"] *= 2   # stale values, as from an older xlgen.flops
+    report["flops_per_step"]["matmul_jaxpr"] *= 3
+    report["mfu"] = 1.0
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(report))
+    assert plan_lib.main(["--refresh", str(path)]) == 0
+    new = json.loads(path.read_text())
+    config = _load("txl_enwik8_large")
+    fl = new["flops_per_step"]
+    assert fl["analytic_model"] == flops.train_flops_per_step(config)
+    assert fl["matmul_jaxpr"] == plan_lib.traced_matmul_flops(config)
+    assert fl["analytic_model"] < fl["matmul_jaxpr"] < 1.45 * fl["analytic_model"]   # remat: ≈ 4/3 x model + a bit
+    assert new["step_time_s"] == fl["matmul_jaxpr"] / new["devices"] / new["peak_bf16_flops_per_device"]
+    assert new["mfu"] == pytest.approx(fl["analytic_model"] / fl["matmul_jaxpr"]) and new["mfu"] < 0.76
+    for key in ("memory_per_device", "fits", "state_bytes_per_device", "compile_time_s", "xla_optimal_seconds"):
+        assert new[key] == report[key]
+    assert fl["xla_cost_analysis"] == report["flops_per_step"]["xla_cost_analysis"]
+
+
 def test_pod_table_in_docs_is_generated_from_saved_plans():
     """docs/pod_scale.md's table is exactly `xlgen plan --table docs/pod_plans/*.json` (not typed by hand)."""
     paths = sorted(glob.glob(os.path.join(ROOT, "docs", "pod_plans", "*.json")))

@@ -45,7 +45,7 @@ GiB = 1024 ** 3
 # ----------------------------------------------------------------------------------------------------- FLOP counting
 
 def _subjaxprs(params: Dict[str, Any]):
-    """(jaxpr, multiplier, is_branch) for every sub-jaxpr in an equation's params."""
+    """(param name, jaxpr) for every sub-jaxpr in an equation's params."""
     from jax.extend import core
 
     for key, val in params.items():
@@ -305,10 +305,15 @@ def refresh(path: str) -> Dict[str, Any]:
     for key in ("config", "overrides", "flops_per_step", "devices", "peak_bf16_flops_per_device"):
         if key not in report:
             raise SystemExit(f"{path}: not an `xlgen plan --json` report (no {key!r})")
-    overrides, rest = parse_overrides(list(report["overrides"]))
-    if rest:
-        raise SystemExit(f"{path}: overrides {rest} are not --config.KEY=VALUE")
-    config = load_config(report["config"], overrides)
+    from xlgen.config import ConfigError
+
+    try:
+        overrides, rest = parse_overrides(list(report["overrides"]))
+        if rest:
+            raise ConfigError(f"overrides {rest} are not --config.KEY=VALUE")
+        config = load_config(report["config"], overrides)
+    except (ConfigError, OSError) as e:
+        raise SystemExit(f"{path}: cannot reload its config {report['config']!r}: {e}") from e
     report["flops_per_step"]["analytic_model"] = float(flops.train_flops_per_step(config))
     report["flops_per_step"]["matmul_jaxpr"] = traced_matmul_flops(config)
     derive_timing(report)
