@@ -202,6 +202,8 @@ EXACT = {
     "funnel_mlm_relative_shift": (FUNNEL, []),
     "funnel_electra_factorized": (FUNNEL, ["--config.objective=funnel_electra", "--config.data.pipeline=electra",
                                            "--config.model.attention_type=factorized"]),
+    "funnel_electra_max_predictions": (FUNNEL, ["--config.objective=funnel_electra", "--config.data.pipeline=electra",
+                                                "--config.objective_options.max_predictions=10"]),
 }
 CLOSE = {
     "txl_memory": (TXL, [*WIDE, "--config.model.d_embed=256", "--config.data.tgt_len=64",

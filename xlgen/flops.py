@@ -22,19 +22,22 @@ bi_data). The query stream (num_predict targets) reuses the content stream's key
 LAST layer's content stream (q, o, scores, values, ffn) is not counted: nothing depends on it when the loss is on
 the query stream (its keys and values are, the query stream attends to them).
 
-Funnel: `xlgen.models.funnel_cost` (per-block cost with pooling; MLM softmax at every position, as the
-implementation computes it), with the position work that multiplies constants (sinusoids) counted with one gradient
-only (`funnel_train_flops`).
+Funnel: `xlgen.models.funnel_cost` (per-block cost with pooling), with the position work that multiplies constants
+(sinusoids) counted with one gradient only, and the MLM softmax at the `objective_options.max_predictions` selected
+positions when set (`funnel_train_flops`; with 0, the default, the implementation computes logits at every position
+and that is counted).
 
 Executed vs model FLOPs. The compiled step executes at least these matmuls and, on top:
   * with remat (`model.remat`), each layer's forward again in the backward pass: executed = model + recomputed
     forward, i.e. ≈ 4/3 x model for a fully rematerialised network (the forward is 1/3 of 6·N·D);
   * recomputation the implementation chooses without remat (the adaptive softmax's blocked log-normaliser runs under
-    `jax.checkpoint`: its logits are recomputed in the backward pass);
+    `jax.checkpoint`: its logits are recomputed in the backward pass, over a vocabulary padded to whole blocks);
   * work whose result is partly thrown away: the k/v projections of [memory; h] are one matmul, so their input
     gradient is computed for the memory rows too and dropped at the stop-gradient (TXL and XLNet, 2·mem·d·2H per
     layer and example); with scanned layers XLNet's last content stream is computed (forward and backward), since a
-    scan body is the same for every layer; the adaptive softmax's tails run in fixed-size token chunks.
+    scan body is the same for every layer; the adaptive input projects every token through every cluster's
+    projection and the tails run in fixed-size token chunks; XLNet without bi_data still projects the position keys
+    in both directions.
 `xlgen plan` reports the executed matmuls counted on the traced step (`plan.jaxpr_matmul_flops`) next to this model;
 MFU = model FLOPs / (devices · peak · time).
 """
@@ -180,6 +183,13 @@ def funnel_train_flops(config) -> float:
     for net in nets:
         work = _funnel_position_work(net, seq_len)
         total -= (3.0 * batch - 2.0) * work if net.attention_type == "relative_shift" else batch * work
+    # funnel_cost puts the MLM softmax (and its d_model -> d_embed transform) at every position; with
+    # objective_options.max_predictions = k the heads run on the k selected positions only
+    k = int((config.get("objective_options") or {}).get("max_predictions", 0) or 0)
+    if 0 < k < seq_len:
+        mlm = nets[-1]  # the MLM model, or ELECTRA's generator
+        transform = mlm.d_model * mlm.embed_dim if (mlm.mlm_transform or mlm.embed_dim != mlm.d_model) else 0
+        total -= 3.0 * batch * (seq_len - k) * 2.0 * (mlm.embed_dim * mlm.vocab_size + transform)
     return total
 
 
