@@ -28,7 +28,10 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
         attention_type="factorized", separate_cls=True, truncate_seq=True, pool_q_only=True,
         remat=large, dtype="bfloat16")
     c.objective = "funnel_electra" if objective == "electra" else "funnel_mlm"
-    c.objective_options.update(dict(disc_coeff=50.0, generator_width=0.25))
+    # The MLM / generator softmax runs only at the masked positions, as the original code's `num_predict` +
+    # `target_mapping` (tensorflow/pretrain.py): the pipeline masks round(0.15 * chunk) <= ceil(0.15 * 512) = 77
+    # tokens per row, so nothing is dropped, and the 30,522-way head costs 77/512 of a full-length one.
+    c.objective_options.update(dict(disc_coeff=50.0, generator_width=0.25, max_predictions=77))
     c.data = data_pipelines.default_config("electra" if objective == "electra" else "mlm")
     c.data.update(dict(source="data/funnel_pretrain", batch_size=8192 if large else 256,
                        eval_batch_size=64, seq_len=512, mask_prob=0.15, eval_steps=100, vocab_size=30522))
