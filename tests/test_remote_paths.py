@@ -252,3 +252,28 @@ def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path):
     assert cfg.model.family == "xlnet" and cfg.model.d_model == 32     # architecture from gs://.../config.json
     a, b = ft.pretrained_params(remote), ft.pretrained_params(local)
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_hf_weights_from_gcs(gcs, tmp_path):
+    """A Hugging Face directory in the bucket: config.json dispatch and weights (safetensors, and pytorch_model.bin
+    when torch is installed) read exactly as from the local copy."""
+    from safetensors.numpy import save_file
+
+    from data_pipelines import paths
+    from xlgen import pretrained
+
+    rng = np.random.default_rng(0)
+    weights = {"transformer.word_emb.weight": rng.standard_normal((7, 4)).astype(np.float32),
+               "crit.cutoff_ends": np.arange(3, dtype=np.int64)}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    paths.atomic_write_bytes(f"gs://{BUCKET}/hf/st/model.safetensors", (tmp_path / "model.safetensors").read_bytes())
+    paths.atomic_write_text(f"gs://{BUCKET}/hf/st/config.json", json.dumps({"model_type": "nope"}))
+    got = pretrained.read_hf_state_dict(f"gs://{BUCKET}/hf/st")
+    assert sorted(got) == sorted(weights) and all(np.array_equal(got[k], weights[k]) for k in weights)
+    with pytest.raises(ValueError, match=r"gs://test-bucket/hf/st/config.json: model_type='nope' is not supported"):
+        pretrained.from_pretrained(f"gs://{BUCKET}/hf/st")
+    torch = pytest.importorskip("torch")
+    torch.save({k: torch.from_numpy(v) for k, v in weights.items()}, str(tmp_path / "pytorch_model.bin"))
+    paths.atomic_write_bytes(f"gs://{BUCKET}/hf/bin/pytorch_model.bin", (tmp_path / "pytorch_model.bin").read_bytes())
+    got = pretrained.read_hf_state_dict(f"gs://{BUCKET}/hf/bin")
+    assert sorted(got) == sorted(weights) and all(np.array_equal(got[k], weights[k]) for k in weights)
