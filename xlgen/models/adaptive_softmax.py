@@ -53,20 +53,33 @@ def cluster_dims(d_embed: int, n_clusters: int, div_val: int) -> list:
     return dims
 
 
+def vocab_blocks(vocab: int, block: int) -> tuple:
+    """(number of blocks, rows per block) splitting `vocab` rows into the fewest equal blocks of <= `block` rows,
+    each rounded up to a multiple of 128 (TPU lanes) when `block` >= 128: the padding is < 128 rows per block."""
+    if block < 1:
+        raise ValueError(f"softmax block size must be positive, got {block}")
+    align = 128 if block >= 128 else 1
+    cap = block // align * align
+    n_blocks = -(-vocab // cap)
+    rows = -(-vocab // n_blocks)
+    return n_blocks, -(-rows // align) * align
+
+
 def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, block: int) -> jax.Array:
     """logsumexp_v (h · table[v] + bias[v]) in float32 for h `[N, d]`, table `[V, d]`, bias `[V]` -> `[N]`.
 
-    For V > block, the rows are processed in blocks with an online logsumexp inside a checkpointed scan, so
-    neither the forward nor the backward pass holds more than `[N, block]` logits.
+    V <= block: one matmul (the backward pass keeps the `[N, V]` softmax). V > block: `vocab_blocks` equal blocks
+    with an online logsumexp inside a checkpointed scan, so neither pass holds more than `[N, block]` logits (at
+    the price of recomputing each block's logits in the backward pass).
     """
     vocab, width = table.shape
     if vocab <= block:
         logits = jnp.einsum("nd,vd->nv", h, table.astype(h.dtype), preferred_element_type=jnp.float32)
         return jax.nn.logsumexp(logits + bias.astype(jnp.float32), axis=-1)
-    n_blocks = -(-vocab // block)
-    pad = n_blocks * block - vocab
-    table = jnp.pad(table, ((0, pad), (0, 0))).reshape(n_blocks, block, width)
-    bias = jnp.pad(bias.astype(jnp.float32), (0, pad), constant_values=_NEG).reshape(n_blocks, block)
+    n_blocks, rows = vocab_blocks(vocab, block)
+    pad = n_blocks * rows - vocab
+    table = jnp.pad(table, ((0, pad), (0, 0))).reshape(n_blocks, rows, width)
+    bias = jnp.pad(bias.astype(jnp.float32), (0, pad), constant_values=_NEG).reshape(n_blocks, rows)
 
     @jax.checkpoint
     def step(carry, xs):
@@ -132,7 +145,7 @@ class AdaptiveLogSoftmax(nnx.Module):
 
     def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1,
                  *, tie_weights: bool = True, tie_projs: Optional[Sequence[bool]] = None, init_std: float = 0.02,
-                 proj_init_std: float = 0.01, block_size: int = 16384, chunk_size: int = 256,
+                 proj_init_std: float = 0.01, block_size: int = 32768, chunk_size: int = 256,
                  rngs: nnx.Rngs):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
         self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))

@@ -250,6 +250,16 @@ class RelativeMultiHeadAttention(nnx.Module):
             raise ValueError("layer built with own_biases=False needs the model's shared biases")
         return shared
 
+    def kv_heads(self, h: jax.Array, mem: Optional[jax.Array] = None) -> tuple:
+        """Key and value heads `[b, m+l, n, d]` of `[mem; h]` for h `[b,l,d]` and a stop-gradient memory mem
+        `[b,m,d]` (or None). Memory and segment are projected separately, `[k(mem); k(h)]`: one matmul over the
+        concatenation would also form the memory rows' input gradient in the backward pass, only to drop it."""
+        if mem is None or mem.shape[1] == 0:
+            return self.k(h), self.v(h)
+        mem = mem.astype(h.dtype)
+        return (jnp.concatenate([self.k(mem), self.k(h)], axis=1),
+                jnp.concatenate([self.v(mem), self.v(h)], axis=1))
+
     def attend(self, query_input: jax.Array, k_head: jax.Array, v_head: jax.Array, k_head_r: jax.Array, *,
                klen: int, offset: int, stride: int = 1, mask=None, seg_mat=None, shared_biases=None,
                position_term=None) -> jax.Array:

@@ -3,7 +3,7 @@
 For layer n = 1..N and segment τ (thesis Eq. 3.5; batch-major `[b, len, d]`):
 
     h̃^{n-1} = [SG(m^{n-1}) ∘ h^{n-1}]                     memory of the layer's INPUT, concatenated on length
-    q, k, v = h^{n-1} W_q, h̃^{n-1} W_k, h̃^{n-1} W_v
+    q, k, v = h^{n-1} W_q, h̃^{n-1} W_k, h̃^{n-1} W_v        (k, v of memory and segment projected apart)
     A_ij    = (q_i + u)·k_j + shift((q_i + v)·W_r R)_ij   R: sinusoids of distance mlen+i-j (clamped), no abs pos
     o^n     = LN(h^{n-1} + drop(W_o MaskedSoftmax(A/sqrt(d_head)) v))
     h^n     = LN(o^n + drop(W_2 drop(ReLU(W_1 o^n + b_1)) + b_2))
@@ -49,8 +49,10 @@ class TransformerXLConfig:
     `tie_projs=None` derives it from `proj_share_all_but_first` (HF: [False] + [psabf] * n_clusters).
     Execution: `scan_layers` (stack layer params on a leading "layers" axis and scan), `remat` (recompute each
     layer in the backward pass), `dtype` (compute dtype; params stay float32; softmax / log-probs in float32),
-    `softmax_block_size` (vocabulary block of the label-NLL's logsumexp), `softmax_chunk_size` (tokens per
-    tail-cluster chunk of the label NLL).
+    `softmax_block_size` (most vocabulary rows the label-NLL's logsumexp takes at once: a larger cluster runs in
+    equal blocks with recompute; 32768 keeps WT103's 20,003-row head whole — `[tokens/device, 20003]` float32 is
+    ~60 MB per v3 core at the paper batch — and blocks the 160K / 68K-row tails), `softmax_chunk_size` (tokens
+    per tail-cluster chunk of the label NLL).
     """
 
     vocab_size: int = 267735
@@ -78,7 +80,7 @@ class TransformerXLConfig:
     scan_layers: bool = False
     remat: bool = False
     dtype: str = "float32"
-    softmax_block_size: int = 16384
+    softmax_block_size: int = 32768
     softmax_chunk_size: int = 256
 
     def __post_init__(self):
@@ -181,9 +183,10 @@ class TransformerXLBlock(nnx.Module):
     def __call__(self, h: jax.Array, mem: jax.Array, pos_emb: jax.Array, mask: jax.Array,
                  shared_biases: Optional[dict]) -> jax.Array:
         """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[l,m+l]` -> `[b,l,d]`."""
-        kv = jnp.concatenate([mem.astype(h.dtype), h], axis=1)
-        out = self.attn(h, kv, pos_emb, offset=shift_offset(h.shape[1], "txl"), mask=mask[None, None],
-                        shared_biases=shared_biases)
+        attn = self.attn
+        k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
+        out = attn.attend(h, k_head, v_head, attn.r(pos_emb), klen=k_head.shape[1],
+                          offset=shift_offset(h.shape[1], "txl"), mask=mask[None, None], shared_biases=shared_biases)
         return self.ff(out)
 
 

@@ -200,9 +200,8 @@ class XLNetLayer(nnx.Module):
     def __call__(self, h, g, mem, pos_emb, ctx: dict, shared_biases):
         """h `[b,l,d]`, g `[b,m,d]` or None, mem `[b,mlen,d]` or None, pos_emb `[r,d]` or `[2,r,d]`."""
         attn = self.rel_attn
-        cat = h if mem is None else jnp.concatenate([mem.astype(h.dtype), h], axis=1)
-        klen, qlen = cat.shape[1], h.shape[1]
-        k_head, v_head = attn.k(cat), attn.v(cat)
+        k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
+        klen, qlen = k_head.shape[1], h.shape[1]
         k_head_r = attn.r(pos_emb.astype(h.dtype))
         if ctx["is_forward"] is not None:  # per-row direction: [2,r,n,d] -> [b,r,n,d]
             k_head_r = jnp.where(ctx["is_forward"][:, None, None, None], k_head_r[0], k_head_r[1])
