@@ -109,10 +109,12 @@ def _run(cmd, env):
     return p
 
 
-def _prepare(output, corpus_dir, env):
-    return _run([sys.executable, "-m", "xlgen.cli", "prepare", "corpus", "--train", str(corpus_dir / "train.txt"),
-                 "--valid", str(corpus_dir / "valid.txt"), "--tokenizer", "char", "--layout", "lm",
-                 "--output", str(output)], env)
+def _prepare(output, corpus_dir):
+    """`xlgen prepare corpus` (its CLI entry point, in this process: the fixture's environment reaches gcsfs)."""
+    from data_pipelines import prepare
+
+    assert prepare.main(["corpus", "--train", str(corpus_dir / "train.txt"), "--valid", str(corpus_dir / "valid.txt"),
+                         "--tokenizer", "char", "--layout", "lm", "--output", str(output)]) == 0
 
 
 def _gs(path: str):
@@ -133,8 +135,8 @@ def test_train_resume_eval_on_gcs_equals_local(tmp_path, compile_cache, gcs):
     env = _env(gcs, compile_cache)
 
     # The same corpus prepared locally and straight into the bucket: byte-identical shards and vocabulary.
-    _prepare(tmp_path / "corpus", tmp_path, env)
-    _prepare(f"gs://{BUCKET}/corpus", tmp_path, env)
+    _prepare(tmp_path / "corpus", tmp_path)
+    _prepare(f"gs://{BUCKET}/corpus", tmp_path)
     local_m = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
     remote_m = json.loads(_gs("corpus/manifest.json").read_text())
     assert remote_m["tokenizer"] == local_m["tokenizer"]
@@ -215,9 +217,9 @@ def test_metrics_truncate_and_cache_on_gcs(gcs, tmp_path):
 
 
 @pytest.mark.slow
-def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path):
+def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, compile_cache):
     """`xlgen finetune` with data_dir, tokenizer and workdir on gs:// gives exactly the local run's losses, dev
-    results and prediction files; the bucket workdir serves as init_from (the same tensors as the local one)."""
+    results and prediction files; `--config.init_from=gs://...` starts a new run from the bucket workdir's tensors."""
     from data_pipelines import paths
     from data_pipelines.tasks import synthetic
     from xlgen import finetune as ft
@@ -229,29 +231,31 @@ def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path):
         if f.is_file():
             paths.atomic_write_bytes(f"gs://{BUCKET}/glue/sst2/{f.relative_to(data)}", f.read_bytes())
     paths.atomic_write_bytes(f"gs://{BUCKET}/glue/spiece.model", (tmp_path / "spiece.model").read_bytes())
+    env = _env(gcs, compile_cache)
 
-    def config(overrides, workdir):
+    def finetune(workdir, **over):
         over = {"task": "glue/sst2", "total_steps": 4, "eval_every_steps": 0, "log_every_steps": 1,
-                "checkpoint.every_steps": 4, **overrides}
-        return ft.load_finetune_config(os.path.join(REPO, "configs/finetune/tiny.py"),
-                                       {k: str(v) for k, v in over.items()}, workdir)
+                "checkpoint.every_steps": 4, **over}
+        return _run([sys.executable, "-m", "xlgen.cli", "finetune", f"--config={REPO}/configs/finetune/tiny.py",
+                     f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in over.items()], env)
 
     local, remote = str(tmp_path / "ft"), f"gs://{BUCKET}/ft"
-    best_local = ft.finetune(config({"data_dir": data, "tokenizer": tmp_path / "spiece.model"}, local), local)
-    best_remote = ft.finetune(config({"data_dir": f"gs://{BUCKET}/glue/sst2",
-                                      "tokenizer": f"gs://{BUCKET}/glue/spiece.model"}, remote), remote)
-    assert best_remote == best_local
-    assert json.loads(_gs("ft/eval_results.json").read_text()) == best_local
+    finetune(local, data_dir=data, tokenizer=tmp_path / "spiece.model")
+    finetune(remote, data_dir=f"gs://{BUCKET}/glue/sst2", tokenizer=f"gs://{BUCKET}/glue/spiece.model")
+    best = json.load(open(os.path.join(local, "eval_results.json")))
+    assert json.loads(_gs("ft/eval_results.json").read_text()) == best and best["step"] == 4
     for name in ("dev_predictions.tsv", "submission/SST-2.tsv"):
         assert _gs(f"ft/{name}").read_text() == open(os.path.join(local, name)).read()
     assert _losses(_gs("ft/metrics.jsonl").read_text()) == train_losses(local)
     assert ft.is_finetune_workdir(remote) and any(p.name.endswith(".npz") for p in _gs("ft/cache").iterdir())
-
-    # The bucket workdir initialises a new run: architecture from its config.json, tensors from its best/ checkpoint.
-    cfg = config({"data_dir": f"gs://{BUCKET}/glue/sst2", "init_from": remote}, str(tmp_path / "ft2"))
-    assert cfg.model.family == "xlnet" and cfg.model.d_model == 32     # architecture from gs://.../config.json
-    a, b = ft.pretrained_params(remote), ft.pretrained_params(local)
+    a, b = ft.pretrained_params(remote), ft.pretrained_params(local)  # the bucket's best/ checkpoint == local
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+    # A new run initialised from the bucket workdir (architecture from its config.json, every tensor loaded).
+    out = finetune(f"gs://{BUCKET}/ft2", data_dir=f"gs://{BUCKET}/glue/sst2", init_from=remote,
+                   tokenizer=f"gs://{BUCKET}/glue/spiece.model", total_steps=1, **{"checkpoint.every_steps": 1})
+    assert f"init_from {remote}: {len(a)} tensors loaded; fresh: none" in out.stdout
+    assert json.loads(_gs("ft2/config.json").read_text())["init_from"] == remote
 
 
 def test_hf_weights_from_gcs(gcs, tmp_path):
