@@ -7,8 +7,21 @@
            -> + weight_decay * param (masked: no decay on LayerNorm and any "*bias*" parameter, as BERT/XLNet)
            -> * lr(t) -> [lr mode: * layer_scale] -> * -1
 
-Layer-wise learning-rate decay: layer l of L gets `rate ** (L - 1 - l)` (top layer 1.0, as XLNet/Funnel); parameters
-outside the layer stack (embeddings, heads) get 1.0. Two semantics:
+Layer-wise learning-rate decay: layer l of L gets `rate ** (L - 1 - l)` (top layer 1.0), parameters outside the
+layer stack get 1.0. Layer indices are read from the parameter names (`layer_ids`), as the original code does with
+its variable scopes, and L = 1 + the largest index found:
+
+* Transformer-XL / XLNet (`xlnet/model_utils.py`): `layers.<l>` -> l. Embeddings, `mask_emb`, untied-or-not shared
+  biases outside the layers and all heads are NOT decayed (the original only matches `model/transformer/layer_<l>/`).
+* Funnel (`tensorflow/optimization.py`): the input layer (`embeddings`, `encoder.input_projection`) is layer 0, the
+  encoder's parameter layers follow block by block, `blocks.<b>.<j>` -> 1 + sum(sizes[:b]) + j (a shared "3x2" layer
+  counts once, as its variable scope does), then the decoder, `decoder.layers.<k>` -> 1 + sum(sizes) + k. Heads
+  (MLM/ELECTRA/classifier/QA) get 1.0. Each tower is numbered on its own (ELECTRA's generator and discriminator both
+  start at 0, as the original regex matches both).
+* Scanned models (parameters stacked on a leading `layers` logical axis) get a per-slice vector of scales: slice i of
+  a stack is the same layer as the unscanned `layers.<i>`, so scanned and unscanned models receive identical updates.
+
+Two semantics:
 
 * `layer_decay_mode="lr"` (default): a true per-layer learning rate — the scale multiplies the final update.
 * `layer_decay_mode="faithful"`: scales the clipped *gradients* before Adam, exactly what `xlnet/model_utils.py`
@@ -77,6 +90,107 @@ def layer_scales(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], layer_of: Calla
     return out
 
 
+FAMILIES = ("transformer_xl", "xlnet", "funnel")
+
+
+def _stack_axis(axes) -> Optional[int]:
+    return list(axes).index("layers") if axes and "layers" in axes else None
+
+
+def _slice_ids(shape, axis, offset) -> np.ndarray:
+    """Layer indices `offset + i` of a stacked parameter, shaped to broadcast along its `layers` axis."""
+    bshape = [1] * len(shape)
+    bshape[axis] = shape[axis]
+    return (offset + np.arange(shape[axis])).reshape(bshape)
+
+
+def _funnel_position(parts):
+    """(tower, kind, block, index) of a Funnel parameter name split on '.', or None outside the layers.
+    kind: "input" | "block" | "decoder"; index None for a stacked (scanned) block/decoder."""
+    for i, p in enumerate(parts):
+        tower = ".".join(parts[:i])
+        nxt = parts[i + 1:]
+        if p == "embeddings" or (p == "encoder" and nxt[:1] == ["input_projection"]):
+            return tower, "input", None, None
+        if p == "encoder" and nxt[:1] == ["blocks"] and len(nxt) > 1 and nxt[1].isdigit():
+            b = int(nxt[1])
+            j = int(nxt[2]) if len(nxt) > 2 and nxt[2].isdigit() else None
+            return tower, "block", b, j
+        if p == "decoder" and nxt[:1] == ["layers"]:
+            k = int(nxt[1]) if len(nxt) > 1 and nxt[1].isdigit() else None
+            return tower, "decoder", None, k
+    return None
+
+
+def layer_ids(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
+              ) -> Tuple[Dict[str, Optional[np.ndarray]], int]:
+    """Layer index of every parameter of a `family` model from its name (and, for stacked parameters, its shape):
+    {name: None (outside the layer stack) | int array broadcastable to the parameter}, and n_layer = 1 + max index.
+
+    meta: {dotted name: (shape, logical axes)} (what `ModelSpec.meta()` returns). See the module docstring for the
+    numbering of each family."""
+    if family not in FAMILIES:
+        raise ValueError(f"layer_ids: family={family!r}: expected one of {FAMILIES}")
+    ids: Dict[str, Optional[np.ndarray]] = {}
+    if family in ("transformer_xl", "xlnet"):
+        for name, (shape, axes) in meta.items():
+            parts = name.split(".")
+            ids[name] = None
+            if "layers" not in parts:
+                continue
+            i = parts.index("layers")
+            if i + 1 < len(parts) and parts[i + 1].isdigit():
+                ids[name] = np.asarray(int(parts[i + 1]))
+            elif _stack_axis(axes) is not None:
+                ids[name] = _slice_ids(shape, _stack_axis(axes), 0)
+    else:
+        pos = {name: _funnel_position(name.split(".")) for name in meta}
+        # parameter layers per (tower, block), from the unscanned indices or the stacked axis length
+        sizes: Dict[Tuple[str, int], int] = {}
+        for name, where in pos.items():
+            if where is None or where[1] != "block":
+                continue
+            tower, _, b, j = where
+            shape, axes = meta[name]
+            n = j + 1 if j is not None else (shape[_stack_axis(axes)] if _stack_axis(axes) is not None else 1)
+            sizes[(tower, b)] = max(sizes.get((tower, b), 0), n)
+        n_blocks: Dict[str, int] = {}
+        for tower, b in sizes:
+            n_blocks[tower] = max(n_blocks.get(tower, 0), b + 1)
+        for (tower, b) in [(t, b) for t, n in n_blocks.items() for b in range(n)]:
+            if (tower, b) not in sizes:
+                raise ValueError(f"layer_ids: Funnel tower {tower!r} has no parameters for encoder block {b}")
+
+        def offset(tower, b):
+            return 1 + sum(sizes[(tower, c)] for c in range(b))
+
+        for name, where in pos.items():
+            shape, axes = meta[name]
+            ids[name] = None
+            if where is None:
+                continue
+            tower, kind, b, j = where
+            if kind == "input":
+                ids[name] = np.asarray(0)
+                continue
+            base = offset(tower, b) if kind == "block" else offset(tower, n_blocks.get(tower, 0))
+            if j is not None:
+                ids[name] = np.asarray(base + j)
+            elif _stack_axis(axes) is not None:
+                ids[name] = _slice_ids(shape, _stack_axis(axes), base)
+            else:
+                raise ValueError(f"layer_ids: cannot tell which Funnel layer {name!r} belongs to")
+    found = [int(np.max(v)) for v in ids.values() if v is not None]
+    return ids, (max(found) + 1 if found else 0)
+
+
+def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: float) -> Dict[str, np.ndarray]:
+    """`rate ** (n_layer - 1 - id)` per parameter (per slice for stacked ids); 1.0 where id is None."""
+    return {name: np.float32(1.0) if i is None or rate == 1.0
+            else (rate ** (n_layer - 1 - np.asarray(i, np.float64))).astype(np.float32)
+            for name, i in ids.items()}
+
+
 def scale_by_tree(scales: Dict[str, np.ndarray]) -> optax.GradientTransformation:
     """Multiply each leaf by a fixed (broadcastable) constant."""
     def init(params):
@@ -92,8 +206,12 @@ def scale_by_tree(scales: Dict[str, np.ndarray]) -> optax.GradientTransformation
 
 def make_optimizer(opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]],
                    layer_of: Callable[[str], Optional[int]] = lambda name: None,
-                   n_layer: int = 1) -> Tuple[optax.GradientTransformation, optax.Schedule]:
-    """The optax transformation for flat-dict params with metadata {name: (shape, logical_axes)}."""
+                   n_layer: int = 1, family: Optional[str] = None
+                   ) -> Tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optax transformation for flat-dict params with metadata {name: (shape, logical_axes)}.
+
+    Layer decay: for a built-in `family` ("transformer_xl", "xlnet", "funnel") the layer of every parameter comes
+    from `layer_ids(meta, family)`; otherwise from the `layer_of(name)` / `n_layer` hooks (custom objectives)."""
     schedule = make_schedule(opt_cfg, total_steps)
     if opt_cfg.name not in ("adamw", "adam"):
         raise ValueError(f"optimizer.name={opt_cfg.name!r}: expected adamw or adam")
@@ -101,7 +219,11 @@ def make_optimizer(opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, .
     mode = opt_cfg.layer_decay_mode
     if mode not in ("lr", "faithful"):
         raise ValueError(f"optimizer.layer_decay_mode={mode!r}: expected 'lr' or 'faithful'")
-    scales = layer_scales(meta, layer_of, n_layer, rate)
+    if family in FAMILIES:
+        ids, n = layer_ids(meta, family)
+        scales = scales_from_ids(ids, n, rate)
+    else:
+        scales = layer_scales(meta, layer_of, n_layer, rate)
     parts = []
     if float(opt_cfg.clip_norm) > 0:
         parts.append(optax.clip_by_global_norm(float(opt_cfg.clip_norm)))

@@ -47,9 +47,14 @@ class Objective:
     tokens_per_step: Callable[[Any], int] = lambda config: 0
     # final eval metrics from the mean eval loss
     eval_metrics: Callable[[float, Any], Dict[str, float]] = lambda loss, config: {"loss": loss}
-    # (param name) -> layer index for layer-wise LR decay, and the number of layers
+    # (param name) -> layer index for layer-wise LR decay, and the number of layers. Used only for families that
+    # `xlgen.optim.layer_ids` does not know (the built-in ones are numbered from the parameter names there).
     layer_of: Callable[[str], Optional[int]] = lambda name: None
     n_layer: Callable[[Any], int] = lambda config: 1
+    # (batch, config) -> the loss's normaliser for that batch (e.g. its number of target tokens), so that gradient
+    # accumulation weights micro-batches like one global batch: sum_i w_i * loss_i / sum_i w_i. None = equal weights
+    # (exact when every micro-batch has the same normaliser, e.g. a per-example mean).
+    loss_weight: Optional[Callable[[Batch, Any], jax.Array]] = None
 
 
 OBJECTIVES: Dict[str, Objective] = {}
@@ -159,6 +164,13 @@ def _txl_loss(model, batch, mems, rng, config):
     return loss, {}, new_mems
 
 
+def _txl_loss_weight(batch, config):
+    w = batch["label_mask"].astype(jnp.float32)
+    if config.objective_options.loss_positions == "later_half":
+        w = w[:, w.shape[1] // 2:]
+    return w.sum()
+
+
 def _txl_eval_loss(model, batch, mems, config):
     if mems is not None:
         mems = _reset_rows(mems, batch["stream_reset"])
@@ -179,7 +191,8 @@ register_objective(Objective(
     loss=_txl_loss, eval_loss=_txl_eval_loss, mems_shape=_txl_mems_shape,
     mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
     tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.tgt_len),
-    eval_metrics=_lm_eval_metrics, layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer)))
+    eval_metrics=_lm_eval_metrics, layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer),
+    loss_weight=_txl_loss_weight))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -229,7 +242,8 @@ register_objective(Objective(
     mems_shape=_xlnet_mems_shape,
     mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
     tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.seq_len),
-    layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer)))
+    layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer),
+    loss_weight=lambda batch, config: batch["target_mask"].astype(jnp.float32).sum()))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -270,6 +284,15 @@ def _funnel_mlm_loss(model, batch, mems, rng, config):
     return loss, {k: v for k, v in parts.items() if k != "mlm_loss"}, None
 
 
+def _funnel_mlm_weight(batch, config):
+    """The number of predicted positions (at most `max_predictions` per row, as `funnel_heads.mlm_loss`)."""
+    w = batch["label_mask"].astype(jnp.float32)
+    k = _max_predictions(config)
+    if k is not None and k < w.shape[1]:
+        w = jax.lax.top_k(w, k)[0]
+    return w.sum()
+
+
 def _funnel_mlm_eval(model, batch, mems, config):
     heads = importlib.import_module("xlgen.models.funnel_heads")
     loss, _ = heads.mlm_loss(model, batch)
@@ -297,7 +320,9 @@ def _funnel_tokens(config):
 
 register_objective(Objective(
     name="funnel_mlm", family="funnel", make_model=_funnel_mlm_model, batch_spec=_mlm_batch_spec,
-    loss=_funnel_mlm_loss, eval_loss=_funnel_mlm_eval, tokens_per_step=_funnel_tokens))
+    loss=_funnel_mlm_loss, eval_loss=_funnel_mlm_eval, tokens_per_step=_funnel_tokens, loss_weight=_funnel_mlm_weight))
+# ELECTRA: generator loss (per masked token) + disc_coeff * discriminator loss (per real token) has two normalisers;
+# gradient accumulation averages its micro-batches with equal weights.
 register_objective(Objective(
     name="funnel_electra", family="funnel", make_model=_funnel_electra_model, batch_spec=_mlm_batch_spec,
     loss=_funnel_electra_loss, eval_loss=_funnel_electra_eval, tokens_per_step=_funnel_tokens))

@@ -206,7 +206,8 @@ def _build_program(config, mesh: Mesh) -> Program:
                    for n in train_spec.shapes}
     param_shardings = {n: NamedSharding(mesh, s) for n, s in param_specs.items()}
     tx, schedule = optim.make_optimizer(config.optimizer, int(config.total_steps), train_spec.meta(),
-                                        layer_of=objective.layer_of, n_layer=objective.n_layer(config))
+                                        layer_of=objective.layer_of, n_layer=objective.n_layer(config),
+                                        family=config.model.get("family"))
 
     abstract_params = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
@@ -251,8 +252,13 @@ def _build_program(config, mesh: Mesh) -> Program:
         return init_jit()
 
     accum = int(config.optimizer.grad_accum_steps)
+    if accum < 1:
+        raise ValueError(f"optimizer.grad_accum_steps={accum}: must be >= 1")
     if global_batch % (accum * dp):
-        raise ValueError(f"global batch {global_batch} not divisible by grad_accum_steps*dp = {accum}*{dp}")
+        raise ValueError(f"data.batch_size={global_batch} is not divisible by optimizer.grad_accum_steps * "
+                         f"data-parallel size = {accum} * {dp}: every micro-batch must split evenly over the "
+                         f"data-parallel devices")
+    weight_fn = objective.loss_weight
 
     def loss_fn(params, batch, mems, key):
         rest = seeded_rest(rest_train, key)
@@ -279,20 +285,24 @@ def _build_program(config, mesh: Mesh) -> Program:
             micro_mems = split(mems, 1) if mems is not None else None
 
             def body(acc, xs):
+                # micro-batches weighted by the loss's normaliser (e.g. target tokens): the accumulated loss and
+                # gradient are those of the global batch, whatever the padding / target masks of each micro-batch
                 i, mb, mm = xs
                 (l, (a, nm)), g = grad_fn(params, mb, mm, jax.random.fold_in(key, i))
-                acc = jax.tree.map(jnp.add, acc, (l, a, g))
+                w = (jnp.asarray(weight_fn(mb, config), jnp.float32) if weight_fn is not None
+                     else jnp.ones((), jnp.float32))
+                acc = jax.tree.map(lambda s, x: s + w * x, acc, (l, a, g, 1.0))
                 return acc, nm
 
             zeros = jax.tree.map(jnp.zeros_like, params)
             aux0 = jax.eval_shape(lambda: loss_fn(params, jax.tree.map(lambda x: x[0], micro),
                                                   None if micro_mems is None else micro_mems[0], key)[1][0])
             aux0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux0)
-            (loss, aux, grads), new_micro = jax.lax.scan(
-                body, (jnp.zeros((), jnp.float32), aux0, zeros), (jnp.arange(accum), micro, micro_mems))
-            loss = loss / accum
-            aux = jax.tree.map(lambda x: x / accum, aux)
-            grads = jax.tree.map(lambda g: g / accum, grads)
+            (loss, aux, grads, total_w), new_micro = jax.lax.scan(
+                body, (jnp.zeros((), jnp.float32), aux0, zeros, jnp.zeros((), jnp.float32)),
+                (jnp.arange(accum), micro, micro_mems))
+            total_w = jnp.where(total_w > 0, total_w, 1.0)
+            loss, aux, grads = jax.tree.map(lambda x: (x / total_w).astype(x.dtype), (loss, aux, grads))
             if new_micro is not None:
                 nm = jnp.moveaxis(new_micro, 0, 2)  # [L, b/A, A, M, d]
                 new_mems = nm.reshape(nm.shape[:1] + (nm.shape[1] * accum,) + nm.shape[3:])
