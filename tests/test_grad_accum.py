@@ -89,7 +89,7 @@ def _reference(config_file):
 @pytest.mark.parametrize("config_file,accum,mesh_over", [
     ("txl_tiny.py", 4, ONE),
     ("txl_tiny.py", 2, MESH222),
-    ("xlnet_tiny.py", 2, MESH222),
+    pytest.param("xlnet_tiny.py", 2, MESH222, marks=pytest.mark.slow),
 ])
 def test_accumulated_step_equals_global_batch_step(config_file, accum, mesh_over):
     before, (p1, m1, met1) = _reference(config_file)
@@ -119,6 +119,9 @@ def test_unequal_micro_batches_are_weighted_by_their_tokens():
     micro = [w[a::2].sum() for a in range(2)]           # strided micro-batches: rows a, a+2, ...
     assert micro[0] != micro[1]
     assert float(program.objective.loss_weight(jax.tree.map(lambda x: x[0::2], batch), program.config)) == micro[0]
+    later = program.config.copy_and_resolve_references()
+    later.objective_options.loss_positions = "later_half"      # the TXL ablation: only the later half is a target
+    assert float(program.objective.loss_weight(batch, later)) == w[:, w.shape[1] // 2:].sum()
 
 
 @pytest.mark.parametrize("accum,mesh_over", [(3, ONE), (4, MESH222)])
