@@ -9,7 +9,7 @@
 # Steps (each printed before it runs; --dry-run prints them and runs nothing):
 #   1. reuse the TPU VM `--name` if it exists, otherwise request it as a queued resource and wait until ACTIVE;
 #   2. pack this checkout (git ls-files, so your local edits are included) and copy it to every worker;
-#   3. on every worker (`--worker=all`): create a venv and `pip install -e '.[tpu]'` with constraints.txt;
+#   3. on every worker (`--worker=all`): create a venv and `pip install -e '.[tpu,gcs]'` with constraints.txt;
 #   4. on every worker: start `xlgen train` in the background (logs in ~/xlgen-train.log). All workers run the same
 #      command; the trainer calls `jax.distributed.initialize()`, which discovers the pod from the TPU metadata.
 #      Re-running this script with the same --workdir resumes from the latest checkpoint (e.g. after preemption).
@@ -156,7 +156,7 @@ run "${GCLOUD[@]}" tpu-vm scp "$TARBALL" "$NAME:xlgen.tar.gz" --worker=all "${LO
 # 3. install on every worker
 INSTALL="set -e; mkdir -p $REMOTE_DIR && tar xzf xlgen.tar.gz -C $REMOTE_DIR && cd $REMOTE_DIR \
 && (test -x .venv/bin/python || python3 -m venv .venv) \
-&& .venv/bin/pip install -q -c constraints.txt -e '.[tpu]' gcsfs"  # gcsfs: gs:// for etils.epath / Orbax
+&& .venv/bin/pip install -q -c constraints.txt -e '.[tpu,gcs]'"  # gcs extra: gcsfs, gs:// for etils.epath
 run "${GCLOUD[@]}" tpu-vm ssh "$NAME" --worker=all "${LOC[@]}" --command="$INSTALL"
 
 # 3b. optional: mount buckets with gcsfuse on every worker

@@ -49,7 +49,7 @@ def test_tpu_vm_dry_run_plans_the_pod():
             "--spot"} <= set(create)
     assert scp[3:5] == ["tpu-vm", "scp"] and "--worker=all" in scp
     assert install[3:5] == ["tpu-vm", "ssh"] and "--worker=all" in install
-    assert any("pip install" in a and "constraints.txt" in a and "[tpu]" in a for a in install)
+    assert any("pip install" in a and "constraints.txt" in a and "[tpu,gcs]" in a for a in install)
     command = next(a for a in train if a.startswith("--command="))
     assert "--worker=all" in train
     assert (f"xlgen train --config={CONFIG} --workdir=gs://bucket/xlnet_large --distributed=on "
