@@ -164,23 +164,28 @@ def test_init_from_hugging_face_directory(data, tmp_path):
 
 
 def test_layer_wise_lr_decay_scales_per_family(tmp_path):
-    """XLNet: layer l of L gets rate^(L-1-l), embeddings and heads 1.0 (as the original); Funnel: the embedding is
-    layer 0 below the encoder layers (as Funnel's optimization.py)."""
+    """The trainer's numbering (`optim.layer_ids` by model.family) on the finetuning models. XLNet: layer l of L gets
+    rate^(L-1-l), embeddings and heads 1.0 (as the original); Funnel: the embedding is layer 0 below the encoder
+    layers, and a QA model's decoder layers sit on top of the encoder (as Funnel's optimization.py)."""
     from xlgen import optim
     from xlgen.tasks.objective import FINETUNE
     from xlgen.train.program import abstract_model
 
-    for cfg_file, expect in ((XLNET, {"transformer.layers.0.": 0.5, "transformer.layers.1.": 1.0,
-                                      "transformer.word_embedding": 1.0, "logits_proj.": 1.0}),
-                             (FUNNEL, {"funnel.embeddings.": 0.25, "funnel.encoder.blocks.0.0.": 0.5,
-                                       "funnel.encoder.blocks.1.0.": 1.0, "classifier.": 1.0})):
-        cfg = _config({"optimizer.lr_layer_decay_rate": 0.5}, str(tmp_path), config=cfg_file)
+    for cfg_file, task, expect in (
+            (XLNET, None, {"transformer.layers.0.": 0.5, "transformer.layers.1.": 1.0,
+                           "transformer.word_embedding": 1.0, "logits_proj.": 1.0}),
+            (FUNNEL, None, {"funnel.embeddings.": 0.25, "funnel.encoder.blocks.0.0.": 0.5,
+                            "funnel.encoder.blocks.1.0.": 1.0, "classifier.": 1.0}),
+            (FUNNEL, "squad/v2.0", {"funnel.embeddings.": 0.125, "funnel.encoder.blocks.0.0.": 0.25,
+                                    "funnel.encoder.blocks.1.0.": 0.5, "funnel.decoder.layers.0.": 1.0,
+                                    "qa_outputs.": 1.0})):
+        over = {"optimizer.lr_layer_decay_rate": 0.5, **({"task": task} if task else {})}
+        cfg = _config(over, str(tmp_path), config=cfg_file)
         spec = abstract_model(lambda r: FINETUNE.make_model(cfg, r, True), train=True)
-        n = FINETUNE.n_layer(cfg)
-        scales = optim.layer_scales(spec.meta(), FINETUNE.layer_of, n, 0.5)
+        scales = optim.layer_decay_scales(spec.meta(), cfg.model.family, float(cfg.optimizer.lr_layer_decay_rate))
         for prefix, value in expect.items():
             hits = [float(v) for k, v in scales.items() if k.startswith(prefix)]
-            assert hits and all(h == value for h in hits), (cfg_file, prefix, hits)
+            assert hits and all(h == value for h in hits), (cfg_file, task, prefix, hits)
 
 
 def test_match_pretrained_names_and_shapes():

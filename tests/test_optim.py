@@ -86,7 +86,7 @@ def _funnel_expect(name, sizes, n_dec):
     ({"model": {"block_sizes": (2, 1), "block_repeats": (2, 2)}, "model.num_decoder_layers": 1}, (2, 1), 1),
     ({"objective": "funnel_electra", "model.block_sizes": "(1, 2)", "model.num_decoder_layers": 1}, (1, 2), 1),
 ])
-def test_funnel_input_blocks_decoder_flattened_to_one_layer_index(over, sizes, n_dec):
+def test_funnel_input_blocks_decoder_numbered_as_one_stack(over, sizes, n_dec):
     from xlgen import optim
 
     flat = _meta("funnel_tiny.py", **SMALL, **over)    # "model": B2x2-1x2, shared layers count once
@@ -250,3 +250,7 @@ def test_layer_ids_errors_on_unknown_family():
 
     with pytest.raises(ValueError, match="family"):
         optim.layer_ids({}, "bert")
+    meta = {"layers.0.w": ((3,), ("embed",))}
+    with pytest.raises(ValueError, match="model.family"):  # decay on a family layer_ids cannot number
+        optim.make_optimizer(_opt_cfg(lr_layer_decay_rate=0.5), 10, meta, family="bert")
+    optim.make_optimizer(_opt_cfg(lr_layer_decay_rate=1.0), 10, meta, family="bert")  # no decay: no numbering

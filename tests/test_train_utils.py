@@ -78,20 +78,21 @@ def test_schedule_warmup_then_decay_to_min_ratio():
         assert float(s(60)) < 1.0
 
 
-def test_weight_decay_mask_and_layer_scales():
-    from xlgen.optim import layer_scales, weight_decay_mask
+def test_weight_decay_mask_and_layer_decay_scales():
+    from xlgen.optim import layer_decay_scales, weight_decay_mask
 
     names = ["layers.0.attn.q.kernel", "layers.0.attn.layer_norm.scale", "layers.1.ff.layer_1.bias",
              "r_w_bias", "embedding.emb_layers.0.embedding"]
     m = weight_decay_mask(names)
     assert m == {names[0]: True, names[1]: False, names[2]: False, names[3]: False, names[4]: True}
+    # layer l of L = 1 + max index gets rate^(L-1-l); a stacked (`layers` axis) parameter gets one scale per slice
     meta = {"layers.0.q": ((4, 4), ("embed", "heads")), "layers.2.q": ((4, 4), ("embed", "heads")),
-            "stacked.q": ((3, 4, 4), ("layers", "embed", "heads")), "emb": ((8, 4), ("vocab", "embed"))}
-    from xlgen.train.objectives import _layer_index
-
-    sc = layer_scales(meta, _layer_index, n_layer=3, rate=0.5)
+            "layers.q": ((3, 4, 4), ("layers", "embed", "heads")), "emb": ((8, 4), ("vocab", "embed"))}
+    sc = layer_decay_scales(meta, "xlnet", rate=0.5)
     assert sc["layers.0.q"] == np.float32(0.25) and sc["layers.2.q"] == np.float32(1.0) and sc["emb"] == 1.0
-    np.testing.assert_allclose(sc["stacked.q"].reshape(-1), [0.25, 0.5, 1.0])
+    assert sc["layers.q"].shape == (3, 1, 1)
+    np.testing.assert_allclose(sc["layers.q"].reshape(-1), [0.25, 0.5, 1.0])
+    assert all(float(v) == 1.0 for v in layer_decay_scales(meta, "xlnet", rate=1.0).values())
 
 
 def test_layer_decay_lr_mode_scales_updates_and_faithful_mode_nearly_cancels():
@@ -103,12 +104,10 @@ def test_layer_decay_lr_mode_scales_updates_and_faithful_mode_nearly_cancels():
     meta = {"layers.0.w": ((3,), ("embed",)), "layers.1.w": ((3,), ("embed",))}
     params = {k: jnp.ones(3) for k in meta}
     grads = {k: jnp.array([0.1, -0.2, 0.3]) for k in meta}
-    from xlgen.train.objectives import _layer_index
-
     upd = {}
     for mode in ("lr", "faithful"):
         tx, _ = make_optimizer(_opt_cfg(schedule="constant", learning_rate=1.0, lr_layer_decay_rate=0.5,
-                                        layer_decay_mode=mode, clip_norm=0.0, eps=1e-8), 10, meta, _layer_index, 2)
+                                        layer_decay_mode=mode, clip_norm=0.0, eps=1e-8), 10, meta, family="xlnet")
         u, _ = tx.update(grads, tx.init(params), params)
         upd[mode] = u
     r = np.asarray(upd["lr"]["layers.0.w"]) / np.asarray(upd["lr"]["layers.1.w"])

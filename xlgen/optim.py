@@ -29,13 +29,14 @@ Two semantics:
   gradient scale cancels except against epsilon: this mode is nearly a no-op and exists for parity experiments.
 
 Parameters live in a flat dict {dotted_name: array}; stacked layers (a leading `layers` logical axis) get a
-per-row scale vector.
+per-row scale vector. `layer_ids` is the only place that numbers parameters into layers (the trainer, finetuning
+and every objective use it); a new model family gets its numbering there.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -68,26 +69,6 @@ def make_schedule(opt_cfg, total_steps: int) -> optax.Schedule:
 def weight_decay_mask(names: Sequence[str]) -> Dict[str, bool]:
     """True where weight decay applies: everything except LayerNorm parameters and biases (incl. r_w_bias...)."""
     return {n: NO_DECAY_PATTERN.search(n) is None for n in names}
-
-
-def layer_scales(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], layer_of: Callable[[str], Optional[int]],
-                 n_layer: int, rate: float) -> Dict[str, np.ndarray]:
-    """Per-parameter multiplier `rate ** (n_layer - 1 - l)`; a vector over rows for stacked (`layers`) params."""
-    out = {}
-    for name, (shape, axes) in meta.items():
-        if rate == 1.0:
-            out[name] = np.float32(1.0)
-            continue
-        if axes and "layers" in axes:
-            ax = list(axes).index("layers")
-            rows = rate ** (n_layer - 1 - np.arange(shape[ax], dtype=np.float64))
-            bshape = [1] * len(shape)
-            bshape[ax] = shape[ax]
-            out[name] = rows.reshape(bshape).astype(np.float32)
-            continue
-        l = layer_of(name)
-        out[name] = np.float32(1.0 if l is None else rate ** (n_layer - 1 - l))
-    return out
 
 
 FAMILIES = ("transformer_xl", "xlnet", "funnel")
@@ -191,6 +172,19 @@ def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: fl
             for name, i in ids.items()}
 
 
+def layer_decay_scales(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str], rate: float
+                       ) -> Dict[str, np.ndarray]:
+    """The layer-wise LR decay multiplier of every parameter of a `family` model (`layer_ids` + `scales_from_ids`).
+    rate 1.0 needs no numbering (all 1.0); any other rate needs a family `layer_ids` knows."""
+    if rate == 1.0:
+        return {name: np.float32(1.0) for name in meta}
+    if family not in FAMILIES:
+        raise ValueError(f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family in {FAMILIES} "
+                         f"(got {family!r}); set it to 1.0 or number the new family's layers in xlgen.optim.layer_ids")
+    ids, n = layer_ids(meta, family)
+    return scales_from_ids(ids, n, rate)
+
+
 def scale_by_tree(scales: Dict[str, np.ndarray]) -> optax.GradientTransformation:
     """Multiply each leaf by a fixed (broadcastable) constant."""
     def init(params):
@@ -205,13 +199,11 @@ def scale_by_tree(scales: Dict[str, np.ndarray]) -> optax.GradientTransformation
 
 
 def make_optimizer(opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]],
-                   layer_of: Callable[[str], Optional[int]] = lambda name: None,
-                   n_layer: int = 1, family: Optional[str] = None
-                   ) -> Tuple[optax.GradientTransformation, optax.Schedule]:
+                   family: Optional[str] = None) -> Tuple[optax.GradientTransformation, optax.Schedule]:
     """The optax transformation for flat-dict params with metadata {name: (shape, logical_axes)}.
 
-    Layer decay: for a built-in `family` ("transformer_xl", "xlnet", "funnel") the layer of every parameter comes
-    from `layer_ids(meta, family)`; otherwise from the `layer_of(name)` / `n_layer` hooks (custom objectives)."""
+    Layer decay (`lr_layer_decay_rate` != 1): the layer of every parameter comes from `layer_ids(meta, family)`,
+    family one of "transformer_xl", "xlnet", "funnel" (`config.model.family`)."""
     schedule = make_schedule(opt_cfg, total_steps)
     if opt_cfg.name not in ("adamw", "adam"):
         raise ValueError(f"optimizer.name={opt_cfg.name!r}: expected adamw or adam")
@@ -219,11 +211,7 @@ def make_optimizer(opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, .
     mode = opt_cfg.layer_decay_mode
     if mode not in ("lr", "faithful"):
         raise ValueError(f"optimizer.layer_decay_mode={mode!r}: expected 'lr' or 'faithful'")
-    if family in FAMILIES:
-        ids, n = layer_ids(meta, family)
-        scales = scales_from_ids(ids, n, rate)
-    else:
-        scales = layer_scales(meta, layer_of, n_layer, rate)
+    scales = layer_decay_scales(meta, family, rate)
     parts = []
     if float(opt_cfg.clip_norm) > 0:
         parts.append(optax.clip_by_global_norm(float(opt_cfg.clip_norm)))

@@ -19,7 +19,7 @@ Losses (XLNet `function_builder.py`, Funnel `classifier.py`/`squad.py`):
 from __future__ import annotations
 
 import importlib
-from typing import Dict, Optional
+from typing import Dict
 
 import jax
 import jax.numpy as jnp
@@ -154,48 +154,6 @@ def _eval_loss(model, batch, mems, config):
     return (per_example * w).sum(), w.sum(), None
 
 
-def layer_of_fn(config):
-    """Layer index for layer-wise LR decay: XLNet `layers.<i>` (embeddings and heads outside the stack get 1.0,
-    as the original); Funnel encoder layer j of block b -> 1 + sum(block_sizes[:b]) + j, embeddings 0 (the
-    original counts `model/input` as layer 0), decoder and heads on top."""
-    if config.model.family != "funnel":
-        return obj_lib._layer_index
-    sizes = list(model_cfg(config).block_sizes)
-
-    def layer_of(name: str) -> Optional[int]:
-        parts = name.split(".")
-        if "embeddings" in parts:
-            return 0
-        for a, b, c in zip(parts, parts[1:], parts[2:]):
-            if a == "blocks" and b.isdigit() and c.isdigit():
-                return 1 + sum(sizes[:int(b)]) + int(c)
-        return None
-
-    return layer_of
-
-
-def n_layer_of(config) -> int:
-    if config.model.family == "funnel":
-        return 1 + sum(model_cfg(config).block_sizes)
-    return int(config.model.n_layer)
-
-
-class _LayerOf:
-    """Picklable-free late binding: the trainer calls objective.layer_of(name) without the config."""
-    config = None
-
-    def __call__(self, name):
-        return layer_of_fn(self.config)(name) if self.config is not None else obj_lib._layer_index(name)
-
-
-LAYER_OF = _LayerOf()
-
-
-def _n_layer(config):
-    LAYER_OF.config = config
-    return n_layer_of(config)
-
-
 def _tokens(config):
     spec = batch_spec(config, "train")
     shape = spec["input_ids"][0]
@@ -207,4 +165,4 @@ def _tokens(config):
 
 FINETUNE = obj_lib.register_objective(obj_lib.Objective(
     name="finetune", family="any", make_model=make_model, batch_spec=batch_spec, loss=_loss, eval_loss=_eval_loss,
-    tokens_per_step=_tokens, layer_of=LAYER_OF, n_layer=_n_layer))
+    tokens_per_step=_tokens))

@@ -10,6 +10,9 @@ Built in:
   xlnet_plm       XLNet two-stream permutation LM: sum(nll * target_mask) / sum(target_mask) over target_mapping.
   funnel_mlm      Funnel MLM: sum(nll * label_mask) / sum(label_mask).
   funnel_electra  Funnel ELECTRA: generator MLM loss + disc_coeff * discriminator replaced-token BCE.
+
+Layer-wise LR decay is not per objective: the optimizer numbers parameters into layers from their names by
+`config.model.family` (`xlgen.optim.layer_ids`).
 """
 
 from __future__ import annotations
@@ -47,10 +50,6 @@ class Objective:
     tokens_per_step: Callable[[Any], int] = lambda config: 0
     # final eval metrics from the mean eval loss
     eval_metrics: Callable[[float, Any], Dict[str, float]] = lambda loss, config: {"loss": loss}
-    # (param name) -> layer index for layer-wise LR decay, and the number of layers. Used only for families that
-    # `xlgen.optim.layer_ids` does not know (the built-in ones are numbered from the parameter names there).
-    layer_of: Callable[[str], Optional[int]] = lambda name: None
-    n_layer: Callable[[Any], int] = lambda config: 1
     # (batch, config) -> the loss's normaliser for that batch (e.g. its number of target tokens), so that gradient
     # accumulation weights micro-batches like one global batch: sum_i w_i * loss_i / sum_i w_i. None = equal weights
     # (exact when every micro-batch has the same normaliser, e.g. a per-example mean).
@@ -87,15 +86,6 @@ def model_config(config, module: str, cls_name: str, **overrides):
     kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kw.items()}
     kw.update(overrides)
     return cls(**kw)
-
-
-def _layer_index(name: str) -> Optional[int]:
-    """`...layers.<i>....` -> i (unstacked layer lists)."""
-    parts = name.split(".")
-    for a, b in zip(parts, parts[1:]):
-        if a in ("layers", "layer") and b.isdigit():
-            return int(b)
-    return None
 
 
 def _reset_rows(mems: jax.Array, stream_reset: jax.Array) -> jax.Array:
@@ -191,8 +181,7 @@ register_objective(Objective(
     loss=_txl_loss, eval_loss=_txl_eval_loss, mems_shape=_txl_mems_shape,
     mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
     tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.tgt_len),
-    eval_metrics=_lm_eval_metrics, layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer),
-    loss_weight=_txl_loss_weight))
+    eval_metrics=_lm_eval_metrics, loss_weight=_txl_loss_weight))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -242,7 +231,6 @@ register_objective(Objective(
     mems_shape=_xlnet_mems_shape,
     mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
     tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.seq_len),
-    layer_of=_layer_index, n_layer=lambda config: int(config.model.n_layer),
     loss_weight=lambda batch, config: batch["target_mask"].astype(jnp.float32).sum()))
 
 

@@ -206,7 +206,6 @@ def _build_program(config, mesh: Mesh) -> Program:
                    for n in train_spec.shapes}
     param_shardings = {n: NamedSharding(mesh, s) for n, s in param_specs.items()}
     tx, schedule = optim.make_optimizer(config.optimizer, int(config.total_steps), train_spec.meta(),
-                                        layer_of=objective.layer_of, n_layer=objective.n_layer(config),
                                         family=config.model.get("family"))
 
     abstract_params = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
