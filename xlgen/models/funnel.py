@@ -264,6 +264,20 @@ class AttentionInputs(NamedTuple):
 # Layers
 # ----------------------------------------------------------------------------------------------------------------
 
+def _unsharded_embed(kernel: jax.Array) -> jax.Array:
+    """`kernel` `[embed, ...]` with its `embed` dimension gathered when a mesh is set (other dimensions left to the
+    partitioner). The factorized position term contracts q against W_r into a d_model-wide `[b, q, n, D]` tensor:
+    left alone, the partitioner keeps D sharded like W_r's fsdp-sharded `embed` and moves the (much larger)
+    activations instead -- all-gathers of the global batch, all-to-alls and partial-sum all-reduces every layer.
+    Gathering the 2 MB weight, as FSDP does for every other projection, keeps the activations batch-sharded."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return kernel
+    free = jax.sharding.PartitionSpec.UNCONSTRAINED
+    spec = jax.sharding.PartitionSpec(None, *([free] * (kernel.ndim - 1)))
+    return jax.lax.with_sharding_constraint(kernel, spec)
+
+
 class FunnelAttention(RelativeMultiHeadAttention):
     """The shared relative-attention layer with Funnel's settings: q without bias, k/v/o with bias, per-layer u, v,
     b_s biases and segment embeddings; strided positions in either form; <cls> excluded from position/segment terms.
@@ -287,7 +301,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
         if self.attention_type == "factorized":
             (phi, pi), k_enc = factorized_position_encodings(jnp.asarray(ai.q_pos), jnp.asarray(ai.k_pos),
                                                              self.d_model, dtype)
-            pos = factorized_position_scores(q_head, self.r.kernel[...], b["r_r_bias"],
+            pos = factorized_position_scores(q_head, _unsharded_embed(self.r.kernel[...]), b["r_r_bias"],
                                              (self.pos_drop(phi), self.pos_drop(pi)), k_enc)
         else:
             dist = relative_distances(ai.q_pos, ai.k_pos, ai.k_stride, ai.shift)
