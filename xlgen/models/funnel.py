@@ -30,6 +30,7 @@ Heads, the ELECTRA objective and losses live in `xlgen.models.funnel_heads`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -278,6 +279,18 @@ def _unsharded_embed(kernel: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(kernel, spec)
 
 
+def _batch_sharded(x: jax.Array) -> jax.Array:
+    """The residual stream `[b, t, d]` split over the batch axes only (rows over data x fsdp, d whole) when a mesh
+    with those axes is set. Without it the partitioner may carry the stream sharded like the fsdp-sharded `embed` of
+    the weights: every projection then all-reduces partial sums of the global batch and every LayerNorm reduces
+    across devices."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+    if mesh.empty or not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        return x
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(axes, *([None] * (x.ndim - 1))))
+
+
 class FunnelAttention(RelativeMultiHeadAttention):
     """The shared relative-attention layer with Funnel's settings: q without bias, k/v/o with bias, per-layer u, v,
     b_s biases and segment embeddings; strided positions in either form; <cls> excluded from position/segment terms.
@@ -335,7 +348,8 @@ class FunnelLayer(nnx.Module):
         return self._forward(query, kv, ai)
 
     def _forward(self, query, kv, ai):
-        return self.ffn(self.attention(query, kv, ai))
+        query, kv = _batch_sharded(query), _batch_sharded(kv)
+        return _batch_sharded(self.ffn(_batch_sharded(self.attention(query, kv, ai))))
 
 
 class FunnelEmbeddings(nnx.Module):
