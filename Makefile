@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.xlgen-installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,16 @@ $(STAMP): $(PY) setup.py constraints.txt
 
 install: $(STAMP)
 
-test: $(STAMP)
+# Formatting and lint (ruff.toml): `make format` rewrites, `make lint` checks; `make test` runs the check first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q -n 2 --durations=15 tests
 
 test-fast: $(STAMP)

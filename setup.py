@@ -1,4 +1,5 @@
 """xlgen: Transformer-XL, XLNet and Funnel-Transformer pretraining and finetuning on JAX/Flax."""
+
 from setuptools import find_packages, setup
 
 setup(
@@ -35,7 +36,13 @@ setup(
         # gs:// workdirs and data (etils.epath's GCS backend; TensorBoard events via google-cloud-storage).
         "gcs": ["gcsfs==2026.8.2"],
         # tests/test_remote_paths.py runs train/eval against a local GCS emulator.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "gcsfs==2026.8.2", "gcp-storage-emulator==2026.7.19"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "ruff==0.17.6",
+            "gcsfs==2026.8.2",
+            "gcp-storage-emulator==2026.7.19",
+        ],
         "parity": ["torch==2.13.0", "transformers==4.34.1"],
         "tpu": ["libtpu==0.0.42.1"],
         "tf": ["tensorflow-cpu>=2.16"],

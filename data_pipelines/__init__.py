@@ -6,6 +6,7 @@
 `.vocab_size`, `.tokenizer` and `.num_steps` (None for endless training streams, an int for evaluation).
 Config keys and defaults: `default_config(pipeline)`; documented in docs/data.md.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -13,76 +14,116 @@ import ml_collections
 _COMMON = dict(
     pipeline="lm",
     source="tinyshakespeare",  # embedded corpus name | text file | prepared directory (manifest.json)
-    vocab="char",              # raw text sources only: char | byte | word
-    valid_source="",           # raw text sources: separate valid file ("" = hold out the tail of `source`)
-    valid_fraction=0.1,        # raw text sources without valid_source
-    lower=False,               # raw text sources: lower-case before building the vocabulary
-    use_eod=True,              # sentence layout: a blank line is <eod>
-    tokenizer="",              # optional: the model's vocabulary file; must match the prepared manifest
-    vocab_size=0,              # optional: the model's vocabulary size; must match the data (0 = unchecked)
+    vocab="char",  # raw text sources only: char | byte | word
+    valid_source="",  # raw text sources: separate valid file ("" = hold out the tail of `source`)
+    valid_fraction=0.1,  # raw text sources without valid_source
+    lower=False,  # raw text sources: lower-case before building the vocabulary
+    use_eod=True,  # sentence layout: a blank line is <eod>
+    tokenizer="",  # optional: the model's vocabulary file; must match the prepared manifest
+    vocab_size=0,  # optional: the model's vocabulary size; must match the data (0 = unchecked)
     seed=0,
-    batch_size=16,             # GLOBAL batch size (all processes)
-    eval_batch_size=8,         # GLOBAL
+    batch_size=16,  # GLOBAL batch size (all processes)
+    eval_batch_size=8,  # GLOBAL
 )
 _DEFAULTS = {
     "lm": dict(tgt_len=128, eval_tgt_len=128, rotate_passes=True),
-    "xlnet": dict(seq_len=128, reuse_len=64, perm_size=64, num_predict=21, mask_alpha=6, mask_beta=1, max_gram=5,
-                  bi_data=True, span_unit="word", exact_num_predict=True, eval_steps=0),
+    "xlnet": dict(
+        seq_len=128,
+        reuse_len=64,
+        perm_size=64,
+        num_predict=21,
+        mask_alpha=6,
+        mask_beta=1,
+        max_gram=5,
+        bi_data=True,
+        span_unit="word",
+        exact_num_predict=True,
+        eval_steps=0,
+    ),
     "mlm": dict(seq_len=128, mask_prob=0.15, random_prob=0.1, keep_prob=0.1, eval_steps=0),
 }
 _DEFAULTS["electra"] = dict(_DEFAULTS["mlm"])
 
 
 def default_config(pipeline: str = "lm") -> ml_collections.ConfigDict:
-  """All `config.data` keys of a pipeline with their defaults."""
-  if pipeline not in _DEFAULTS:
-    raise ValueError(f"data.pipeline={pipeline!r}: expected one of {sorted(_DEFAULTS)}")
-  return ml_collections.ConfigDict({**_COMMON, **_DEFAULTS[pipeline], "pipeline": pipeline})
+    """All `config.data` keys of a pipeline with their defaults."""
+    if pipeline not in _DEFAULTS:
+        raise ValueError(f"data.pipeline={pipeline!r}: expected one of {sorted(_DEFAULTS)}")
+    return ml_collections.ConfigDict({**_COMMON, **_DEFAULTS[pipeline], "pipeline": pipeline})
 
 
 def _resolve(data_config) -> ml_collections.ConfigDict:
-  d = dict(data_config.to_dict() if hasattr(data_config, "to_dict") else data_config)
-  pipeline = d.get("pipeline", "lm")
-  cfg = default_config(pipeline)
-  unknown = sorted(set(d) - set(cfg))
-  if unknown:
-    raise ValueError(f"unknown config.data key(s) {unknown} for pipeline {pipeline!r}; valid keys: {sorted(cfg)}")
-  cfg.update(d)
-  return cfg
+    d = dict(data_config.to_dict() if hasattr(data_config, "to_dict") else data_config)
+    pipeline = d.get("pipeline", "lm")
+    cfg = default_config(pipeline)
+    unknown = sorted(set(d) - set(cfg))
+    if unknown:
+        raise ValueError(f"unknown config.data key(s) {unknown} for pipeline {pipeline!r}; valid keys: {sorted(cfg)}")
+    cfg.update(d)
+    return cfg
 
 
 def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, process_count: int = 1):
-  """Builds the pipeline for `data_config.pipeline` and `split` ("train" or "valid")."""
-  cfg = _resolve(data_config)
-  if split not in ("train", "valid", "test"):
-    raise ValueError(f"split={split!r}: expected train, valid or test")
-  train = split == "train"
-  if cfg.pipeline == "lm":
-    from data_pipelines import corpus, lm
-    c = corpus.corpus_from_config(cfg, split, "lm")
-    return lm.LMStreamPipeline(
-        c, global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
-        tgt_len=cfg.tgt_len if train else cfg.eval_tgt_len, seed=cfg.seed, process_index=process_index,
-        process_count=process_count, rotate_passes=cfg.rotate_passes and train, finite=not train)
-  if cfg.pipeline == "xlnet":
-    from data_pipelines import corpus, xlnet
-    c = corpus.corpus_from_config(cfg, split, "sentences")
-    return xlnet.XLNetPipeline(
-        c, global_batch_size=cfg.batch_size if train else cfg.eval_batch_size, seq_len=cfg.seq_len,
-        reuse_len=cfg.reuse_len, perm_size=cfg.perm_size, num_predict=cfg.num_predict, mask_alpha=cfg.mask_alpha,
-        mask_beta=cfg.mask_beta, max_gram=cfg.max_gram, bi_data=cfg.bi_data, span_unit=cfg.span_unit,
-        exact_num_predict=cfg.exact_num_predict,
-        seed=cfg.seed if train else cfg.seed + 1, process_index=process_index, process_count=process_count,
-        num_steps=None if train else (cfg.eval_steps or None), finite=not train)
-  if cfg.pipeline in ("mlm", "electra"):
-    from data_pipelines import corpus, mlm
-    c = corpus.corpus_from_config(cfg, split, "lm")
-    return mlm.MLMPipeline(
-        c, global_batch_size=cfg.batch_size if train else cfg.eval_batch_size, seq_len=cfg.seq_len,
-        mask_prob=cfg.mask_prob, random_prob=cfg.random_prob, keep_prob=cfg.keep_prob,
-        seed=cfg.seed if train else cfg.seed + 1, process_index=process_index, process_count=process_count,
-        shuffle=train, num_steps=None if train else (cfg.eval_steps or None))
-  raise AssertionError(cfg.pipeline)
+    """Builds the pipeline for `data_config.pipeline` and `split` ("train" or "valid")."""
+    cfg = _resolve(data_config)
+    if split not in ("train", "valid", "test"):
+        raise ValueError(f"split={split!r}: expected train, valid or test")
+    train = split == "train"
+    if cfg.pipeline == "lm":
+        from data_pipelines import corpus, lm
+
+        c = corpus.corpus_from_config(cfg, split, "lm")
+        return lm.LMStreamPipeline(
+            c,
+            global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
+            tgt_len=cfg.tgt_len if train else cfg.eval_tgt_len,
+            seed=cfg.seed,
+            process_index=process_index,
+            process_count=process_count,
+            rotate_passes=cfg.rotate_passes and train,
+            finite=not train,
+        )
+    if cfg.pipeline == "xlnet":
+        from data_pipelines import corpus, xlnet
+
+        c = corpus.corpus_from_config(cfg, split, "sentences")
+        return xlnet.XLNetPipeline(
+            c,
+            global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
+            seq_len=cfg.seq_len,
+            reuse_len=cfg.reuse_len,
+            perm_size=cfg.perm_size,
+            num_predict=cfg.num_predict,
+            mask_alpha=cfg.mask_alpha,
+            mask_beta=cfg.mask_beta,
+            max_gram=cfg.max_gram,
+            bi_data=cfg.bi_data,
+            span_unit=cfg.span_unit,
+            exact_num_predict=cfg.exact_num_predict,
+            seed=cfg.seed if train else cfg.seed + 1,
+            process_index=process_index,
+            process_count=process_count,
+            num_steps=None if train else (cfg.eval_steps or None),
+            finite=not train,
+        )
+    if cfg.pipeline in ("mlm", "electra"):
+        from data_pipelines import corpus, mlm
+
+        c = corpus.corpus_from_config(cfg, split, "lm")
+        return mlm.MLMPipeline(
+            c,
+            global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
+            seq_len=cfg.seq_len,
+            mask_prob=cfg.mask_prob,
+            random_prob=cfg.random_prob,
+            keep_prob=cfg.keep_prob,
+            seed=cfg.seed if train else cfg.seed + 1,
+            process_index=process_index,
+            process_count=process_count,
+            shuffle=train,
+            num_steps=None if train else (cfg.eval_steps or None),
+        )
+    raise AssertionError(cfg.pipeline)
 
 
 from data_pipelines.prefetch import prefetch  # noqa: E402

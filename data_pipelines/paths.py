@@ -11,6 +11,7 @@
 
 `gs://` needs `gcsfs` (`pip install 'xlgen[gcs]'`); on a TPU VM credentials come from the VM's service account.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,7 +32,7 @@ def as_path(path) -> epath.Path:
         return path if is_remote(path) else epath.Path(os.path.abspath(os.fspath(path)))
     s = os.fspath(path)
     if s.startswith("file://"):
-        s = s[len("file://"):]
+        s = s[len("file://") :]
     return epath.Path(s) if is_remote(s) else epath.Path(os.path.abspath(s))
 
 
@@ -125,8 +126,10 @@ def local_copy(path, *, sha256: str | None = None, key: str | None = None, subdi
                 h.update(chunk)
                 out.write(chunk)
         if sha256 is not None and h.hexdigest() != sha256:
-            raise ValueError(f"{p}: sha256 {h.hexdigest()[:12]} does not match the expected {sha256[:12]} "
-                             "(the file changed after its manifest was written)")
+            raise ValueError(
+                f"{p}: sha256 {h.hexdigest()[:12]} does not match the expected {sha256[:12]} "
+                "(the file changed after its manifest was written)"
+            )
         os.replace(tmp, dst)
     finally:
         if os.path.exists(tmp):
@@ -155,7 +158,7 @@ def local_dir_copy(path, *, subdir: str = "dirs") -> str:
     root = cache_dir(subdir, hashlib.sha256(str(p).encode()).hexdigest()[:16])
     base = str(p).rstrip("/") + "/"
     for f in _walk_files(p):
-        rel = str(f)[len(base):]
+        rel = str(f)[len(base) :]
         dst = os.path.join(root, *rel.split("/"))
         size = f.stat().length
         if os.path.exists(dst) and os.path.getsize(dst) == size:

@@ -14,16 +14,15 @@ tokenizer and settings are unchanged is kept. Unreadable, empty or non-UTF-8 inp
 path and renamed. `--output` may be a URL (`gs://bucket/corpus`, needs `xlgen[gcs]`); the manifest records each
 shard's sha256, which readers use to verify (and name) their local cached copy of a remote shard.
 """
+
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
 import hashlib
-import json
-import os
-import sys
-
 import io
+import json
+import sys
 
 import numpy as np
 
@@ -31,332 +30,429 @@ from data_pipelines import corpus as corpus_lib
 from data_pipelines import paths
 from data_pipelines import vocab as vocab_lib
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # Tokenizer specs
 # ----------------------------------------------------------------------------------------------------------------
-_KINDS = {"spm": "sentencepiece", "sentencepiece": "sentencepiece", "wordpiece": "wordpiece", "char": "char",
-          "byte": "byte", "word": "word"}
+_KINDS = {
+    "spm": "sentencepiece",
+    "sentencepiece": "sentencepiece",
+    "wordpiece": "wordpiece",
+    "char": "char",
+    "byte": "byte",
+    "word": "word",
+}
 
 
 def resolve_tokenizer(spec: str, train_files, output: str, args):
-  """`spm:PATH`, `wordpiece:PATH`, `char|byte|word[:vocab.json]` -> a tokenizer (built from `train_files` when no
-  vocabulary file is given for char/byte/word)."""
-  kind, _, path = spec.partition(":")
-  if kind not in _KINDS:
-    raise ValueError(f"--tokenizer {spec!r}: expected spm:PATH, wordpiece:PATH, char, byte or word[:vocab.json]")
-  kind = _KINDS[kind]
-  if kind == "sentencepiece":
-    return vocab_lib.SentencePieceTokenizer(path, uncased=args.uncased)
-  if kind == "wordpiece":
-    return vocab_lib.WordPieceTokenizer(path, uncased=not args.cased)
-  if path:
-    return vocab_lib.load_tokenizer(kind, path)
-  texts = []
-  for f in train_files:
-    try:
-      texts.append(vocab_lib.read_text(f))
-    except (OSError, ValueError):
-      continue  # reported by the shard pass
-  return vocab_lib.SymbolVocab.build(kind, texts, min_freq=args.min_freq, max_size=args.max_size,
-                                     lower=args.uncased)
+    """`spm:PATH`, `wordpiece:PATH`, `char|byte|word[:vocab.json]` -> a tokenizer (built from `train_files` when no
+    vocabulary file is given for char/byte/word)."""
+    kind, _, path = spec.partition(":")
+    if kind not in _KINDS:
+        raise ValueError(f"--tokenizer {spec!r}: expected spm:PATH, wordpiece:PATH, char, byte or word[:vocab.json]")
+    kind = _KINDS[kind]
+    if kind == "sentencepiece":
+        return vocab_lib.SentencePieceTokenizer(path, uncased=args.uncased)
+    if kind == "wordpiece":
+        return vocab_lib.WordPieceTokenizer(path, uncased=not args.cased)
+    if path:
+        return vocab_lib.load_tokenizer(kind, path)
+    texts = []
+    for f in train_files:
+        try:
+            texts.append(vocab_lib.read_text(f))
+        except (OSError, ValueError):
+            continue  # reported by the shard pass
+    return vocab_lib.SymbolVocab.build(kind, texts, min_freq=args.min_freq, max_size=args.max_size, lower=args.uncased)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Shards
 # ----------------------------------------------------------------------------------------------------------------
 def _save_npy(path: str, arr: np.ndarray) -> str:
-  """Atomic write of `arr` as .npy (local or gs://); returns the file's sha256."""
-  buf = io.BytesIO()
-  np.save(buf, arr)
-  data = buf.getvalue()
-  paths.atomic_write_bytes(path, data)
-  return hashlib.sha256(data).hexdigest()
+    """Atomic write of `arr` as .npy (local or gs://); returns the file's sha256."""
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    data = buf.getvalue()
+    paths.atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _documents(lines):
-  doc = []
-  for line in lines:
-    if line.strip():
-      doc.append(line)
-    elif doc:
-      yield doc
-      doc = []
-  if doc:
-    yield doc
+    doc = []
+    for line in lines:
+        if line.strip():
+            doc.append(line)
+        elif doc:
+            yield doc
+            doc = []
+    if doc:
+        yield doc
 
 
 def _encode_file(job: dict) -> dict:
-  """Worker: tokenizes one file into a shard. Returns the manifest entry, or {"skipped": reason}."""
-  src = job["source"]
-  try:
-    text = vocab_lib.read_text(src)
-  except (OSError, ValueError) as e:
-    return {"source": src, "skipped": str(e)}
-  t = job["tokenizer"]
-  tok = vocab_lib.load_tokenizer(t["kind"], t["path"], **t["settings"])
-  layout, use_eod, min_doc = job["layout"], job["use_eod"], job["min_doc_tokens"]
-  chunks, parity, num_docs, dropped, prev = [], [], 0, 0, None
-  for doc in _documents(text.splitlines()):
-    ids, sent, _ = corpus_lib.encode_lines(tok, doc + [""], layout, use_eod=use_eod)
-    if len(ids) < max(1, min_doc):
-      dropped += 1
-      continue
-    num_docs += 1
-    chunks.append(ids)
-    if sent is not None:
-      if prev is not None and sent[0] == prev:  # keep parity flipping at document junctions (as the original)
-        sent = ~sent
-      prev = sent[-1]
-      parity.append(sent)
-  if not chunks:
-    return {"source": src, "skipped": f"{src}: no tokens (all {dropped} documents shorter than "
-                                      f"--min_doc_tokens={min_doc})" if dropped else f"{src}: no tokens"}
-  ids = np.concatenate(chunks)
-  if ids.size and (ids.min() < 0 or ids.max() >= t["vocab_size"]):
-    raise ValueError(f"{src}: token id out of range for the vocabulary")
-  dtype = np.uint16 if t["vocab_size"] <= np.iinfo(np.uint16).max + 1 else np.int32
-  out = job["output"]
-  tokens_sha = _save_npy(paths.join(out, job["tokens"]), ids.astype(dtype))
-  entry = {"source": src, "source_sha256": job["source_sha256"], "key": job["key"], "tokens": job["tokens"],
-           "tokens_sha256": tokens_sha,
-           "num_tokens": int(len(ids)), "num_documents": num_docs, "dropped_documents": dropped,
-           "num_lines": text.count("\n") + (not text.endswith("\n"))}
-  if layout == "sentences":
-    entry["sentences_sha256"] = _save_npy(paths.join(out, job["sentences"]), np.concatenate(parity))
-    entry["sentences"] = job["sentences"]
-  return entry
+    """Worker: tokenizes one file into a shard. Returns the manifest entry, or {"skipped": reason}."""
+    src = job["source"]
+    try:
+        text = vocab_lib.read_text(src)
+    except (OSError, ValueError) as e:
+        return {"source": src, "skipped": str(e)}
+    t = job["tokenizer"]
+    tok = vocab_lib.load_tokenizer(t["kind"], t["path"], **t["settings"])
+    layout, use_eod, min_doc = job["layout"], job["use_eod"], job["min_doc_tokens"]
+    chunks, parity, num_docs, dropped, prev = [], [], 0, 0, None
+    for doc in _documents(text.splitlines()):
+        ids, sent, _ = corpus_lib.encode_lines(tok, doc + [""], layout, use_eod=use_eod)
+        if len(ids) < max(1, min_doc):
+            dropped += 1
+            continue
+        num_docs += 1
+        chunks.append(ids)
+        if sent is not None:
+            if prev is not None and sent[0] == prev:  # keep parity flipping at document junctions (as the original)
+                sent = ~sent
+            prev = sent[-1]
+            parity.append(sent)
+    if not chunks:
+        return {
+            "source": src,
+            "skipped": f"{src}: no tokens (all {dropped} documents shorter than --min_doc_tokens={min_doc})"
+            if dropped
+            else f"{src}: no tokens",
+        }
+    ids = np.concatenate(chunks)
+    if ids.size and (ids.min() < 0 or ids.max() >= t["vocab_size"]):
+        raise ValueError(f"{src}: token id out of range for the vocabulary")
+    dtype = np.uint16 if t["vocab_size"] <= np.iinfo(np.uint16).max + 1 else np.int32
+    out = job["output"]
+    tokens_sha = _save_npy(paths.join(out, job["tokens"]), ids.astype(dtype))
+    entry = {
+        "source": src,
+        "source_sha256": job["source_sha256"],
+        "key": job["key"],
+        "tokens": job["tokens"],
+        "tokens_sha256": tokens_sha,
+        "num_tokens": int(len(ids)),
+        "num_documents": num_docs,
+        "dropped_documents": dropped,
+        "num_lines": text.count("\n") + (not text.endswith("\n")),
+    }
+    if layout == "sentences":
+        entry["sentences_sha256"] = _save_npy(paths.join(out, job["sentences"]), np.concatenate(parity))
+        entry["sentences"] = job["sentences"]
+    return entry
 
 
 def _file_sha256(path: str) -> str | None:
-  try:
-    return vocab_lib.sha256_file(path)
-  except OSError:
-    return None
-
-
-def prepare_corpus(splits: dict, tokenizer, output: str, *, layout: str = "lm", use_eod: bool = True,
-                   min_doc_tokens: int = 0, workers: int = 1, strict: bool = False, progress: bool = True) -> dict:
-  """Tokenizes {split: [files]} into `output`; returns the manifest (also written to output/manifest.json)."""
-  from tqdm import tqdm
-  if layout not in ("lm", "sentences"):
-    raise ValueError(f"--layout {layout!r}: expected lm or sentences")
-  paths.makedirs(output)
-  vocab_file = tokenizer.save(output)
-  tok_entry = {"kind": tokenizer.kind, "file": vocab_file, "sha256": tokenizer.fingerprint(),
-               "vocab_size": tokenizer.vocab_size, "settings": tokenizer.settings()}
-  settings = {"layout": layout, "use_eod": use_eod, "min_doc_tokens": min_doc_tokens}
-  old = {}
-  if paths.as_path(output).joinpath(corpus_lib.MANIFEST).is_file():
     try:
-      prev = corpus_lib.read_manifest(output)
-      old = {sh["key"]: sh for s in prev["splits"].values() for sh in s["shards"]}
-    except (ValueError, KeyError):
-      old = {}
-  config_key = json.dumps([tok_entry["sha256"], tok_entry["settings"], settings], sort_keys=True)
-  jobs, entries, skipped, reused = [], {s: [] for s in splits}, [], 0
-  for split, files in splits.items():
-    paths.makedirs(paths.join(output, split))
-    for i, src in enumerate(files):
-      src = paths.display(src)
-      sha = _file_sha256(src)
-      if sha is None:
-        skipped.append({"file": src, "split": split, "reason": f"{src}: cannot read"})
-        continue
-      key = hashlib.sha256(f"{sha}|{config_key}".encode()).hexdigest()[:16]
-      stem = paths.as_path(src).stem
-      name = f"{split}/{i:05d}-{stem}-{key}"
-      sh = old.get(key)
-      out_dir = paths.as_path(output)
-      if sh and sh["tokens"] == f"{name}.tokens.npy" and out_dir.joinpath(sh["tokens"]).is_file() and (
-          layout == "lm" or out_dir.joinpath(sh.get("sentences", "")).is_file()):
-        entries[split].append(sh)
-        reused += 1
-        continue
-      jobs.append((split, {"source": src, "source_sha256": sha, "key": key, "output": output, "layout": layout,
-                           "use_eod": use_eod, "min_doc_tokens": min_doc_tokens, "tokens": f"{name}.tokens.npy",
-                           "sentences": f"{name}.sentences.npy",
-                           "tokenizer": {**tok_entry, "path": paths.join(output, vocab_file)}}))
-  results = []
-  if jobs:
-    bar = tqdm(total=len(jobs), desc="prepare", unit="file", disable=not progress)
-    if workers > 1 and len(jobs) > 1:
-      # spawn, not fork: the caller may have started threads (JAX, tokenizers) that fork would copy mid-lock
-      import multiprocessing
-      with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-        fs = {ex.submit(_encode_file, job): split for split, job in jobs}
-        for f in futures.as_completed(fs):
-          results.append((fs[f], f.result()))
-          bar.update()
-    else:
-      for split, job in jobs:
-        results.append((split, _encode_file(job)))
-        bar.update()
-    bar.close()
-  for split, r in results:
-    if "skipped" in r:
-      skipped.append({"file": r["source"], "split": split, "reason": r["skipped"]})
-    else:
-      entries[split].append(r)
-  if skipped and strict:
-    raise ValueError("bad input files:\n  " + "\n  ".join(s["reason"] for s in skipped))
-  for split in entries:
-    entries[split].sort(key=lambda e: e["tokens"])
-    if not entries[split]:
-      raise ValueError(f"split {split!r}: no usable input files (" +
-                       "; ".join(s["reason"] for s in skipped if s["split"] == split) + ")")
-  manifest = {
-      "format": corpus_lib.FORMAT, "layout": layout, "tokenizer": tok_entry, "settings": settings,
-      "splits": {s: {"num_tokens": sum(e["num_tokens"] for e in es),
-                     "num_documents": sum(e["num_documents"] for e in es),
-                     "dropped_documents": sum(e["dropped_documents"] for e in es), "shards": es}
-                 for s, es in entries.items()},
-      "skipped": skipped,
-  }
-  vocab_lib.atomic_write_bytes(paths.join(output, corpus_lib.MANIFEST),
-                               json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8"))
-  manifest["report"] = {"written": len(results) - sum("skipped" in r for _, r in results), "up_to_date": reused,
-                        "skipped": len(skipped)}
-  return manifest
+        return vocab_lib.sha256_file(path)
+    except OSError:
+        return None
+
+
+def prepare_corpus(
+    splits: dict,
+    tokenizer,
+    output: str,
+    *,
+    layout: str = "lm",
+    use_eod: bool = True,
+    min_doc_tokens: int = 0,
+    workers: int = 1,
+    strict: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Tokenizes {split: [files]} into `output`; returns the manifest (also written to output/manifest.json)."""
+    from tqdm import tqdm
+
+    if layout not in ("lm", "sentences"):
+        raise ValueError(f"--layout {layout!r}: expected lm or sentences")
+    paths.makedirs(output)
+    vocab_file = tokenizer.save(output)
+    tok_entry = {
+        "kind": tokenizer.kind,
+        "file": vocab_file,
+        "sha256": tokenizer.fingerprint(),
+        "vocab_size": tokenizer.vocab_size,
+        "settings": tokenizer.settings(),
+    }
+    settings = {"layout": layout, "use_eod": use_eod, "min_doc_tokens": min_doc_tokens}
+    old = {}
+    if paths.as_path(output).joinpath(corpus_lib.MANIFEST).is_file():
+        try:
+            prev = corpus_lib.read_manifest(output)
+            old = {sh["key"]: sh for s in prev["splits"].values() for sh in s["shards"]}
+        except (ValueError, KeyError):
+            old = {}
+    config_key = json.dumps([tok_entry["sha256"], tok_entry["settings"], settings], sort_keys=True)
+    jobs, entries, skipped, reused = [], {s: [] for s in splits}, [], 0
+    for split, files in splits.items():
+        paths.makedirs(paths.join(output, split))
+        for i, src in enumerate(files):
+            src = paths.display(src)
+            sha = _file_sha256(src)
+            if sha is None:
+                skipped.append({"file": src, "split": split, "reason": f"{src}: cannot read"})
+                continue
+            key = hashlib.sha256(f"{sha}|{config_key}".encode()).hexdigest()[:16]
+            stem = paths.as_path(src).stem
+            name = f"{split}/{i:05d}-{stem}-{key}"
+            sh = old.get(key)
+            out_dir = paths.as_path(output)
+            if (
+                sh
+                and sh["tokens"] == f"{name}.tokens.npy"
+                and out_dir.joinpath(sh["tokens"]).is_file()
+                and (layout == "lm" or out_dir.joinpath(sh.get("sentences", "")).is_file())
+            ):
+                entries[split].append(sh)
+                reused += 1
+                continue
+            jobs.append(
+                (
+                    split,
+                    {
+                        "source": src,
+                        "source_sha256": sha,
+                        "key": key,
+                        "output": output,
+                        "layout": layout,
+                        "use_eod": use_eod,
+                        "min_doc_tokens": min_doc_tokens,
+                        "tokens": f"{name}.tokens.npy",
+                        "sentences": f"{name}.sentences.npy",
+                        "tokenizer": {**tok_entry, "path": paths.join(output, vocab_file)},
+                    },
+                )
+            )
+    results = []
+    if jobs:
+        bar = tqdm(total=len(jobs), desc="prepare", unit="file", disable=not progress)
+        if workers > 1 and len(jobs) > 1:
+            # spawn, not fork: the caller may have started threads (JAX, tokenizers) that fork would copy mid-lock
+            import multiprocessing
+
+            with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+                fs = {ex.submit(_encode_file, job): split for split, job in jobs}
+                for f in futures.as_completed(fs):
+                    results.append((fs[f], f.result()))
+                    bar.update()
+        else:
+            for split, job in jobs:
+                results.append((split, _encode_file(job)))
+                bar.update()
+        bar.close()
+    for split, r in results:
+        if "skipped" in r:
+            skipped.append({"file": r["source"], "split": split, "reason": r["skipped"]})
+        else:
+            entries[split].append(r)
+    if skipped and strict:
+        raise ValueError("bad input files:\n  " + "\n  ".join(s["reason"] for s in skipped))
+    for split in entries:
+        entries[split].sort(key=lambda e: e["tokens"])
+        if not entries[split]:
+            raise ValueError(
+                f"split {split!r}: no usable input files ("
+                + "; ".join(s["reason"] for s in skipped if s["split"] == split)
+                + ")"
+            )
+    manifest = {
+        "format": corpus_lib.FORMAT,
+        "layout": layout,
+        "tokenizer": tok_entry,
+        "settings": settings,
+        "splits": {
+            s: {
+                "num_tokens": sum(e["num_tokens"] for e in es),
+                "num_documents": sum(e["num_documents"] for e in es),
+                "dropped_documents": sum(e["dropped_documents"] for e in es),
+                "shards": es,
+            }
+            for s, es in entries.items()
+        },
+        "skipped": skipped,
+    }
+    vocab_lib.atomic_write_bytes(
+        paths.join(output, corpus_lib.MANIFEST), json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8")
+    )
+    manifest["report"] = {
+        "written": len(results) - sum("skipped" in r for _, r in results),
+        "up_to_date": reused,
+        "skipped": len(skipped),
+    }
+    return manifest
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # CLI
 # ----------------------------------------------------------------------------------------------------------------
 def _parser():
-  ap = argparse.ArgumentParser(prog="xlgen prepare", description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = argparse.ArgumentParser(
+        prog="xlgen prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
 
-  s = sub.add_parser("spm", help="train a SentencePiece model with XLNet's recipe")
-  s.add_argument("--input", nargs="+", required=True)
-  s.add_argument("--model_prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
-  s.add_argument("--vocab_size", type=int, default=32000)
-  s.add_argument("--character_coverage", type=float, default=0.99995)
-  s.add_argument("--input_sentence_size", type=int, default=10_000_000)
-  s.add_argument("--uncased", action="store_true")
+    s = sub.add_parser("spm", help="train a SentencePiece model with XLNet's recipe")
+    s.add_argument("--input", nargs="+", required=True)
+    s.add_argument("--model_prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
+    s.add_argument("--vocab_size", type=int, default=32000)
+    s.add_argument("--character_coverage", type=float, default=0.99995)
+    s.add_argument("--input_sentence_size", type=int, default=10_000_000)
+    s.add_argument("--uncased", action="store_true")
 
-  w = sub.add_parser("wordpiece", help="train a WordPiece vocab.txt (Funnel/BERT)")
-  w.add_argument("--input", nargs="+", required=True)
-  w.add_argument("--output_dir", required=True)
-  w.add_argument("--vocab_size", type=int, default=30522)
-  w.add_argument("--min_frequency", type=int, default=2)
-  w.add_argument("--cased", action="store_true")
+    w = sub.add_parser("wordpiece", help="train a WordPiece vocab.txt (Funnel/BERT)")
+    w.add_argument("--input", nargs="+", required=True)
+    w.add_argument("--output_dir", required=True)
+    w.add_argument("--vocab_size", type=int, default=30522)
+    w.add_argument("--min_frequency", type=int, default=2)
+    w.add_argument("--cased", action="store_true")
 
-  v = sub.add_parser("vocab", help="build a Transformer-XL char/byte/word vocabulary (vocab.json)")
-  v.add_argument("--level", choices=["char", "byte", "word"], required=True)
-  v.add_argument("--input", nargs="+", required=True)
-  v.add_argument("--output", required=True)
-  v.add_argument("--min_freq", type=int, default=1)
-  v.add_argument("--max_size", type=int, default=None)
-  v.add_argument("--lower", action="store_true")
+    v = sub.add_parser("vocab", help="build a Transformer-XL char/byte/word vocabulary (vocab.json)")
+    v.add_argument("--level", choices=["char", "byte", "word"], required=True)
+    v.add_argument("--input", nargs="+", required=True)
+    v.add_argument("--output", required=True)
+    v.add_argument("--min_freq", type=int, default=1)
+    v.add_argument("--max_size", type=int, default=None)
+    v.add_argument("--lower", action="store_true")
 
-  c = sub.add_parser("corpus", help="tokenize text files into shards + manifest.json")
-  c.add_argument("--train", nargs="+", required=True)
-  c.add_argument("--valid", nargs="*", default=[])
-  c.add_argument("--test", nargs="*", default=[])
-  c.add_argument("--tokenizer", required=True, help="spm:PATH | wordpiece:PATH | char | byte | word[:vocab.json]")
-  c.add_argument("--layout", choices=["lm", "sentences"], default="lm",
-                 help="lm: one stream (Transformer-XL, MLM); sentences: XLNet (line = sentence, blank = <eod>)")
-  c.add_argument("--output", required=True)
-  c.add_argument("--workers", type=int, default=1)
-  c.add_argument("--no_eod", action="store_true", help="sentences layout: drop blank lines instead of <eod>")
-  c.add_argument("--min_doc_tokens", type=int, default=0, help="drop (and count) shorter documents")
-  c.add_argument("--uncased", action="store_true", help="spm: lower-case; char/byte/word: lower-case")
-  c.add_argument("--cased", action="store_true", help="wordpiece: keep case")
-  c.add_argument("--min_freq", type=int, default=1, help="built word vocabularies: frequency cut-off")
-  c.add_argument("--max_size", type=int, default=None, help="built word vocabularies: size cap")
-  c.add_argument("--strict", action="store_true", help="bad input files are errors instead of skipped")
-  c.add_argument("--quiet", action="store_true")
-  sh = sub.add_parser("show", help="print one decoded example of a pipeline (inspect targets, segments, ...)")
-  sh.add_argument("--source", default="tinyshakespeare", help="embedded name, text file or prepared directory")
-  sh.add_argument("--pipeline", default="xlnet", choices=["lm", "xlnet", "mlm", "electra"])
-  sh.add_argument("--split", default="train")
-  sh.add_argument("--step", type=int, default=0)
-  sh.add_argument("--row", type=int, default=0)
-  sh.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="other config.data keys")
-  return ap
+    c = sub.add_parser("corpus", help="tokenize text files into shards + manifest.json")
+    c.add_argument("--train", nargs="+", required=True)
+    c.add_argument("--valid", nargs="*", default=[])
+    c.add_argument("--test", nargs="*", default=[])
+    c.add_argument("--tokenizer", required=True, help="spm:PATH | wordpiece:PATH | char | byte | word[:vocab.json]")
+    c.add_argument(
+        "--layout",
+        choices=["lm", "sentences"],
+        default="lm",
+        help="lm: one stream (Transformer-XL, MLM); sentences: XLNet (line = sentence, blank = <eod>)",
+    )
+    c.add_argument("--output", required=True)
+    c.add_argument("--workers", type=int, default=1)
+    c.add_argument("--no_eod", action="store_true", help="sentences layout: drop blank lines instead of <eod>")
+    c.add_argument("--min_doc_tokens", type=int, default=0, help="drop (and count) shorter documents")
+    c.add_argument("--uncased", action="store_true", help="spm: lower-case; char/byte/word: lower-case")
+    c.add_argument("--cased", action="store_true", help="wordpiece: keep case")
+    c.add_argument("--min_freq", type=int, default=1, help="built word vocabularies: frequency cut-off")
+    c.add_argument("--max_size", type=int, default=None, help="built word vocabularies: size cap")
+    c.add_argument("--strict", action="store_true", help="bad input files are errors instead of skipped")
+    c.add_argument("--quiet", action="store_true")
+    sh = sub.add_parser("show", help="print one decoded example of a pipeline (inspect targets, segments, ...)")
+    sh.add_argument("--source", default="tinyshakespeare", help="embedded name, text file or prepared directory")
+    sh.add_argument("--pipeline", default="xlnet", choices=["lm", "xlnet", "mlm", "electra"])
+    sh.add_argument("--split", default="train")
+    sh.add_argument("--step", type=int, default=0)
+    sh.add_argument("--row", type=int, default=0)
+    sh.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="other config.data keys")
+    return ap
 
 
 def show_example(args) -> str:
-  """One row of one batch, decoded: XLNet targets in [brackets], then the segments; MLM masked input + labels."""
-  import ast
-  import data_pipelines
-  cfg = data_pipelines.default_config(args.pipeline)
-  cfg.source = args.source
-  for kv in args.set:
-    k, _, v = kv.partition("=")
-    try:
-      v = ast.literal_eval(v)
-    except (ValueError, SyntaxError):
-      pass
-    cfg[k] = v
-  cfg.batch_size = max(cfg.batch_size, 2)
-  p = data_pipelines.make_pipeline(cfg, split=args.split)
-  b = p.batch(args.step)
-  r, tok = args.row, p.tokenizer
-  def piece(i):  # whitespace made visible so the pieces split unambiguously
-    return tok.id_to_piece(int(i)).replace(" ", "\u2581").replace("\n", "\\n").replace("\t", "\\t") or "''"
-  lines = [f"{args.pipeline} {args.split} step {args.step} row {r} (vocab_size {p.vocab_size})"]
-  if args.pipeline == "lm":
-    lines += [f"reset={bool(b['stream_reset'][r])}", repr(tok.decode(b["input_ids"][r]))]
-  elif args.pipeline == "xlnet":
-    tgt = b["target_mapping"][r].sum(0).astype(bool)
-    seg = b["token_type_ids"][r]
-    lines.append(f"forward={bool(b['is_forward'][r])} reset={bool(b['stream_reset'][r])} "
-                 f"nsp_label={int(b['nsp_label'][r])} targets={int(tgt.sum())}")
-    for s_id, name in ((0, "reuse+A"), (1, "B"), (2, "cls")):
-      idx = np.flatnonzero(seg == s_id)
-      lines.append(f"  [{name}] " + " ".join(f"[{piece(b['input_ids'][r, i])}]" if tgt[i] else
-                                            piece(b["input_ids"][r, i]) for i in idx))
-  else:
-    lm = b["label_mask"][r].astype(bool)
-    lines.append("  input:  " + " ".join(piece(i) for i in b["input_ids"][r]))
-    lines.append("  labels: " + " ".join(f"{piece(b['labels'][r, i])}" for i in np.flatnonzero(lm)))
-  return "\n".join(lines)
+    """One row of one batch, decoded: XLNet targets in [brackets], then the segments; MLM masked input + labels."""
+    import ast
+
+    import data_pipelines
+
+    cfg = data_pipelines.default_config(args.pipeline)
+    cfg.source = args.source
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        try:
+            v = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            pass
+        cfg[k] = v
+    cfg.batch_size = max(cfg.batch_size, 2)
+    p = data_pipelines.make_pipeline(cfg, split=args.split)
+    b = p.batch(args.step)
+    r, tok = args.row, p.tokenizer
+
+    def piece(i):  # whitespace made visible so the pieces split unambiguously
+        return tok.id_to_piece(int(i)).replace(" ", "\u2581").replace("\n", "\\n").replace("\t", "\\t") or "''"
+
+    lines = [f"{args.pipeline} {args.split} step {args.step} row {r} (vocab_size {p.vocab_size})"]
+    if args.pipeline == "lm":
+        lines += [f"reset={bool(b['stream_reset'][r])}", repr(tok.decode(b["input_ids"][r]))]
+    elif args.pipeline == "xlnet":
+        tgt = b["target_mapping"][r].sum(0).astype(bool)
+        seg = b["token_type_ids"][r]
+        lines.append(
+            f"forward={bool(b['is_forward'][r])} reset={bool(b['stream_reset'][r])} "
+            f"nsp_label={int(b['nsp_label'][r])} targets={int(tgt.sum())}"
+        )
+        for s_id, name in ((0, "reuse+A"), (1, "B"), (2, "cls")):
+            idx = np.flatnonzero(seg == s_id)
+            lines.append(
+                f"  [{name}] "
+                + " ".join(f"[{piece(b['input_ids'][r, i])}]" if tgt[i] else piece(b["input_ids"][r, i]) for i in idx)
+            )
+    else:
+        lm = b["label_mask"][r].astype(bool)
+        lines.append("  input:  " + " ".join(piece(i) for i in b["input_ids"][r]))
+        lines.append("  labels: " + " ".join(f"{piece(b['labels'][r, i])}" for i in np.flatnonzero(lm)))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-  args = _parser().parse_args(argv)
-  try:
-    if args.cmd == "spm":
-      path = vocab_lib.train_sentencepiece(args.input, args.model_prefix, vocab_size=args.vocab_size,
-                                           character_coverage=args.character_coverage,
-                                           input_sentence_size=args.input_sentence_size, uncased=args.uncased)
-      print(f"wrote {path}")
-    elif args.cmd == "wordpiece":
-      print(f"wrote {vocab_lib.train_wordpiece(args.input, args.output_dir, args.vocab_size, args.min_frequency, not args.cased)}")
-    elif args.cmd == "show":
-      print(show_example(args))
-    elif args.cmd == "vocab":
-      texts = [vocab_lib.read_text(f) for f in args.input]
-      v = vocab_lib.SymbolVocab.build(args.level, texts, min_freq=args.min_freq, max_size=args.max_size,
-                                      lower=args.lower)
-      vocab_lib.atomic_write_bytes(args.output, v.to_json().encode("utf-8"))
-      print(f"wrote {args.output} ({v.vocab_size} symbols)")
-    else:
-      tok = resolve_tokenizer(args.tokenizer, args.train, args.output, args)
-      splits = {"train": args.train}
-      if args.valid:
-        splits["valid"] = args.valid
-      if args.test:
-        splits["test"] = args.test
-      m = prepare_corpus(splits, tok, args.output, layout=args.layout, use_eod=not args.no_eod,
-                         min_doc_tokens=args.min_doc_tokens, workers=args.workers, strict=args.strict,
-                         progress=not args.quiet)
-      r = m["report"]
-      print(f"{args.output}: {r['written']} shard(s) written, {r['up_to_date']} up to date, {r['skipped']} "
-            f"skipped; vocab_size {tok.vocab_size}")
-      for s, info in m["splits"].items():
-        print(f"  {s}: {info['num_tokens']} tokens, {info['num_documents']} documents "
-              f"({info['dropped_documents']} dropped), {len(info['shards'])} shard(s)")
-      for s in m["skipped"]:
-        print(f"  skipped: {s['reason']}", file=sys.stderr)
-  except (ValueError, FileNotFoundError) as e:
-    print(f"xlgen prepare: error: {e}", file=sys.stderr)
-    return 2
-  return 0
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "spm":
+            path = vocab_lib.train_sentencepiece(
+                args.input,
+                args.model_prefix,
+                vocab_size=args.vocab_size,
+                character_coverage=args.character_coverage,
+                input_sentence_size=args.input_sentence_size,
+                uncased=args.uncased,
+            )
+            print(f"wrote {path}")
+        elif args.cmd == "wordpiece":
+            print(
+                f"wrote {vocab_lib.train_wordpiece(args.input, args.output_dir, args.vocab_size, args.min_frequency, not args.cased)}"
+            )
+        elif args.cmd == "show":
+            print(show_example(args))
+        elif args.cmd == "vocab":
+            texts = [vocab_lib.read_text(f) for f in args.input]
+            v = vocab_lib.SymbolVocab.build(
+                args.level, texts, min_freq=args.min_freq, max_size=args.max_size, lower=args.lower
+            )
+            vocab_lib.atomic_write_bytes(args.output, v.to_json().encode("utf-8"))
+            print(f"wrote {args.output} ({v.vocab_size} symbols)")
+        else:
+            tok = resolve_tokenizer(args.tokenizer, args.train, args.output, args)
+            splits = {"train": args.train}
+            if args.valid:
+                splits["valid"] = args.valid
+            if args.test:
+                splits["test"] = args.test
+            m = prepare_corpus(
+                splits,
+                tok,
+                args.output,
+                layout=args.layout,
+                use_eod=not args.no_eod,
+                min_doc_tokens=args.min_doc_tokens,
+                workers=args.workers,
+                strict=args.strict,
+                progress=not args.quiet,
+            )
+            r = m["report"]
+            print(
+                f"{args.output}: {r['written']} shard(s) written, {r['up_to_date']} up to date, {r['skipped']} "
+                f"skipped; vocab_size {tok.vocab_size}"
+            )
+            for s, info in m["splits"].items():
+                print(
+                    f"  {s}: {info['num_tokens']} tokens, {info['num_documents']} documents "
+                    f"({info['dropped_documents']} dropped), {len(info['shards'])} shard(s)"
+                )
+            for s in m["skipped"]:
+                print(f"  skipped: {s['reason']}", file=sys.stderr)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"xlgen prepare: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+    sys.exit(main())

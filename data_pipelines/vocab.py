@@ -8,6 +8,7 @@ Every tokenizer has the same small surface used by the pipelines:
 XLNet ids (data_utils.py special_symbols): <unk>0 <s>1 </s>2 <cls>3 <sep>4 <pad>5 <mask>6 <eod>7 <eop>8. Our
 char/byte vocabularies reserve the same nine ids, so one vocabulary serves the LM, XLNet and MLM pipelines.
 """
+
 from __future__ import annotations
 
 import collections
@@ -93,6 +94,7 @@ class SentencePieceTokenizer:
 
     def __init__(self, model_file: str, uncased: bool = False, keep_accents: bool = False):
         import sentencepiece as spm
+
         if not paths.as_path(model_file).is_file():
             raise FileNotFoundError(f"SentencePiece model not found: {model_file}")
         self.model_file = model_file
@@ -105,11 +107,21 @@ class SentencePieceTokenizer:
         self.uncased = uncased
         self.keep_accents = keep_accents
         self.vocab_size = self.sp.GetPieceSize()
+
         def pid(p):
             i = self.sp.PieceToId(p)
             return None if (i == self.sp.unk_id() and p != "<unk>") else i
-        self.special_ids = {"unk": self.sp.unk_id(), "cls": pid("<cls>"), "sep": pid("<sep>"), "pad": pid("<pad>"),
-                            "mask": pid("<mask>"), "eod": pid("<eod>"), "eop": pid("<eop>"), "eos": None}
+
+        self.special_ids = {
+            "unk": self.sp.unk_id(),
+            "cls": pid("<cls>"),
+            "sep": pid("<sep>"),
+            "pad": pid("<pad>"),
+            "mask": pid("<mask>"),
+            "eod": pid("<eod>"),
+            "eop": pid("<eop>"),
+            "eos": None,
+        }
 
     def normalize(self, text: str) -> str:
         return preprocess_text(text, lower=self.uncased, keep_accents=self.keep_accents)
@@ -140,15 +152,22 @@ class SentencePieceTokenizer:
         return {"uncased": self.uncased, "keep_accents": self.keep_accents}
 
 
-def train_sentencepiece(input_files: Sequence[str], model_prefix: str, vocab_size: int = 32000,
-                        character_coverage: float = 0.99995, input_sentence_size: int = 10_000_000,
-                        uncased: bool = False, extra_args: dict | None = None) -> str:
+def train_sentencepiece(
+    input_files: Sequence[str],
+    model_prefix: str,
+    vocab_size: int = 32000,
+    character_coverage: float = 0.99995,
+    input_sentence_size: int = 10_000_000,
+    uncased: bool = False,
+    extra_args: dict | None = None,
+) -> str:
     """Trains a unigram SentencePiece model with XLNet's recipe; returns the `.model` path.
 
     Lines are passed through `preprocess_text` first (as XLNet's data is at encode time), into a temp file.
     Resulting ids: <unk>0 <s>1 </s>2 <cls>3 <sep>4 <pad>5 <mask>6 <eod>7 <eop>8, then the punctuation symbols.
     """
     import sentencepiece as spm
+
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
     tmp_txt = f"{model_prefix}.normalized.tmp-{os.getpid()}.txt"
     with open(tmp_txt, "w", encoding="utf-8") as out:
@@ -159,11 +178,22 @@ def train_sentencepiece(input_files: Sequence[str], model_prefix: str, vocab_siz
                     out.write(line + "\n")
     tmp_prefix = f"{model_prefix}.tmp-{os.getpid()}"
     try:
-        kwargs = dict(input=tmp_txt, model_prefix=tmp_prefix, vocab_size=vocab_size, model_type="unigram",
-                      character_coverage=character_coverage, control_symbols=list(XLNET_CONTROL_SYMBOLS),
-                      user_defined_symbols=list(XLNET_USER_SYMBOLS), shuffle_input_sentence=True,
-                      input_sentence_size=input_sentence_size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-                      minloglevel=2)
+        kwargs = dict(
+            input=tmp_txt,
+            model_prefix=tmp_prefix,
+            vocab_size=vocab_size,
+            model_type="unigram",
+            character_coverage=character_coverage,
+            control_symbols=list(XLNET_CONTROL_SYMBOLS),
+            user_defined_symbols=list(XLNET_USER_SYMBOLS),
+            shuffle_input_sentence=True,
+            input_sentence_size=input_sentence_size,
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            minloglevel=2,
+        )
         kwargs.update(extra_args or {})
         spm.SentencePieceTrainer.Train(**kwargs)
         for ext in ("model", "vocab"):
@@ -188,6 +218,7 @@ class WordPieceTokenizer:
 
     def __init__(self, vocab_file: str, uncased: bool = True):
         from tokenizers import BertWordPieceTokenizer
+
         if not paths.as_path(vocab_file).is_file():
             raise FileNotFoundError(f"WordPiece vocabulary not found: {vocab_file}")
         self.vocab_file = vocab_file
@@ -197,8 +228,16 @@ class WordPieceTokenizer:
         self.tok = BertWordPieceTokenizer(local, lowercase=uncased, strip_accents=uncased)
         self.vocab_size = self.tok.get_vocab_size()
         get = self.tok.token_to_id
-        self.special_ids = {"unk": get("[UNK]"), "cls": get("[CLS]"), "sep": get("[SEP]"), "pad": get("[PAD]"),
-                            "mask": get("[MASK]"), "eod": None, "eop": None, "eos": None}
+        self.special_ids = {
+            "unk": get("[UNK]"),
+            "cls": get("[CLS]"),
+            "sep": get("[SEP]"),
+            "pad": get("[PAD]"),
+            "mask": get("[MASK]"),
+            "eod": None,
+            "eop": None,
+            "eos": None,
+        }
 
     def encode_as_pieces(self, text: str) -> list[str]:
         return self.tok.encode(text, add_special_tokens=False).tokens
@@ -226,15 +265,22 @@ class WordPieceTokenizer:
         return {"uncased": self.uncased}
 
 
-def train_wordpiece(input_files: Sequence[str], output_dir: str, vocab_size: int = 30522, min_frequency: int = 2,
-                    uncased: bool = True) -> str:
+def train_wordpiece(
+    input_files: Sequence[str], output_dir: str, vocab_size: int = 30522, min_frequency: int = 2, uncased: bool = True
+) -> str:
     """Trains a BERT-style WordPiece vocabulary with `tokenizers`; returns the `vocab.txt` path."""
     from tokenizers import BertWordPieceTokenizer
+
     for p in input_files:
         _check_utf8(p)
     tok = BertWordPieceTokenizer(lowercase=uncased, strip_accents=uncased)
-    tok.train(list(input_files), vocab_size=vocab_size, min_frequency=min_frequency,
-              special_tokens=list(WORDPIECE_SPECIALS), show_progress=False)
+    tok.train(
+        list(input_files),
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(WORDPIECE_SPECIALS),
+        show_progress=False,
+    )
     os.makedirs(output_dir, exist_ok=True)
     tmp_dir = os.path.join(output_dir, f".tmp-{os.getpid()}")
     os.makedirs(tmp_dir, exist_ok=True)
@@ -264,11 +310,20 @@ class SymbolVocab:
         self.symbols = list(symbols)
         self.index = {s: i for i, s in enumerate(self.symbols)}
         self.vocab_size = len(self.symbols)
+
         def get(*names, default=None):
             return next((self.index[n] for n in names if n in self.index), default)
-        self.special_ids = {"unk": get("<unk>", "<UNK>"), "cls": get("<cls>"), "sep": get("<sep>"),
-                            "pad": get("<pad>"), "mask": get("<mask>"), "eod": get("<eod>"), "eop": get("<eop>"),
-                            "eos": get("<eos>", "</S>")}  # <UNK>, </S>: the One Billion Word vocabulary file
+
+        self.special_ids = {
+            "unk": get("<unk>", "<UNK>"),
+            "cls": get("<cls>"),
+            "sep": get("<sep>"),
+            "pad": get("<pad>"),
+            "mask": get("<mask>"),
+            "eod": get("<eod>"),
+            "eop": get("<eop>"),
+            "eos": get("<eos>", "</S>"),
+        }  # <UNK>, </S>: the One Billion Word vocabulary file
         self._unk = get("<unk>", "<UNK>", default=0)
         if level in ("char", "byte"):
             self._lut = self._build_lut()
@@ -285,8 +340,9 @@ class SymbolVocab:
 
     # --- construction ------------------------------------------------------------------------------------------
     @classmethod
-    def build(cls, level: str, texts: Iterable[str], *, min_freq: int = 1, max_size: int | None = None,
-              lower: bool = False) -> "SymbolVocab":
+    def build(
+        cls, level: str, texts: Iterable[str], *, min_freq: int = 1, max_size: int | None = None, lower: bool = False
+    ) -> "SymbolVocab":
         """Counts symbols over `texts` (an iterable of lines/strings)."""
         counter = collections.Counter()
         for t in texts:
@@ -303,7 +359,7 @@ class SymbolVocab:
                 counter.pop(s, None)
             words = [w for w, c in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_freq]
             if max_size is not None:
-                words = words[:max(0, max_size - len(specials))]
+                words = words[: max(0, max_size - len(specials))]
             return cls("word", specials + words, lower=lower)
         syms = sorted(s for s, c in counter.items() if c >= min_freq)
         return cls(level, list(XLNET_SPECIALS) + syms, lower=lower)
@@ -403,7 +459,7 @@ def read_text(path: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
+        line = data[: e.start].count(b"\n") + 1
         raise ValueError(f"{path}: not valid UTF-8 (line {line}, byte offset {e.start}: {e.reason})") from e
 
 
@@ -417,8 +473,9 @@ def read_text_lines(path: str) -> list[str]:
 def load_tokenizer(kind: str, path: str, **settings):
     """Loads a tokenizer saved by `save` (kind in sentencepiece, wordpiece, char, byte, word)."""
     if kind == "sentencepiece":
-        return SentencePieceTokenizer(path, uncased=settings.get("uncased", False),
-                                      keep_accents=settings.get("keep_accents", False))
+        return SentencePieceTokenizer(
+            path, uncased=settings.get("uncased", False), keep_accents=settings.get("keep_accents", False)
+        )
     if kind == "wordpiece":
         return WordPieceTokenizer(path, uncased=settings.get("uncased", True))
     if kind in ("char", "byte", "word"):

@@ -1,4 +1,5 @@
 """Test-wide settings: 8 simulated CPU devices (for real sharded meshes), float32 matmuls at full precision."""
+
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")

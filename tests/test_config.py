@@ -1,4 +1,5 @@
 """Config files, `--config.KEY=VALUE` overrides and the clear errors of `xlgen train`."""
+
 import json
 import os
 
@@ -13,9 +14,17 @@ TXL = os.path.join(REPO, "configs/pretrain/txl_tiny.py")
 
 
 def test_overrides_are_type_checked():
-    c = load_config(TXL, ["--config.optimizer.learning_rate=1", "--config.model.n_layer=3",
-                          "--config.checkpoint.async_save=false", "--config.model.cutoffs=(10, 20)",
-                          "--config.mesh.rules=dp", "--config.eval.mem_len=128"])
+    c = load_config(
+        TXL,
+        [
+            "--config.optimizer.learning_rate=1",
+            "--config.model.n_layer=3",
+            "--config.checkpoint.async_save=false",
+            "--config.model.cutoffs=(10, 20)",
+            "--config.mesh.rules=dp",
+            "--config.eval.mem_len=128",
+        ],
+    )
     assert c.optimizer.learning_rate == 1.0 and isinstance(c.optimizer.learning_rate, float)
     assert c.model.n_layer == 3 and c.checkpoint.async_save is False and tuple(c.model.cutoffs) == (10, 20)
     assert c.mesh.rules == "dp" and c.eval.mem_len == 128

@@ -2,6 +2,7 @@
 real trainer program; on a learnable synthetic GLUE task dev accuracy rises far above chance; SQuAD / RACE write
 their official artefacts; `evaluate` reproduces the best checkpoint's results; partial restore from an xlgen
 workdir and from a Hugging Face directory loads exactly the pretrained tensors and leaves the new head fresh."""
+
 import json
 import os
 
@@ -34,9 +35,18 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def glue_run(data, tmp_path_factory):
     wd = str(tmp_path_factory.mktemp("glue_run"))
-    cfg = _config({"task": "glue/sst2", "data_dir": data / "sst2", "tokenizer": data / "spiece.model",
-                   "total_steps": 90, "eval_every_steps": 0, "optimizer.learning_rate": 3e-3,
-                   "optimizer.warmup_steps": 10}, wd)
+    cfg = _config(
+        {
+            "task": "glue/sst2",
+            "data_dir": data / "sst2",
+            "tokenizer": data / "spiece.model",
+            "total_steps": 90,
+            "eval_every_steps": 0,
+            "optimizer.learning_rate": 3e-3,
+            "optimizer.warmup_steps": 10,
+        },
+        wd,
+    )
     best = ft.finetune(cfg, wd)
     return cfg, wd, best
 
@@ -72,8 +82,10 @@ def test_partial_restore_from_xlgen_workdir(glue_run, data, tmp_path):
     from xlgen.train.program import build_program
 
     _, src_wd, _ = glue_run
-    cfg = _config({"task": "glue/mnli", "data_dir": data / "mnli", "tokenizer": data / "spiece.model",
-                   "init_from": src_wd}, str(tmp_path))
+    cfg = _config(
+        {"task": "glue/mnli", "data_dir": data / "mnli", "tokenizer": data / "spiece.model", "init_from": src_wd},
+        str(tmp_path),
+    )
     assert cfg.model.family == "xlnet" and cfg.model.d_model == 32  # architecture read from the workdir
     source = ft.pretrained_params(src_wd)
     mesh = sharding.make_mesh(cfg.mesh)
@@ -94,9 +106,19 @@ def test_partial_restore_from_xlgen_workdir(glue_run, data, tmp_path):
 @pytest.mark.slow
 def test_squad_xlnet_and_race_funnel_write_official_outputs(data, tmp_path):
     sq = str(tmp_path / "squad")
-    cfg = _config({"task": "squad/v2.0", "data_dir": data / "squad", "tokenizer": data / "spiece.model",
-                   "data.max_seq_length": 48, "data.doc_stride": 16, "data.max_query_length": 8,
-                   "total_steps": 3, "eval_every_steps": 0}, sq)
+    cfg = _config(
+        {
+            "task": "squad/v2.0",
+            "data_dir": data / "squad",
+            "tokenizer": data / "spiece.model",
+            "data.max_seq_length": 48,
+            "data.doc_stride": 16,
+            "data.max_query_length": 8,
+            "total_steps": 3,
+            "eval_every_steps": 0,
+        },
+        sq,
+    )
     res = ft.finetune(cfg, sq)
     for k in ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1", "best_f1", "best_f1_thresh"):
         assert k in res
@@ -111,9 +133,21 @@ def test_squad_xlnet_and_race_funnel_write_official_outputs(data, tmp_path):
     assert all(t == "" or t in ctx for t in preds.values())  # answers are original character spans
 
     rc = str(tmp_path / "race")
-    cfg = _config({"task": "race", "data_dir": data / "race", "tokenizer": data / "spiece.model",
-                   "data.max_seq_length": 48, "data.max_qa_length": 12, "data.batch_size": 8,
-                   "data.eval_batch_size": 8, "total_steps": 2, "eval_every_steps": 0}, rc, config=FUNNEL)
+    cfg = _config(
+        {
+            "task": "race",
+            "data_dir": data / "race",
+            "tokenizer": data / "spiece.model",
+            "data.max_seq_length": 48,
+            "data.max_qa_length": 12,
+            "data.batch_size": 8,
+            "data.eval_batch_size": 8,
+            "total_steps": 2,
+            "eval_every_steps": 0,
+        },
+        rc,
+        config=FUNNEL,
+    )
     res = ft.finetune(cfg, rc)
     assert {"accuracy_all", "accuracy_middle", "accuracy_high"} <= set(res)
     n_mid = 4  # 2 articles x 2 questions per level
@@ -147,7 +181,9 @@ def test_init_from_hugging_face_directory(data, tmp_path):
     hf_cfg = transformers.XLNetConfig(vocab_size=160, d_model=32, n_layer=2, n_head=2, d_inner=64)
     transformers.XLNetLMHeadModel(hf_cfg).save_pretrained(str(hf_dir), safe_serialization=True)
     (hf_dir / "spiece.model").write_bytes((data / "spiece.model").read_bytes())
-    cfg = _config({"task": "glue/sst2", "data_dir": data / "sst2", "init_from": hf_dir, "model.dropout": 0.0}, str(tmp_path))
+    cfg = _config(
+        {"task": "glue/sst2", "data_dir": data / "sst2", "init_from": hf_dir, "model.dropout": 0.0}, str(tmp_path)
+    )
     assert (cfg.model.family, cfg.model.n_layer, cfg.model.d_inner, cfg.model.dropout) == ("xlnet", 2, 64, 0.0)
     assert ft.load_tokenizer(cfg).cls_id == 3  # spiece.model found inside init_from
     source = ft.pretrained_params(str(hf_dir))
@@ -172,13 +208,38 @@ def test_layer_wise_lr_decay_scales_per_family(tmp_path):
     from xlgen.train.program import abstract_model
 
     for cfg_file, task, expect in (
-            (XLNET, None, {"transformer.layers.0.": 0.5, "transformer.layers.1.": 1.0,
-                           "transformer.word_embedding": 1.0, "logits_proj.": 1.0}),
-            (FUNNEL, None, {"funnel.embeddings.": 0.25, "funnel.encoder.blocks.0.0.": 0.5,
-                            "funnel.encoder.blocks.1.0.": 1.0, "classifier.": 1.0}),
-            (FUNNEL, "squad/v2.0", {"funnel.embeddings.": 0.125, "funnel.encoder.blocks.0.0.": 0.25,
-                                    "funnel.encoder.blocks.1.0.": 0.5, "funnel.decoder.layers.0.": 1.0,
-                                    "qa_outputs.": 1.0})):
+        (
+            XLNET,
+            None,
+            {
+                "transformer.layers.0.": 0.5,
+                "transformer.layers.1.": 1.0,
+                "transformer.word_embedding": 1.0,
+                "logits_proj.": 1.0,
+            },
+        ),
+        (
+            FUNNEL,
+            None,
+            {
+                "funnel.embeddings.": 0.25,
+                "funnel.encoder.blocks.0.0.": 0.5,
+                "funnel.encoder.blocks.1.0.": 1.0,
+                "classifier.": 1.0,
+            },
+        ),
+        (
+            FUNNEL,
+            "squad/v2.0",
+            {
+                "funnel.embeddings.": 0.125,
+                "funnel.encoder.blocks.0.0.": 0.25,
+                "funnel.encoder.blocks.1.0.": 0.5,
+                "funnel.decoder.layers.0.": 1.0,
+                "qa_outputs.": 1.0,
+            },
+        ),
+    ):
         over = {"optimizer.lr_layer_decay_rate": 0.5, **({"task": task} if task else {})}
         cfg = _config(over, str(tmp_path), config=cfg_file)
         spec = abstract_model(lambda r: FINETUNE.make_model(cfg, r, True), train=True)
@@ -192,10 +253,16 @@ def test_match_pretrained_names_and_shapes():
     """Same name, or the same name below the top module on either side; shapes must agree; ELECTRA workdirs give
     the discriminator's tensors, not the (narrower) generator's."""
     z = np.zeros
-    source = {"discriminator.funnel.encoder.w": z((4, 4)), "generator.funnel.encoder.w": z((4, 1)),
-              "discriminator.head.b": z(1), "transformer.layers.0.q": z(2), "lm_bias": z(9)}
+    source = {
+        "discriminator.funnel.encoder.w": z((4, 4)),
+        "generator.funnel.encoder.w": z((4, 1)),
+        "discriminator.head.b": z(1),
+        "transformer.layers.0.q": z(2),
+        "lm_bias": z(9),
+    }
     mapping, fresh, unused = ft.match_pretrained(
-        {"funnel.encoder.w": (4, 4), "classifier.x": (2,), "layers.0.q": (2,), "lm_bias": (8,)}, source)
+        {"funnel.encoder.w": (4, 4), "classifier.x": (2,), "layers.0.q": (2,), "lm_bias": (8,)}, source
+    )
     assert mapping == {"funnel.encoder.w": "discriminator.funnel.encoder.w", "layers.0.q": "transformer.layers.0.q"}
     assert fresh == ["classifier.x", "lm_bias"]
     assert sorted(unused) == ["discriminator.head.b", "generator.funnel.encoder.w", "lm_bias"]

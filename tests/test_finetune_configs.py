@@ -1,5 +1,6 @@
 """Every finetune config file loads through the config system and names a registered task; each GLUE task has
 its own `configs/finetune/<task>.py` (the CLI contract `--config=configs/finetune/<task>.py`)."""
+
 import glob
 import os
 
@@ -9,8 +10,11 @@ from xlgen import config as config_lib
 from xlgen.tasks import TASKS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "finetune", "*.py"))
-               if os.path.basename(p) not in ("__init__.py", "common.py"))
+FILES = sorted(
+    p
+    for p in glob.glob(os.path.join(ROOT, "configs", "finetune", "*.py"))
+    if os.path.basename(p) not in ("__init__.py", "common.py")
+)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(p) for p in FILES])

@@ -3,6 +3,7 @@ two segments, shared and unshared layouts), shapes via jax.eval_shape, factorize
 
 Compile time dominates on CPU, so models are tiny, each case compiles once, and jit uses XLA's -O0 backend.
 """
+
 import dataclasses
 import functools
 
@@ -26,10 +27,10 @@ def _inputs(arch, seq_len, seed=0):
     rng = np.random.RandomState(seed)
     ids = rng.randint(0, TINY["vocab_size"], (2, seq_len))
     tt = np.zeros((2, seq_len), np.int64)
-    tt[:, seq_len // 2:] = 1
+    tt[:, seq_len // 2 :] = 1
     tt[:, 0] = 2
     am = np.ones((2, seq_len), np.int64)
-    am[1, seq_len - 3:] = 0
+    am[1, seq_len - 3 :] = 0
     if arch == "FunnelForMultipleChoice":
         ids, tt, am = (np.stack([x, np.roll(x, 1, axis=1)], 1) for x in (ids, tt, am))
     return ids, tt, am
@@ -57,24 +58,30 @@ PARITY_CASES = [
 def _save_hf(tmp_path, arch, attention_type, extra):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    hc = transformers.FunnelConfig(**TINY, attention_type=attention_type, hidden_dropout=0.0,
-                                   attention_dropout=0.0, activation_dropout=0.0, **extra)
+    hc = transformers.FunnelConfig(
+        **TINY,
+        attention_type=attention_type,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        **extra,
+    )
     torch.manual_seed(0)
     model = getattr(transformers, arch)(hc).eval()
     model.save_pretrained(tmp_path, safe_serialization=True)
     return model
 
 
-@pytest.mark.parametrize("arch,attention_type,extra,seq_len", PARITY_CASES,
-                         ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(PARITY_CASES)])
+@pytest.mark.parametrize(
+    "arch,attention_type,extra,seq_len", PARITY_CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(PARITY_CASES)]
+)
 def test_parity_with_transformers(tmp_path, arch, attention_type, extra, seq_len):
     import torch
 
     ref_model = _save_hf(tmp_path, arch, attention_type, extra)
     ids, tt, am = _inputs(arch, seq_len)
     with torch.no_grad():
-        ref = ref_model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(tt),
-                        attention_mask=torch.tensor(am))
+        ref = ref_model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(tt), attention_mask=torch.tensor(am))
     ours = xlgen.from_pretrained(str(tmp_path), compiler_options=FAST)
     assert ours.architecture == arch and ours.config.attention_type == attention_type
     out = ours(ids, token_type_ids=tt, attention_mask=am)
@@ -95,14 +102,19 @@ def test_parity_with_transformers(tmp_path, arch, attention_type, extra, seq_len
 
 def test_factorized_equals_rel_shift_on_same_weights(tmp_path):
     """Same HF weights, both position forms selected by config: identical outputs (shared layout, padding)."""
-    _save_hf(tmp_path, "FunnelModel", "relative_shift", dict(block_sizes=[1, 1, 1], block_repeats=[1, 2, 1],
-                                                             num_decoder_layers=1))
+    _save_hf(
+        tmp_path,
+        "FunnelModel",
+        "relative_shift",
+        dict(block_sizes=[1, 1, 1], block_repeats=[1, 2, 1], num_decoder_layers=1),
+    )
     ids, tt, am = _inputs("FunnelModel", 16)
     a = xlgen.from_pretrained(str(tmp_path), compiler_options=FAST)(ids, tt, am)
     b = xlgen.from_pretrained(str(tmp_path), compiler_options=FAST, attention_type="factorized")(ids, tt, am)
     np.testing.assert_allclose(np.asarray(a.last_hidden_state), np.asarray(b.last_hidden_state), atol=1e-5)
-    np.testing.assert_allclose(np.asarray(a.encoder_last_hidden_state), np.asarray(b.encoder_last_hidden_state),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(a.encoder_last_hidden_state), np.asarray(b.encoder_last_hidden_state), atol=1e-5
+    )
 
 
 def test_bfloat16_and_remat_close_to_float32(tmp_path):
@@ -133,8 +145,12 @@ def test_factorized_position_scores_match_strided_shift(q_stride, k_stride, q0, 
         shifted = RA.position_scores(q_head, r, v_bias, klen=klen, offset=shift * qlen, stride=shift)
         q_enc, k_enc = RA.factorized_position_encodings(jnp.asarray(q_pos), jnp.asarray(k_pos), d_model)
         factorized = RA.factorized_position_scores(q_head, w_r, v_bias, q_enc, k_enc)
-        naive = jnp.einsum("bind,ijD,Dnd->bnij", q_head + v_bias,
-                           RA.sinusoid_embedding(jnp.asarray(q_pos[:, None] - k_pos[None, :]), d_model), w_r)
+        naive = jnp.einsum(
+            "bind,ijD,Dnd->bnij",
+            q_head + v_bias,
+            RA.sinusoid_embedding(jnp.asarray(q_pos[:, None] - k_pos[None, :]), d_model),
+            w_r,
+        )
         return shifted, factorized, naive
 
     shifted, factorized, naive = scores(q_head, w_r, v_bias)
@@ -145,6 +161,7 @@ def test_factorized_position_scores_match_strided_shift(q_stride, k_stride, q0, 
 # ----------------------------------------------------------------------------------------------------------------
 # Structure and shapes (jax.eval_shape: nothing is compiled)
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def test_block_layout_notation():
     assert F.parse_block_layout("6-3x2-3x2") == ((6, 3, 3), (1, 2, 2))
@@ -161,6 +178,7 @@ def _abstract_forward(cls, cfg, seq_len, batch=2):
         model = cls(cfg, rngs=nnx.Rngs(0))
         ids = jnp.zeros((batch, seq_len), jnp.int32)
         return model(ids)
+
     return jax.eval_shape(run)
 
 
@@ -173,10 +191,12 @@ def test_shapes_512_256_128_with_separate_cls_truncate_seq():
     assert out.encoder_last_hidden_state.shape == (2, 128, 16)
     assert out.last_hidden_state.shape == (2, 512, 16)  # decoder runs at full length
     # a single pool-query-only layer (block 2 of "1-1") already outputs the pooled length
-    assert _abstract_forward(F.FunnelBaseModel, dataclasses.replace(cfg, block_sizes=(1, 1), block_repeats=None), 512
-                             ).last_hidden_state.shape == (2, 256, 16)
-    qa = jax.eval_shape(lambda: FH.FunnelForQuestionAnswering(cfg, answerability=True, rngs=nnx.Rngs(0))(
-        jnp.zeros((2, 512), jnp.int32)))
+    assert _abstract_forward(
+        F.FunnelBaseModel, dataclasses.replace(cfg, block_sizes=(1, 1), block_repeats=None), 512
+    ).last_hidden_state.shape == (2, 256, 16)
+    qa = jax.eval_shape(
+        lambda: FH.FunnelForQuestionAnswering(cfg, answerability=True, rngs=nnx.Rngs(0))(jnp.zeros((2, 512), jnp.int32))
+    )
     assert qa.start_logits.shape == qa.end_logits.shape == (2, 512) and qa.cls_logits.shape == (2,)
     # the upsampled decoder input has full length and keeps <cls>
     up = jax.eval_shape(lambda x: F.upsample(x, 4, 512, cfg), jax.ShapeDtypeStruct((2, 128, 16), jnp.float32))
@@ -190,13 +210,15 @@ def test_pool_upsample_values():
     np.testing.assert_array_equal(np.asarray(F.pool_sequence(x, "max", cfg))[0, :, 0], [0, 2, 4, 6])
     np.testing.assert_array_equal(np.asarray(F.pool_sequence(x, "min", cfg))[0, :, 0], [0, 1, 3, 5])
     np.testing.assert_array_equal(F.stride_select(np.arange(8), 0, cfg), [0, 1, 3, 5])
-    np.testing.assert_array_equal(np.asarray(F.upsample(jnp.asarray([[[0.], [1.], [2.]]]), 2, 5, cfg))[0, :, 0],
-                                  [0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(
+        np.asarray(F.upsample(jnp.asarray([[[0.0], [1.0], [2.0]]]), 2, 5, cfg))[0, :, 0], [0, 1, 1, 2, 2]
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Objectives
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def _init(ctor, cfg, **kw):
     """Build a module with its random init compiled once (eager init dispatches hundreds of tiny ops)."""
@@ -259,6 +281,7 @@ def test_electra_objective():
         def split_loss(params):
             total, parts = FH.electra_loss(nnx.merge(graphdef, params, rest), batch, rng, max_predictions=4)
             return total - parts["gen_loss"], (total, parts)
+
         (_, (total, parts)), grads = jax.value_and_grad(split_loss, has_aux=True)(params)
         return total, parts, grads
 

@@ -1,21 +1,30 @@
 """Funnel cost model: the thesis' FLOPs / parameter ratios (Tables 5.1, 5.10) from the paper's counting rule, exact
 parameter counts via jax.eval_shape, and exact FLOPs (with the quadratic attention term) at or below the rule."""
-import jax
-import numpy as np
+
 import pytest
-from flax import nnx
 
 from xlgen.models import funnel_cost as C
 from xlgen.models.funnel import FunnelConfig
 
 FLOPS = [  # (F-TFM, baseline, width, decoder, published ratio)
-    ("B6-6-6", "L12", 768, False, 0.875), ("B4-4-4", "L12", 768, False, 0.583),
-    ("B10-10-10", "L24", 1024, False, 0.729), ("B8-8-8", "L24", 1024, False, 0.583),
-    ("B3-4-4", "L6", 768, False, 1.00), ("B6-3x2-3x2", "L12", 768, False, 0.875),
-    ("B6-6-6", "L12", 768, True, 1.04), ("B4-4-4", "L12", 768, True, 0.75), ("B10-10-10", "L24", 1024, True, 0.81),
+    ("B6-6-6", "L12", 768, False, 0.875),
+    ("B4-4-4", "L12", 768, False, 0.583),
+    ("B10-10-10", "L24", 1024, False, 0.729),
+    ("B8-8-8", "L24", 1024, False, 0.583),
+    ("B3-4-4", "L6", 768, False, 1.00),
+    ("B6-3x2-3x2", "L12", 768, False, 0.875),
+    ("B6-6-6", "L12", 768, True, 1.04),
+    ("B4-4-4", "L12", 768, True, 0.75),
+    ("B10-10-10", "L24", 1024, True, 0.81),
 ]
-PARAMS = [("B6-6-6", "L12", 768, 1.39), ("B10-10-10", "L24", 1024, 1.22), ("B3-4-4", "L6", 768, 1.53),
-          ("B8-8-8", "L24", 1024, 1.00), ("B4-4-4", "L12", 768, 1.00), ("B6-3x2-3x2", "L12", 768, 1.00)]
+PARAMS = [
+    ("B6-6-6", "L12", 768, 1.39),
+    ("B10-10-10", "L24", 1024, 1.22),
+    ("B3-4-4", "L6", 768, 1.53),
+    ("B8-8-8", "L24", 1024, 1.00),
+    ("B4-4-4", "L12", 768, 1.00),
+    ("B6-3x2-3x2", "L12", 768, 1.00),
+]
 
 
 @pytest.mark.parametrize("model,base,d,decoder,paper", FLOPS)
@@ -38,8 +47,9 @@ def test_exact_param_count_is_eval_shape_of_the_module():
     """param_count sums the Params of jax.eval_shape'd modules; check it against a hand count of our layer:
     q (no bias), k, v, o (bias), W_r: 5d² + 3d; u, v, b_s biases 3d; seg_embed 2d; LN 2d; FFN 8d² + 5d + LN 2d."""
     d, V = 32, 100
-    cfg = FunnelConfig(vocab_size=V, block_sizes="2-1x2-1", d_model=d, n_head=2, d_head=16, d_inner=4 * d,
-                       num_decoder_layers=2)
+    cfg = FunnelConfig(
+        vocab_size=V, block_sizes="2-1x2-1", d_model=d, n_head=2, d_head=16, d_inner=4 * d, num_decoder_layers=2
+    )
     layer = 13 * d * d + 17 * d
     assert C.param_count(cfg, "base") == V * d + 2 * d + 4 * layer  # shared layer counted once
     assert C.param_count(cfg, "model") == V * d + 2 * d + 6 * layer

@@ -1,4 +1,5 @@
 """Launchers: valid bash, shellcheck-clean, and `--dry-run` prints exactly the commands a real launch runs."""
+
 import os
 import shlex
 import shutil
@@ -13,8 +14,9 @@ CONFIG = "configs/pretrain/xlnet_large.py"
 
 
 def run(*args, env=None):
-    return subprocess.run(["bash", *args], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        ["bash", *args], capture_output=True, text=True, cwd=ROOT, timeout=60, env={**os.environ, **(env or {})}
+    )
 
 
 def commands(stdout: str):
@@ -36,39 +38,69 @@ def test_shellcheck(script):
 
 
 def test_tpu_vm_dry_run_plans_the_pod():
-    r = run(TPU_VM, "--name=xl", "--zone=europe-west4-a", "--project=proj", "--accelerator-type=v3-1024",
-            f"--config={CONFIG}", "--workdir=gs://bucket/xlnet_large", "--spot", "--dry-run",
-            "--config.optimizer.learning_rate=1e-4")
+    r = run(
+        TPU_VM,
+        "--name=xl",
+        "--zone=europe-west4-a",
+        "--project=proj",
+        "--accelerator-type=v3-1024",
+        f"--config={CONFIG}",
+        "--workdir=gs://bucket/xlnet_large",
+        "--spot",
+        "--dry-run",
+        "--config.optimizer.learning_rate=1e-4",
+    )
     assert r.returncode == 0, r.stderr
     cmds = commands(r.stdout)
     plan, create, scp, install, train = cmds
     # the plan compiles for the pod's topology: v3-1024 = 1024 TensorCores = 512 chips = 16x32
     assert plan[1:] == ["plan", f"--config={CONFIG}", "--topology=v3:16x32", "--config.optimizer.learning_rate=1e-4"]
     assert create[:5] == ["gcloud", "compute", "tpus", "queued-resources", "create"]
-    assert {"--node-id=xl", "--zone=europe-west4-a", "--project=proj", "--accelerator-type=v3-1024",
-            "--spot"} <= set(create)
+    assert {"--node-id=xl", "--zone=europe-west4-a", "--project=proj", "--accelerator-type=v3-1024", "--spot"} <= set(
+        create
+    )
     assert scp[3:5] == ["tpu-vm", "scp"] and "--worker=all" in scp
     assert install[3:5] == ["tpu-vm", "ssh"] and "--worker=all" in install
     assert any("pip install" in a and "constraints.txt" in a and "[tpu,gcs]" in a for a in install)
     command = next(a for a in train if a.startswith("--command="))
     assert "--worker=all" in train
-    assert (f"xlgen train --config={CONFIG} --workdir=gs://bucket/xlnet_large --distributed=on "
-            "--config.optimizer.learning_rate=1e-4") in command
+    assert (
+        f"xlgen train --config={CONFIG} --workdir=gs://bucket/xlnet_large --distributed=on "
+        "--config.optimizer.learning_rate=1e-4"
+    ) in command
 
 
-@pytest.mark.parametrize("accel,topology", [("v3-8", "v3:2x2"), ("v3-32", "v3:4x4"), ("v3-64", "v3:4x8"),
-                                            ("v3-512", "v3:16x16"), ("v4-8", "v4:2x2x1"), ("v4-64", "v4:2x4x4"),
-                                            ("v5litepod-16", "v5e:4x4"), ("v5p-128", "v5p:4x4x4")])
+@pytest.mark.parametrize(
+    "accel,topology",
+    [
+        ("v3-8", "v3:2x2"),
+        ("v3-32", "v3:4x4"),
+        ("v3-64", "v3:4x8"),
+        ("v3-512", "v3:16x16"),
+        ("v4-8", "v4:2x2x1"),
+        ("v4-64", "v4:2x4x4"),
+        ("v5litepod-16", "v5e:4x4"),
+        ("v5p-128", "v5p:4x4x4"),
+    ],
+)
 def test_tpu_vm_accelerator_to_topology(accel, topology):
-    r = run(TPU_VM, "--name=n", "--zone=z", f"--accelerator-type={accel}", f"--config={CONFIG}",
-            "--workdir=gs://b/w", "--dry-run")
+    r = run(
+        TPU_VM,
+        "--name=n",
+        "--zone=z",
+        f"--accelerator-type={accel}",
+        f"--config={CONFIG}",
+        "--workdir=gs://b/w",
+        "--dry-run",
+    )
     assert r.returncode == 0, r.stderr
     assert f"--topology={topology}" in commands(r.stdout)[0]
 
 
-@pytest.mark.parametrize("bad,message", [("--workdir=/local/dir", "gs://"),
-                                         ("--config=/nonexistent.py", "not found"),
-                                         ("--bogus", "unknown argument")])
+@pytest.mark.parametrize(
+    "bad,message",
+    [("--workdir=/local/dir", "gs://"), ("--config=/nonexistent.py", "not found"), ("--bogus", "unknown argument")],
+)
 def test_tpu_vm_rejects_bad_input(bad, message):
     args = {"--workdir": "--workdir=gs://b/w", "--config": f"--config={CONFIG}"}
     key = bad.split("=")[0]
@@ -78,18 +110,27 @@ def test_tpu_vm_rejects_bad_input(bad, message):
 
 
 def test_slurm_dry_run_one_process_per_gpu():
-    r = run(SLURM, "--dry-run", "--config=configs/pretrain/txl_wt103_large.py", "--workdir=/shared/wt103",
-            "--config.total_steps=100", env={"SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": ROOT})
+    r = run(
+        SLURM,
+        "--dry-run",
+        "--config=configs/pretrain/txl_wt103_large.py",
+        "--workdir=/shared/wt103",
+        "--config.total_steps=100",
+        env={"SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": ROOT},
+    )
     assert r.returncode == 0, r.stderr
     (srun,) = commands(r.stdout)
     assert srun[0] == "srun" and "--gpu-bind=none" in srun
     i = srun.index("-c")
-    task, argv0, rest = srun[i + 1], srun[i + 2], srun[i + 3:]
+    task, argv0, rest = srun[i + 1], srun[i + 2], srun[i + 3 :]
     # each task pins its own GPU from SLURM_LOCALID; jax.distributed.initialize() reads the rest of Slurm's env
     assert 'JAX_LOCAL_DEVICE_IDS="$SLURM_LOCALID"' in task and 'train --distributed=on "$@"' in task
     assert argv0.endswith("xlgen")
-    assert rest == ["--config=configs/pretrain/txl_wt103_large.py", "--workdir=/shared/wt103",
-                    "--config.total_steps=100"]
+    assert rest == [
+        "--config=configs/pretrain/txl_wt103_large.py",
+        "--workdir=/shared/wt103",
+        "--config.total_steps=100",
+    ]
     # the #SBATCH header asks for one task per GPU
     header = open(SLURM).read()
     assert "#SBATCH --gpus-per-node=8" in header and "#SBATCH --ntasks-per-node=8" in header

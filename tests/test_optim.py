@@ -1,13 +1,13 @@
 """Layer-wise learning-rate decay (`xlgen.optim.layer_ids` / `make_optimizer(family=...)`) on the real parameter
 names of all three families, unscanned and scanned: layer l of L gets rate**(L-1-l), and a scanned model (parameters
 stacked on the `layers` axis) gets exactly the updates of the unscanned one for the same gradients."""
+
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from test_train_utils import REPO, _opt_cfg
 
 RATE = 0.5
@@ -41,8 +41,9 @@ def _call(f, *args):
 SMALL = {"model.d_model": 16, "model.n_head": 2, "model.d_head": 8, "model.d_inner": 32}
 
 
-@pytest.mark.parametrize("config_file,family,prefix", [("txl_tiny.py", "transformer_xl", ""),
-                                                       ("xlnet_tiny.py", "xlnet", "transformer.")])
+@pytest.mark.parametrize(
+    "config_file,family,prefix", [("txl_tiny.py", "transformer_xl", ""), ("xlnet_tiny.py", "xlnet", "transformer.")]
+)
 def test_txl_xlnet_layer_l_of_n_gets_rate_pow_n_minus_1_minus_l(config_file, family, prefix):
     over = dict(SMALL, **{"model.n_layer": 3})
     if family == "transformer_xl":
@@ -52,7 +53,7 @@ def test_txl_xlnet_layer_l_of_n_gets_rate_pow_n_minus_1_minus_l(config_file, fam
     assert n == 3
     for name, s in sc.items():
         m = re.match(rf"{re.escape(prefix)}layers\.(\d+)\.", name)
-        want = RATE ** (2 - int(m.group(1))) if m else 1.0        # embeddings, mask_emb, softmax/lm_bias: 1.0
+        want = RATE ** (2 - int(m.group(1))) if m else 1.0  # embeddings, mask_emb, softmax/lm_bias: 1.0
         assert float(s) == pytest.approx(want, rel=1e-7), name
     assert any(k.startswith(prefix + "layers.0.") for k in sc) and any("embedding" in k for k in sc)
 
@@ -62,7 +63,7 @@ def test_txl_xlnet_layer_l_of_n_gets_rate_pow_n_minus_1_minus_l(config_file, fam
     for name, (shape, axes) in stacked.items():
         if name.startswith(prefix + "layers."):
             assert axes[0] == "layers" and np.shape(sc2[name]) == (3,) + (1,) * (len(shape) - 1), name
-            np.testing.assert_allclose(np.ravel(sc2[name]), [RATE ** 2, RATE, 1.0], rtol=1e-7)
+            np.testing.assert_allclose(np.ravel(sc2[name]), [RATE**2, RATE, 1.0], rtol=1e-7)
         else:
             assert float(sc2[name]) == 1.0, name
 
@@ -72,7 +73,7 @@ def _funnel_expect(name, sizes, n_dec):
     n = 1 + sum(sizes) + n_dec
     m = re.search(r"encoder\.blocks\.(\d+)\.(\d+)\.", name)
     if m:
-        return RATE ** (n - 1 - (1 + sum(sizes[:int(m.group(1))]) + int(m.group(2))))
+        return RATE ** (n - 1 - (1 + sum(sizes[: int(m.group(1))]) + int(m.group(2))))
     m = re.search(r"decoder\.layers\.(\d+)\.", name)
     if m:
         return RATE ** (n - 1 - (1 + sum(sizes) + int(m.group(1))))
@@ -81,34 +82,39 @@ def _funnel_expect(name, sizes, n_dec):
     return 1.0
 
 
-@pytest.mark.parametrize("over,sizes,n_dec", [
-    ({"model.block_sizes": "(2, 1, 3)", "model.num_decoder_layers": 2}, (2, 1, 3), 2),
-    ({"model": {"block_sizes": (2, 1), "block_repeats": (2, 2)}, "model.num_decoder_layers": 1}, (2, 1), 1),
-    ({"objective": "funnel_electra", "model.block_sizes": "(1, 2)", "model.num_decoder_layers": 1}, (1, 2), 1),
-])
+@pytest.mark.parametrize(
+    "over,sizes,n_dec",
+    [
+        ({"model.block_sizes": "(2, 1, 3)", "model.num_decoder_layers": 2}, (2, 1, 3), 2),
+        ({"model": {"block_sizes": (2, 1), "block_repeats": (2, 2)}, "model.num_decoder_layers": 1}, (2, 1), 1),
+        ({"objective": "funnel_electra", "model.block_sizes": "(1, 2)", "model.num_decoder_layers": 1}, (1, 2), 1),
+    ],
+)
 def test_funnel_input_blocks_decoder_numbered_as_one_stack(over, sizes, n_dec):
     from xlgen import optim
 
-    flat = _meta("funnel_tiny.py", **SMALL, **over)    # "model": B2x2-1x2, shared layers count once
+    flat = _meta("funnel_tiny.py", **SMALL, **over)  # "model": B2x2-1x2, shared layers count once
     ids, n = optim.layer_ids(flat, "funnel")
     assert n == 1 + sum(sizes) + n_dec
     sc = optim.scales_from_ids(ids, n, RATE)
     for name, s in sc.items():
         assert float(s) == pytest.approx(_funnel_expect(name, sizes, n_dec), rel=1e-7), name
     emb = [k for k in sc if "embeddings.word_embeddings" in k]
-    assert emb and all(float(sc[k]) == RATE ** (n - 1) for k in emb)              # the bottom layer
+    assert emb and all(float(sc[k]) == RATE ** (n - 1) for k in emb)  # the bottom layer
     heads = [k for k in sc if ("lm_head" in k or "head" in k.split(".")[0]) and "encoder" not in k]
     assert heads and all(float(sc[k]) == 1.0 for k in heads)
     if "objective" in over:  # ELECTRA: generator and discriminator towers are numbered alike
         g = {k.split("encoder.", 1)[1]: float(v) for k, v in sc.items() if k.startswith("generator.encoder.")}
-        d = {k.split("encoder.", 1)[1]: float(v) for k, v in sc.items()
-             if k.startswith("discriminator.funnel.encoder.")}
+        d = {
+            k.split("encoder.", 1)[1]: float(v) for k, v in sc.items() if k.startswith("discriminator.funnel.encoder.")
+        }
         common = [k for k in g if k.startswith("blocks.")]
         assert len(common) > 10 and all(d[k] == g[k] for k in common)
-        assert g["input_projection.kernel"] == RATE ** (n - 1)   # the narrow generator's input projection: layer 0
+        assert g["input_projection.kernel"] == RATE ** (n - 1)  # the narrow generator's input projection: layer 0
 
 
 # ---- scanned vs unscanned: identical updates -------------------------------------------------------------------
+
 
 def _stack(meta, *patterns):
     """Stack the unscanned layers matched by `patterns` (groups: stack prefix, layer index, rest) on a leading
@@ -134,14 +140,15 @@ def _layouts(family):
     if family == "funnel":
         flat = _meta("funnel_tiny.py", **SMALL, **{"model.block_sizes": "(2, 1)", "model.num_decoder_layers": 2})
         # the layout a scanned Funnel would have (it has no scan option): each block's and the decoder's layers stacked
-        stacked_meta, stacks = _stack(flat, r"(.*encoder\.blocks\.\d+)\.(\d+)\.(.*)",
-                                      r"(.*decoder\.layers)\.(\d+)\.(.*)")
+        stacked_meta, stacks = _stack(
+            flat, r"(.*encoder\.blocks\.\d+)\.(\d+)\.(.*)", r"(.*decoder\.layers)\.(\d+)\.(.*)"
+        )
     else:
         cfg = "txl_tiny.py" if family == "transformer_xl" else "xlnet_tiny.py"
         over = dict(SMALL, **{"model.n_layer": 3}, **({"model.d_embed": 16} if family == "transformer_xl" else {}))
         flat = _meta(cfg, **over)
         stacked_meta, stacks = _stack(flat, r"((?:transformer\.)?layers)\.(\d+)\.(.*)")
-        assert _meta(cfg, **over, **{"model.scan_layers": True}) == stacked_meta   # the model's own scanned layout
+        assert _meta(cfg, **over, **{"model.scan_layers": True}) == stacked_meta  # the model's own scanned layout
     assert stacks
     return flat, stacked_meta, stacks
 
@@ -149,9 +156,11 @@ def _layouts(family):
 def _stacker(stacked_meta, stacks):
     def stack(tree):
         out = {k: v for k, v in tree.items() if k in stacked_meta}
-        out.update({s: np.stack([np.broadcast_to(tree[n], np.shape(tree[n])) for n in names])
-                    for s, names in stacks.items()})
+        out.update(
+            {s: np.stack([np.broadcast_to(tree[n], np.shape(tree[n])) for n in names]) for s, names in stacks.items()}
+        )
         return out
+
     return stack
 
 
@@ -171,7 +180,7 @@ def test_scanned_scales_are_the_unscanned_scales_stacked(family):
     assert sorted(a) == sorted(b)
     for k in b:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-    assert len({float(x) for v in b.values() for x in np.unique(v)}) == n1      # one distinct scale per layer
+    assert len({float(x) for v in b.values() for x in np.unique(v)}) == n1  # one distinct scale per layer
 
 
 @pytest.mark.parametrize("family,mode", [("transformer_xl", "faithful"), ("xlnet", "lr"), ("funnel", "lr")])
@@ -187,8 +196,16 @@ def test_scanned_and_unscanned_get_identical_updates(family, mode):
     params = {k: rng.normal(size=s).astype(np.float32) for k, (s, _) in flat.items()}
     grads = [{k: rng.normal(size=s).astype(np.float32) for k, (s, _) in flat.items()} for _ in range(2)]
     lr, wd, eps, clip = 1e-2, 0.01, 1e-6, 1.0
-    cfg = _opt_cfg(schedule="constant", learning_rate=lr, warmup_steps=0, lr_layer_decay_rate=RATE,
-                   layer_decay_mode=mode, clip_norm=clip, weight_decay=wd, eps=eps)
+    cfg = _opt_cfg(
+        schedule="constant",
+        learning_rate=lr,
+        warmup_steps=0,
+        lr_layer_decay_rate=RATE,
+        layer_decay_mode=mode,
+        clip_norm=clip,
+        weight_decay=wd,
+        eps=eps,
+    )
 
     def run(tx, p, gs):  # two optimizer steps, one compiled program
         state, us = tx.init(p), []
@@ -213,8 +230,11 @@ def test_scanned_and_unscanned_get_identical_updates(family, mode):
     norm = np.sqrt(sum(float(np.sum(np.square(g.astype(np.float64)))) for g in grads[0].values()))
     for k, g in grads[0].items():
         gc, sc, decay = g * min(1.0, clip / norm), float(scales[k]), wd * params[k] * mask[k]
-        want = (-lr * sc * (gc / (np.abs(gc) + eps) + decay) if mode == "lr"
-                else -lr * (sc * gc / (np.abs(sc * gc) + eps) + decay))
+        want = (
+            -lr * sc * (gc / (np.abs(gc) + eps) + decay)
+            if mode == "lr"
+            else -lr * (sc * gc / (np.abs(sc * gc) + eps) + decay)
+        )
         np.testing.assert_allclose(np.asarray(us1[0][k]), want, rtol=2e-5, atol=1e-8, err_msg=k)
     lowest = [k for k, i in ids.items() if i is not None and int(i) == 0]
     assert lowest and min(float(scales[k]) for k in lowest) == RATE ** (n - 1)
@@ -227,9 +247,16 @@ def test_program_uses_the_family_numbering_for_funnel():
     from xlgen.train.program import build_program
 
     over = {k: str(v) for k, v in SMALL.items()}
-    over.update({"optimizer.lr_layer_decay_rate": str(RATE), "optimizer.weight_decay": "0",
-                 "optimizer.warmup_steps": "0", "optimizer.schedule": "constant", "optimizer.clip_norm": "0",
-                 "mesh.num_devices": "1"})
+    over.update(
+        {
+            "optimizer.lr_layer_decay_rate": str(RATE),
+            "optimizer.weight_decay": "0",
+            "optimizer.warmup_steps": "0",
+            "optimizer.schedule": "constant",
+            "optimizer.clip_norm": "0",
+            "mesh.num_devices": "1",
+        }
+    )
     config = load_config(f"{REPO}/configs/pretrain/funnel_tiny.py", over)
     program = build_program(config, sharding.make_mesh(config.mesh))
     meta = program.train_spec.meta()
@@ -242,7 +269,7 @@ def test_program_uses_the_family_numbering_for_funnel():
     for k, i in ids.items():
         want = -lr * (1.0 if i is None else RATE ** (n - 1 - int(i)))
         np.testing.assert_allclose(np.asarray(u[k]), want, rtol=1e-4, err_msg=k)
-    assert float(np.ravel(u["funnel.embeddings.word_embeddings"])[0]) == pytest.approx(-lr * RATE ** 8, rel=1e-4)
+    assert float(np.ravel(u["funnel.embeddings.word_embeddings"])[0]) == pytest.approx(-lr * RATE**8, rel=1e-4)
 
 
 def test_layer_ids_errors_on_unknown_family():

@@ -3,6 +3,7 @@
 The TPU compiles run in ONE subprocess (module fixture) with a clean environment: the plan must not inherit this test
 session's `jax_default_matmul_precision=highest`, and libtpu is loaded only there. Skipped without libtpu.
 """
+
 import glob
 import json
 import math
@@ -18,16 +19,29 @@ from xlgen import plan as plan_lib
 from xlgen import topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GiB = 1024 ** 3
+GiB = 1024**3
 
 # Tiny configs, widened so that matmuls dominate the step (at d_model=64, LayerNorm/softmax/Adam element-wise work is
 # ~30% of XLA's FLOP count, which the analytic 6ND-style model deliberately leaves out).
 WIDE = ["--config.model.d_model=256", "--config.model.d_inner=1024", "--config.model.d_head=64"]
 CASES = {
-    "txl_v3": ["--config=configs/pretrain/txl_tiny.py", "--topology=v3:2x2", *WIDE, "--config.model.d_embed=256",
-               "--config.data.batch_size=16", "--config.data.tgt_len=64", "--config.model.mem_len=64"],
-    "xlnet_v4": ["--config=configs/pretrain/xlnet_tiny.py", "--topology=v4:2x2x1", *WIDE,
-                 "--config.data.batch_size=16", "--config.mesh.fsdp=2", "--config.mesh.rules=fsdp"],
+    "txl_v3": [
+        "--config=configs/pretrain/txl_tiny.py",
+        "--topology=v3:2x2",
+        *WIDE,
+        "--config.model.d_embed=256",
+        "--config.data.batch_size=16",
+        "--config.data.tgt_len=64",
+        "--config.model.mem_len=64",
+    ],
+    "xlnet_v4": [
+        "--config=configs/pretrain/xlnet_tiny.py",
+        "--topology=v4:2x2x1",
+        *WIDE,
+        "--config.data.batch_size=16",
+        "--config.mesh.fsdp=2",
+        "--config.mesh.rules=fsdp",
+    ],
 }
 # (Funnel is planned at paper size in docs/pod_scale.md; a third TPU compile here would exceed this file's budget.)
 
@@ -56,20 +70,27 @@ def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("plans")
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(CASES), str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(CASES), str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     return {name: json.load(open(out / f"{name}.json")) for name in [*CASES, "oom"]}
 
 
 # ------------------------------------------------------------------------------------------------ compiled plans
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_tiny_configs_compile_and_fit(reports, case):
     r = reports[case]
     assert r["fits"] is True and r["suggestions"] == []
-    dev = {"v3:2x2": 8, "v4:2x2x1": 4}[r["topology"]]     # v3: 2 cores per chip; v4: one megacore device per chip
+    dev = {"v3:2x2": 8, "v4:2x2x1": 4}[r["topology"]]  # v3: 2 cores per chip; v4: one megacore device per chip
     assert r["devices"] == dev and math.prod(r["mesh"].values()) == dev
     assert r["hbm_per_device"] == {"v3:2x2": 16 * GiB, "v4:2x2x1": 32 * GiB}[r["topology"]]
     mem, state = r["memory_per_device"], r["state_bytes_per_device"]
@@ -121,19 +142,25 @@ def test_suggestions_name_the_config_keys():
     from xlgen.config import load_config
 
     config = load_config(os.path.join(ROOT, "configs/pretrain/txl_tiny.py"))
-    report = {"state_bytes_per_device": {"params": 3 * GiB, "opt_state": 6 * GiB, "mems": 2 * GiB, "total": 11 * GiB},
-              "mesh": {"data": 8, "fsdp": 1, "tensor": 1}, "hbm_per_device": 16 * GiB, "global_batch_size": 64,
-              "memory_per_device": {"total": 20 * GiB}, "over_by_bytes": 4 * GiB}
+    report = {
+        "state_bytes_per_device": {"params": 3 * GiB, "opt_state": 6 * GiB, "mems": 2 * GiB, "total": 11 * GiB},
+        "mesh": {"data": 8, "fsdp": 1, "tensor": 1},
+        "hbm_per_device": 16 * GiB,
+        "global_batch_size": 64,
+        "memory_per_device": {"total": 20 * GiB},
+        "over_by_bytes": 4 * GiB,
+    }
     text = "\n".join(plan_lib.suggestions(config, report))
     assert "over by 4.00 GiB" in text
-    assert "--config.mesh.fsdp (now 1)" in text           # 9 GiB of params + Adam state: shard them
-    assert "--config.model.remat=True" in text            # txl_tiny has remat off
-    assert "--config.model.dtype=bfloat16" in text        # and float32 compute
+    assert "--config.mesh.fsdp (now 1)" in text  # 9 GiB of params + Adam state: shard them
+    assert "--config.model.remat=True" in text  # txl_tiny has remat off
+    assert "--config.model.dtype=bfloat16" in text  # and float32 compute
     assert "--config.optimizer.grad_accum_steps=2" in text
-    assert "--config.model.mem_len" in text               # 2 GiB of recurrent memory
+    assert "--config.model.mem_len" in text  # 2 GiB of recurrent memory
 
 
 # ------------------------------------------------------------------------------------------------ pieces (no TPU)
+
 
 def test_parse_topology():
     t = topology.parse_topology("v3:16x32")
@@ -145,8 +172,10 @@ def test_parse_topology():
 
 
 def test_parse_oom_message():
-    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (16.02G) "
-           "exceeds available HBM (15.48G).")
+    msg = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (16.02G) "
+        "exceeds available HBM (15.48G)."
+    )
     assert plan_lib.parse_oom(msg) == {"required": int(16.02 * GiB), "available": int(15.48 * GiB)}
     assert plan_lib.parse_oom("INTERNAL: something else") is None
 
@@ -175,13 +204,14 @@ def test_jaxpr_matmul_flops_counts_scan_iterations():
 def test_jaxpr_matmul_flops_skips_dead_code():
     """What no output depends on is not executed (XLA removes it), so it is not counted; e.g. XLNet's last content
     stream when the loss is on the query stream."""
+
     def f(w, x):
         dead = jnp.tanh(x @ w) @ w  # noqa: F841 - computed, never used
         return (x @ w).sum()
 
     jaxpr = jax.make_jaxpr(jax.value_and_grad(f))(jnp.zeros((32, 32)), jnp.zeros((8, 32))).jaxpr
     live = 2 * 8 * 32 * 32
-    assert plan_lib.jaxpr_matmul_flops(jaxpr)[0] == 2 * live          # forward + weight gradient
+    assert plan_lib.jaxpr_matmul_flops(jaxpr)[0] == 2 * live  # forward + weight gradient
     assert plan_lib.jaxpr_matmul_flops(jaxpr, dce=False)[0] == 4 * live  # + the dead pair, before DCE
 
 
@@ -199,22 +229,50 @@ ADAPTIVE = ["--config.model.cutoffs=(20,40)", "--config.data.batch_size=32", "--
 EXACT = {
     "txl_no_memory": (TXL, [*WIDE, "--config.model.d_embed=256", "--config.model.mem_len=0"]),
     "xlnet_bi_data_3_layers": (XLNET, [*WIDE, "--config.model.mem_len=0", "--config.model.n_layer=3"]),
-    "txl_memory": (TXL, [*WIDE, "--config.model.d_embed=256", "--config.data.tgt_len=64",
-                         "--config.model.mem_len=32"]),
+    "txl_memory": (TXL, [*WIDE, "--config.model.d_embed=256", "--config.data.tgt_len=64", "--config.model.mem_len=32"]),
     "xlnet_bi_data_memory": (XLNET, [*WIDE, "--config.model.mem_len=16"]),
     "funnel_mlm_relative_shift": (FUNNEL, []),
-    "funnel_electra_factorized": (FUNNEL, ["--config.objective=funnel_electra", "--config.data.pipeline=electra",
-                                           "--config.model.attention_type=factorized"]),
-    "funnel_electra_max_predictions": (FUNNEL, ["--config.objective=funnel_electra", "--config.data.pipeline=electra",
-                                                "--config.objective_options.max_predictions=10"]),
+    "funnel_electra_factorized": (
+        FUNNEL,
+        [
+            "--config.objective=funnel_electra",
+            "--config.data.pipeline=electra",
+            "--config.model.attention_type=factorized",
+        ],
+    ),
+    "funnel_electra_max_predictions": (
+        FUNNEL,
+        [
+            "--config.objective=funnel_electra",
+            "--config.data.pipeline=electra",
+            "--config.objective_options.max_predictions=10",
+        ],
+    ),
 }
 CLOSE = {
-    "txl_adaptive_div4_memory": (TXL, [*WIDE, *ADAPTIVE, "--config.model.d_embed=256", "--config.model.div_val=4",
-                                       "--config.model.mem_len=32", "--config.model.tie_word_embeddings=False",
-                                       "--config.model.n_layer=3"]),
+    "txl_adaptive_div4_memory": (
+        TXL,
+        [
+            *WIDE,
+            *ADAPTIVE,
+            "--config.model.d_embed=256",
+            "--config.model.div_val=4",
+            "--config.model.mem_len=32",
+            "--config.model.tie_word_embeddings=False",
+            "--config.model.n_layer=3",
+        ],
+    ),
     "txl_adaptive_projected": (TXL, [*WIDE, *ADAPTIVE, "--config.model.d_embed=128", "--config.model.mem_len=0"]),
-    "xlnet_one_direction_memory": (XLNET, [*WIDE, "--config.model.mem_len=16", "--config.data.bi_data=False",
-                                           "--config.model.bi_data=False", "--config.data.num_predict=10"]),
+    "xlnet_one_direction_memory": (
+        XLNET,
+        [
+            *WIDE,
+            "--config.model.mem_len=16",
+            "--config.data.bi_data=False",
+            "--config.model.bi_data=False",
+            "--config.data.num_predict=10",
+        ],
+    ),
 }
 
 
@@ -242,8 +300,9 @@ def test_remat_executes_model_flops_plus_the_forward_again():
     rematerialised), so MFU <= 75% at best; scanned or not."""
     model, plain = _model_and_traced(TXL, EXACT["txl_no_memory"][1])
     for scan in ("False", "True"):
-        m, remat = _model_and_traced(TXL, [*EXACT["txl_no_memory"][1], "--config.model.remat=True",
-                                           f"--config.model.scan_layers={scan}"])
+        m, remat = _model_and_traced(
+            TXL, [*EXACT["txl_no_memory"][1], "--config.model.remat=True", f"--config.model.scan_layers={scan}"]
+        )
         assert m == model
         assert 1.30 * model < remat < 4 / 3 * model * 1.001
         assert remat - plain == pytest.approx((plain - _head_flops(TXL, EXACT["txl_no_memory"][1])) / 3, rel=0.01)
@@ -267,7 +326,7 @@ def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path
     if not os.path.exists(saved):
         pytest.skip("no saved plan")
     report = json.load(open(saved))
-    report["flops_per_step"]["analytic_model"] *= 2   # stale values, as from an older xlgen.flops
+    report["flops_per_step"]["analytic_model"] *= 2  # stale values, as from an older xlgen.flops
     report["flops_per_step"]["matmul_jaxpr"] *= 3
     report["mfu"] = 1.0
     path = tmp_path / "plan.json"
@@ -278,7 +337,7 @@ def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path
     fl = new["flops_per_step"]
     assert fl["analytic_model"] == flops.train_flops_per_step(config)
     assert fl["matmul_jaxpr"] == plan_lib.traced_matmul_flops(config)
-    assert fl["analytic_model"] < fl["matmul_jaxpr"] < 1.45 * fl["analytic_model"]   # remat: ≈ 4/3 x model + a bit
+    assert fl["analytic_model"] < fl["matmul_jaxpr"] < 1.45 * fl["analytic_model"]  # remat: ≈ 4/3 x model + a bit
     assert new["step_time_s"] == fl["matmul_jaxpr"] / new["devices"] / new["peak_bf16_flops_per_device"]
     assert new["mfu"] == pytest.approx(fl["analytic_model"] / fl["matmul_jaxpr"]) and new["mfu"] < 0.76
     for key in ("memory_per_device", "fits", "state_bytes_per_device", "compile_time_s", "xla_optimal_seconds"):
@@ -299,8 +358,11 @@ def test_pod_table_in_docs_is_generated_from_saved_plans():
 
 # ------------------------------------------------------------------------------------------------ paper configs
 
-PAPER_CONFIGS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "configs/pretrain/*.py"))
-                       if not p.endswith(("_tiny.py", "__init__.py", "funnel_common.py")))
+PAPER_CONFIGS = sorted(
+    os.path.basename(p)[:-3]
+    for p in glob.glob(os.path.join(ROOT, "configs/pretrain/*.py"))
+    if not p.endswith(("_tiny.py", "__init__.py", "funnel_common.py"))
+)
 
 
 def _load(name, *overrides):
@@ -314,9 +376,11 @@ def test_paper_configs_load_and_validate(name):
     from xlgen.train.objectives import model_config
 
     c = _load(name)
-    module, cls = {"transformer_xl": ("xlgen.models.transformer_xl", "TransformerXLConfig"),
-                   "xlnet": ("xlgen.models.xlnet", "XLNetConfig"),
-                   "funnel": ("xlgen.models.funnel", "FunnelConfig")}[c.model.family]
+    module, cls = {
+        "transformer_xl": ("xlgen.models.transformer_xl", "TransformerXLConfig"),
+        "xlnet": ("xlgen.models.xlnet", "XLNetConfig"),
+        "funnel": ("xlgen.models.funnel", "FunnelConfig"),
+    }[c.model.family]
     model_config(c, module, cls)  # every model key is a field of the family's config, values validated
     import data_pipelines
 
@@ -329,20 +393,43 @@ def test_paper_configs_load_and_validate(name):
 def test_paper_hyperparameters():
     """The published setups (thesis §1.8, §2.8, §2.10, §3.5; original scripts) — spot checks of what matters."""
     x = _load("xlnet_large")
-    assert (x.data.batch_size, x.data.seq_len, x.data.reuse_len, x.model.mem_len, x.data.perm_size,
-            x.data.num_predict, x.total_steps) == (2048, 512, 256, 384, 256, 85, 500_000)
+    assert (
+        x.data.batch_size,
+        x.data.seq_len,
+        x.data.reuse_len,
+        x.model.mem_len,
+        x.data.perm_size,
+        x.data.num_predict,
+        x.total_steps,
+    ) == (2048, 512, 256, 384, 256, 85, 500_000)
     assert (x.model.n_layer, x.model.d_model, x.model.n_head, x.model.d_inner) == (24, 1024, 16, 4096)
     assert _load("xlnet_large_bsz8192").data.batch_size == 8192
     e = _load("txl_enwik8_large")
     assert (e.model.n_layer, e.model.d_model, e.data.tgt_len, e.model.mem_len, e.data.batch_size) == (
-        24, 1024, 768, 768, 64)
+        24,
+        1024,
+        768,
+        768,
+        64,
+    )
     assert (e.eval.mem_len, e.eval.clamp_len, e.data.eval_tgt_len) == (3800, 1000, 128)
     w = _load("txl_wt103_large")
-    assert (w.model.n_layer, w.data.tgt_len, w.model.mem_len, w.data.batch_size, w.model.div_val,
-            tuple(w.model.cutoffs), w.total_steps) == (18, 384, 384, 128, 4, (20000, 40000, 200000), 4_000_000)
+    assert (
+        w.model.n_layer,
+        w.data.tgt_len,
+        w.model.mem_len,
+        w.data.batch_size,
+        w.model.div_val,
+        tuple(w.model.cutoffs),
+        w.total_steps,
+    ) == (18, 384, 384, 128, 4, (20000, 40000, 200000), 4_000_000)
     f = _load("funnel_B6-3x2-3x2H768_electra")
     assert (f.model.block_sizes, f.objective, f.objective_options.disc_coeff, f.optimizer.b2) == (
-        "6-3x2-3x2", "funnel_electra", 50.0, 0.99)
+        "6-3x2-3x2",
+        "funnel_electra",
+        50.0,
+        0.99,
+    )
     assert _load("funnel_B10-10-10H1024_mlm").data.batch_size == 8192
 
 

@@ -1,4 +1,5 @@
 """The shared relative-attention core against naive O(q·k) references."""
+
 import itertools
 
 import jax
@@ -24,11 +25,19 @@ def _naive_position_scores(q, w_r, r_r_bias, qlen, mlen, d_model, clamp_len, neg
     return np.einsum("binh,ijnh->bnij", q + r_r_bias, kr)
 
 
-@pytest.mark.parametrize("kind,qlen,mlen,clamp", [
-    ("txl", 5, 0, None), ("txl", 5, 7, None), ("txl", 4, 3, 2),
-    ("uni", 6, 0, None), ("uni", 3, 8, None),
-    ("bi", 5, 0, None), ("bi", 4, 6, None), ("bi", 7, 2, 3),
-])
+@pytest.mark.parametrize(
+    "kind,qlen,mlen,clamp",
+    [
+        ("txl", 5, 0, None),
+        ("txl", 5, 7, None),
+        ("txl", 4, 3, 2),
+        ("uni", 6, 0, None),
+        ("uni", 3, 8, None),
+        ("bi", 5, 0, None),
+        ("bi", 4, 6, None),
+        ("bi", 7, 2, 3),
+    ],
+)
 def test_position_scores_match_naive(kind, qlen, mlen, clamp):
     rng = np.random.default_rng(0)
     b, n, dh, d = 3, 2, 4, 8
@@ -38,8 +47,9 @@ def test_position_scores_match_naive(kind, qlen, mlen, clamp):
     v_bias = rng.normal(size=(n, dh)).astype(np.float32)
     pos_seq = ra.relative_position_sequence(qlen, klen, kind, clamp)
     k_r = jnp.einsum("rd,dnh->rnh", ra.sinusoid_embedding(pos_seq, d), w_r)
-    got = np.asarray(ra.position_scores(jnp.asarray(q), k_r, jnp.asarray(v_bias), klen=klen,
-                                        offset=ra.shift_offset(qlen, kind)))
+    got = np.asarray(
+        ra.position_scores(jnp.asarray(q), k_r, jnp.asarray(v_bias), klen=klen, offset=ra.shift_offset(qlen, kind))
+    )
     want = _naive_position_scores(q, w_r, v_bias, qlen, mlen, d, clamp)
     valid = np.ones((qlen, klen), bool)
     if kind in ("txl", "uni"):  # causal kinds only define distances >= 0
@@ -59,16 +69,25 @@ def test_per_example_direction_equals_negated_distances():
     pos_seq = ra.relative_position_sequence(qlen, klen, "bi")
     pos_b = jnp.where(forward[:, None], pos_seq[None], -pos_seq[None])
     k_r = jnp.einsum("brd,dnh->brnh", ra.sinusoid_embedding(pos_b, d), w_r)
-    got = np.asarray(ra.position_scores(jnp.asarray(q), k_r, jnp.asarray(v_bias), klen=klen,
-                                        offset=ra.shift_offset(qlen, "bi")))
+    got = np.asarray(
+        ra.position_scores(jnp.asarray(q), k_r, jnp.asarray(v_bias), klen=klen, offset=ra.shift_offset(qlen, "bi"))
+    )
     for row in range(b):
-        want = _naive_position_scores(q[row:row + 1], w_r, v_bias, qlen, mlen, d, None, negate=not forward[row])
-        np.testing.assert_allclose(got[row:row + 1], want, atol=1e-4, rtol=1e-5)
+        want = _naive_position_scores(q[row : row + 1], w_r, v_bias, qlen, mlen, d, None, negate=not forward[row])
+        np.testing.assert_allclose(got[row : row + 1], want, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("q,r,klen,offset,stride", [
-    (4, 9, 6, 3, 1), (4, 9, 6, 4, 1), (3, 12, 8, 4, 2), (2, 20, 8, 6, 3), (5, 6, 6, 4, 1), (1, 4, 4, 0, 1),
-])
+@pytest.mark.parametrize(
+    "q,r,klen,offset,stride",
+    [
+        (4, 9, 6, 3, 1),
+        (4, 9, 6, 4, 1),
+        (3, 12, 8, 4, 2),
+        (2, 20, 8, 6, 3),
+        (5, 6, 6, 4, 1),
+        (1, 4, 4, 0, 1),
+    ],
+)
 def test_relative_shift_definition(q, r, klen, offset, stride):
     x = np.random.default_rng(2).normal(size=(2, 3, q, r)).astype(np.float32)
     got = np.asarray(ra.relative_shift(jnp.asarray(x), klen=klen, offset=offset, stride=stride))
@@ -96,13 +115,20 @@ def test_attention_matches_naive_softmax():
     mask = rng.random((b, 1, qlen, klen)) < 0.3
     mask[..., 0] = False
     seg = ra.segment_scores(jnp.asarray(q), seg_embed, s_bias, seg_mat)
-    got = np.asarray(ra.relative_attention(q, k, v, r_w_bias=u, position_term=pos, segment_term=seg,
-                                           mask=jnp.asarray(mask)))
+    got = np.asarray(
+        ra.relative_attention(q, k, v, r_w_bias=u, position_term=pos, segment_term=seg, mask=jnp.asarray(mask))
+    )
     # naive
     want = np.zeros_like(got)
     for bb, nn, i in itertools.product(range(b), range(n), range(qlen)):
-        s = np.array([(q[bb, i, nn] + u[nn]) @ k[bb, j, nn] + pos[bb, nn, i, j]
-                      + (q[bb, i, nn] + s_bias[nn]) @ seg_embed[int(seg_mat[bb, i, j]), nn] for j in range(klen)])
+        s = np.array(
+            [
+                (q[bb, i, nn] + u[nn]) @ k[bb, j, nn]
+                + pos[bb, nn, i, j]
+                + (q[bb, i, nn] + s_bias[nn]) @ seg_embed[int(seg_mat[bb, i, j]), nn]
+                for j in range(klen)
+            ]
+        )
         s = s / np.sqrt(dh)
         s[mask[bb, 0, i]] = -np.inf
         p = np.exp(s - s.max())

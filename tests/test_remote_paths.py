@@ -14,6 +14,7 @@ discovery). The real `xlgen prepare`, `xlgen train` and `xlgen eval` CLIs run in
 * finetuning with data_dir, tokenizer and workdir in the bucket equals the local run, and init_from=gs://... works;
 * metrics.jsonl on an object store is buffered, rewritten whole on flush and truncated on resume.
 """
+
 import json
 import os
 import socket
@@ -23,7 +24,6 @@ import time
 
 import numpy as np
 import pytest
-
 from test_train_utils import REPO, compile_cache, run_train, train_cmd, train_losses, xlgen_env  # noqa: F401
 
 pytest.importorskip("gcsfs", reason="gs:// needs gcsfs: pip install -e '.[gcs,test]'")
@@ -81,9 +81,13 @@ def gcs(tmp_path_factory):
         except OSError:
             assert proc.poll() is None and time.time() < deadline, "the GCS emulator did not start"
             time.sleep(0.1)
-    env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator", "GOOGLE_CLOUD_PROJECT": "test",
-           "XLGEN_CACHE_DIR": str(tmp_path_factory.mktemp("xlgen_cache"))}
+    env = {
+        "STORAGE_EMULATOR_HOST": url,
+        "TENSORSTORE_GCS_HTTP_URL": url,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+        "GOOGLE_CLOUD_PROJECT": "test",
+        "XLGEN_CACHE_DIR": str(tmp_path_factory.mktemp("xlgen_cache")),
+    }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -113,8 +117,24 @@ def _prepare(output, corpus_dir):
     """`xlgen prepare corpus` (its CLI entry point, in this process: the fixture's environment reaches gcsfs)."""
     from data_pipelines import prepare
 
-    assert prepare.main(["corpus", "--train", str(corpus_dir / "train.txt"), "--valid", str(corpus_dir / "valid.txt"),
-                         "--tokenizer", "char", "--layout", "lm", "--output", str(output)]) == 0
+    assert (
+        prepare.main(
+            [
+                "corpus",
+                "--train",
+                str(corpus_dir / "train.txt"),
+                "--valid",
+                str(corpus_dir / "valid.txt"),
+                "--tokenizer",
+                "char",
+                "--layout",
+                "lm",
+                "--output",
+                str(output),
+            ]
+        )
+        == 0
+    )
 
 
 def _gs(path: str):
@@ -154,12 +174,12 @@ def test_train_resume_eval_on_gcs_equals_local(tmp_path, compile_cache, gcs):
     _run(train_cmd(run, "txl_tiny.py", remote_over, extra=[f"--stop_at_step={K}"]), env)
     assert sorted(_losses(_gs("run/metrics.jsonl").read_text())) == list(range(1, K + 1))
     assert _gs(f"run/checkpoints/{K}").is_dir()
-    out = _run(train_cmd(run, "txl_tiny.py", remote_over), env)                 # the same command resumes
+    out = _run(train_cmd(run, "txl_tiny.py", remote_over), env)  # the same command resumes
     assert f"resumed from {run}/checkpoints/{K}" in out.stdout
 
     a, b = train_losses(local), _losses(_gs("run/metrics.jsonl").read_text())
     assert sorted(b) == list(range(1, 2 * K + 1))
-    assert [b[s] for s in sorted(b)] == [a[s] for s in sorted(b)]            # bitwise, before and after the resume
+    assert [b[s] for s in sorted(b)] == [a[s] for s in sorted(b)]  # bitwise, before and after the resume
     cfg = json.loads(_gs("run/config.json").read_text())
     assert cfg["data"]["source"] == f"gs://{BUCKET}/corpus" and cfg["xlgen"]["kind"] == "pretrain"
     assert any("tfevents" in p.name for p in _gs("run/tensorboard").iterdir())
@@ -195,17 +215,22 @@ def test_metrics_truncate_and_cache_on_gcs(gcs, tmp_path):
     w = metrics_lib.MetricsWriter(wd, tensorboard=False, flush_secs=3600)
     for s in range(1, 6):
         w.write({"step": s, "loss": 1.0 / s})
-    assert not _gs("metrics-run/metrics.jsonl").exists()          # buffered until a flush
+    assert not _gs("metrics-run/metrics.jsonl").exists()  # buffered until a flush
     w.flush()
     assert [r["step"] for r in metrics_lib.read_metrics(w.path)] == [1, 2, 3, 4, 5]
     w.write({"step": 6, "loss": 0.1})
     w.close()
     assert metrics_lib.truncate_after(w.path, 4) == 2
-    w = metrics_lib.MetricsWriter(wd, tensorboard=False)          # a resumed run appends after the kept records
+    w = metrics_lib.MetricsWriter(wd, tensorboard=False)  # a resumed run appends after the kept records
     w.write({"step": 5, "loss": 0.5})
     w.close()
-    assert [(r["step"], r["loss"]) for r in metrics_lib.read_metrics(w.path)] == [(1, 1.0), (2, 0.5),
-                                                                                  (3, 1.0 / 3), (4, 0.25), (5, 0.5)]
+    assert [(r["step"], r["loss"]) for r in metrics_lib.read_metrics(w.path)] == [
+        (1, 1.0),
+        (2, 0.5),
+        (3, 1.0 / 3),
+        (4, 0.25),
+        (5, 0.5),
+    ]
 
     paths.atomic_write_bytes(f"gs://{BUCKET}/blob.npy", b"abc")
     with pytest.raises(ValueError, match=r"gs://test-bucket/blob.npy: sha256 .* does not match"):
@@ -234,10 +259,26 @@ def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, c
     env = _env(gcs, compile_cache)
 
     def finetune(workdir, **over):
-        over = {"task": "glue/sst2", "total_steps": 4, "eval_every_steps": 0, "log_every_steps": 1,
-                "checkpoint.every_steps": 4, **over}
-        return _run([sys.executable, "-m", "xlgen.cli", "finetune", f"--config={REPO}/configs/finetune/tiny.py",
-                     f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in over.items()], env)
+        over = {
+            "task": "glue/sst2",
+            "total_steps": 4,
+            "eval_every_steps": 0,
+            "log_every_steps": 1,
+            "checkpoint.every_steps": 4,
+            **over,
+        }
+        return _run(
+            [
+                sys.executable,
+                "-m",
+                "xlgen.cli",
+                "finetune",
+                f"--config={REPO}/configs/finetune/tiny.py",
+                f"--workdir={workdir}",
+            ]
+            + [f"--config.{k}={v}" for k, v in over.items()],
+            env,
+        )
 
     local, remote = str(tmp_path / "ft"), f"gs://{BUCKET}/ft"
     finetune(local, data_dir=data, tokenizer=tmp_path / "spiece.model")
@@ -252,8 +293,14 @@ def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, c
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
     # A new run initialised from the bucket workdir (architecture from its config.json, every tensor loaded).
-    out = finetune(f"gs://{BUCKET}/ft2", data_dir=f"gs://{BUCKET}/glue/sst2", init_from=remote,
-                   tokenizer=f"gs://{BUCKET}/glue/spiece.model", total_steps=1, **{"checkpoint.every_steps": 1})
+    out = finetune(
+        f"gs://{BUCKET}/ft2",
+        data_dir=f"gs://{BUCKET}/glue/sst2",
+        init_from=remote,
+        tokenizer=f"gs://{BUCKET}/glue/spiece.model",
+        total_steps=1,
+        **{"checkpoint.every_steps": 1},
+    )
     assert f"init_from {remote}: {len(a)} tensors loaded; fresh: none" in out.stdout
     assert json.loads(_gs("ft2/config.json").read_text())["init_from"] == remote
 
@@ -267,8 +314,10 @@ def test_hf_weights_from_gcs(gcs, tmp_path):
     from xlgen import pretrained
 
     rng = np.random.default_rng(0)
-    weights = {"transformer.word_emb.weight": rng.standard_normal((7, 4)).astype(np.float32),
-               "crit.cutoff_ends": np.arange(3, dtype=np.int64)}
+    weights = {
+        "transformer.word_emb.weight": rng.standard_normal((7, 4)).astype(np.float32),
+        "crit.cutoff_ends": np.arange(3, dtype=np.int64),
+    }
     save_file(weights, str(tmp_path / "model.safetensors"))
     paths.atomic_write_bytes(f"gs://{BUCKET}/hf/st/model.safetensors", (tmp_path / "model.safetensors").read_bytes())
     paths.atomic_write_text(f"gs://{BUCKET}/hf/st/config.json", json.dumps({"model_type": "nope"}))

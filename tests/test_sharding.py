@@ -1,7 +1,9 @@
 """Mesh sizing and logical-axis rules (xlgen.sharding)."""
+
 import jax
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 from xlgen import sharding
 
@@ -29,7 +31,7 @@ def test_logical_rules_dedup_divisibility_and_presets():
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     tp = sharding.rules_for("fsdp_tp")
     assert sharding.logical_to_spec(("embed", "heads", "kv"), (64, 4, 16), tp, mesh) == P("fsdp", "tensor", None)
-    assert sharding.logical_to_spec(("embed", "embed"), (64, 64), tp, mesh) == P("fsdp", None)     # axis used once
+    assert sharding.logical_to_spec(("embed", "embed"), (64, 64), tp, mesh) == P("fsdp", None)  # axis used once
     assert sharding.logical_to_spec(("embed", "heads", "kv"), (64, 3, 16), tp, mesh) == P("fsdp", None, None)
     assert sharding.logical_to_spec(("vocab", "embed"), (74, 64), tp, mesh) == P("tensor", "fsdp")
     assert sharding.logical_to_spec(("vocab", "embed"), (74, 64), sharding.rules_for("dp"), mesh) == P(None, None)

@@ -1,5 +1,6 @@
 """Task metrics against their textbook definitions, and the SQuAD evaluator against the official scripts'
 definitions on hand-made cases (normalisation, several gold answers, no-answer, HasAns/NoAns, best thresholds)."""
+
 import math
 
 import numpy as np

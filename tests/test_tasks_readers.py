@@ -1,6 +1,6 @@
 """Task readers: official layouts parse to the right examples; bad input names the file and line/record."""
+
 import json
-import os
 import types
 
 import numpy as np
@@ -37,7 +37,8 @@ def test_every_glue_task_reads_every_split(tmp_path):
 
 def test_glue_columns_by_header(tmp_path):
     (tmp_path / "dev.tsv").write_text(
-        "index\tsentence1\tsentence2\tlabel\n0\tA cat.\tA dog.\tnot_entailment\n1\tx\ty\tentailment\n")
+        "index\tsentence1\tsentence2\tlabel\n0\tA cat.\tA dog.\tnot_entailment\n1\tx\ty\tentailment\n"
+    )
     ex = read_glue("rte", str(tmp_path), "dev")
     assert [(e.text_a, e.text_b, e.label) for e in ex] == [("A cat.", "A dog.", 1), ("x", "y", 0)]
     # CoLA train/dev have no header: source, label, mark, sentence
@@ -108,8 +109,11 @@ def test_squad_reader_errors(tmp_path):
     qa = next(q for q in doc["data"][1]["paragraphs"][0]["qas"] if q["answers"])
     qa["answers"][0]["answer_start"] += 1
     (tmp_path / "dev-v2.0.json").write_text(json.dumps(doc))
-    with pytest.raises(TaskDataError, match=r"dev-v2\.0\.json: record data\[1\]\.paragraphs\[0\]\.qas\[\d\] "
-                                            r"\(id q\d+\): answer .* is not at answer_start"):
+    with pytest.raises(
+        TaskDataError,
+        match=r"dev-v2\.0\.json: record data\[1\]\.paragraphs\[0\]\.qas\[\d\] "
+        r"\(id q\d+\): answer .* is not at answer_start",
+    ):
         read_squad(str(tmp_path / "dev-v2.0.json"), version="v2.0", require_answers=True)
     with pytest.raises(TaskDataError, match="is_impossible in a SQuAD v1.1 task"):
         read_squad(str(tmp_path / "train-v2.0.json"), version="v1.1", require_answers=True)
@@ -120,13 +124,20 @@ _TOK = types.SimpleNamespace(style="xlnet", cls_id=3, sep_id=4, pad_id=5, encode
 
 def test_xlnet_and_funnel_input_layouts():
     # XLNet: left padding, A <sep> B <sep> <cls>, segments A=0 B=1 CLS=2 PAD=4
-    assert pack(_TOK, [10, 11], [12], 8) == ([5, 5, 10, 11, 4, 12, 4, 3], [4, 4, 0, 0, 0, 1, 1, 2],
-                                             [0, 0, 1, 1, 1, 1, 1, 1])
+    assert pack(_TOK, [10, 11], [12], 8) == (
+        [5, 5, 10, 11, 4, 12, 4, 3],
+        [4, 4, 0, 0, 0, 1, 1, 2],
+        [0, 0, 1, 1, 1, 1, 1, 1],
+    )
     funnel = types.SimpleNamespace(style="funnel", cls_id=101, sep_id=102, pad_id=0)
-    assert pack(funnel, [10, 11], [12], 8) == ([101, 10, 11, 102, 12, 102, 0, 0], [2, 0, 0, 0, 1, 1, 0, 0],
-                                               [1, 1, 1, 1, 1, 1, 0, 0])
+    assert pack(funnel, [10, 11], [12], 8) == (
+        [101, 10, 11, 102, 12, 102, 0, 0],
+        [2, 0, 0, 0, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0, 0],
+    )
     # pair truncation pops from the longer text; labels kept
     from data_pipelines.tasks.examples import ChoiceExample, TextExample
+
     f = text_features([TextExample("0", "1 2 3 4 5 6", "7 8", 1)], _TOK, max_seq_length=8)
     assert f["input_ids"][0].tolist() == [1, 2, 3, 4, 7, 8, 4, 3]  # 5 pieces fit: A keeps 3, B keeps 2
     assert f["token_type_ids"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 2] and f["labels"].tolist() == [1]
@@ -145,17 +156,37 @@ def test_pipeline_is_a_pure_function_of_step_and_covers_epochs():
     assert sorted(first[:10]) == list(range(10)) and sorted(first[10:]) == list(range(10))
     q = FeaturePipeline(feats, global_batch_size=4, seed=3)
     assert q.batch(3)["x"].tolist() == p.batch(3)["x"].tolist()  # resume = call batch(k)
-    parts = [FeaturePipeline(feats, global_batch_size=4, seed=3, process_index=i, process_count=2).batch(3)["x"]
-             for i in range(2)]
+    parts = [
+        FeaturePipeline(feats, global_batch_size=4, seed=3, process_index=i, process_count=2).batch(3)["x"]
+        for i in range(2)
+    ]
     assert np.concatenate(parts).tolist() == p.batch(3)["x"].tolist()
     bs = list(eval_batches(feats, 4))
     assert [b["weights"].sum() for b in bs] == [4, 4, 2] and bs[-1]["x"].tolist()[:2] == [8, 9]
 
 
 def test_task_registry_and_glue_submission():
-    assert {"glue/cola", "glue/sst2", "glue/mrpc", "glue/stsb", "glue/qqp", "glue/mnli", "glue/qnli", "glue/rte",
-            "glue/wnli", "squad/v1.1", "squad/v2.0", "race", "imdb", "yelp2", "yelp5", "dbpedia", "ag", "amazon2",
-            "amazon5"} <= set(TASKS)
+    assert {
+        "glue/cola",
+        "glue/sst2",
+        "glue/mrpc",
+        "glue/stsb",
+        "glue/qqp",
+        "glue/mnli",
+        "glue/qnli",
+        "glue/rte",
+        "glue/wnli",
+        "squad/v1.1",
+        "squad/v2.0",
+        "race",
+        "imdb",
+        "yelp2",
+        "yelp5",
+        "dbpedia",
+        "ag",
+        "amazon2",
+        "amazon5",
+    } <= set(TASKS)
     assert get_task("classification/yelp5").num_labels == 5 and get_task("glue/stsb").kind == "regression"
     assert get_task("glue/mnli").eval_splits == ("dev", "dev_mismatched")
     text = glue_submission_text(get_task("glue/mnli").label_names, ["0", "1"], np.array([1, 2]))
@@ -170,10 +201,23 @@ def test_tfds_records_map_to_the_same_examples(monkeypatch):
 
     records = {
         ("glue/mnli", "validation_matched"): [{"premise": b"p", "hypothesis": b"h", "label": 2, "idx": 7}],
-        ("squad/v2.0", "validation"): [{"id": b"q1", "question": b"who?", "context": b"Ann met Bob.",
-                                        "answers": {"text": [b"Bob"], "answer_start": [8]}}],
-        ("race/high", "dev"): [{"article": b"a", "questions": [b"q _ ."], "options": [[b"w", b"x", b"y", b"z"]],
-                                "answers": [b"C"], "example_id": b"h1"}],
+        ("squad/v2.0", "validation"): [
+            {
+                "id": b"q1",
+                "question": b"who?",
+                "context": b"Ann met Bob.",
+                "answers": {"text": [b"Bob"], "answer_start": [8]},
+            }
+        ],
+        ("race/high", "dev"): [
+            {
+                "article": b"a",
+                "questions": [b"q _ ."],
+                "options": [[b"w", b"x", b"y", b"z"]],
+                "answers": [b"C"],
+                "example_id": b"h1",
+            }
+        ],
     }
     calls = []
 

@@ -1,10 +1,10 @@
 """SQuAD features: every answer span maps back to the exact original characters through the piece alignment,
 across doc-stride windows; layout, p_mask and max-context invariants; beam decoding + evaluation round trip."""
+
 import numpy as np
 import pytest
 
 from data_pipelines.tasks import synthetic
-from data_pipelines.tasks.examples import SquadExample
 from data_pipelines.tasks.squad import read_squad, squad_features
 from data_pipelines.tasks.tokenization import SentencePieceTaskTokenizer, cover_span, preprocess_with_map
 from xlgen.tasks import squad_decode, squad_eval
@@ -28,7 +28,15 @@ def test_offsets_point_at_original_characters(data):
     covered = [text[s:e] for s, e in zip(starts, ends) if e > s]
     assert "".join(covered) == "".join(text.split())  # every non-space character exactly once, in order
     pre, src, src_end = preprocess_with_map("``naïve''", keep_accents=False)
-    assert pre == '"naive"' and [("``naïve''")[i:j] for i, j in zip(src, src_end)] == ["``", "n", "a", "ï", "v", "e", "''"]
+    assert pre == '"naive"' and [("``naïve''")[i:j] for i, j in zip(src, src_end)] == [
+        "``",
+        "n",
+        "a",
+        "ï",
+        "v",
+        "e",
+        "''",
+    ]
 
 
 def test_every_answer_maps_back_exactly_across_windows(data):
@@ -44,7 +52,7 @@ def test_every_answer_maps_back_exactly_across_windows(data):
     for i in range(n_feat):
         ex = examples[f["example_index"][i]]
         real = f["attention_mask"][i].astype(bool)
-        assert not real[:np.argmax(real)].any() and real[np.argmax(real):].all()  # left padding
+        assert not real[: np.argmax(real)].any() and real[np.argmax(real) :].all()  # left padding
         para = f["tok_start_char"][i] >= 0
         assert np.array_equal(f["p_mask"][i] == 0, para | (np.arange(L) == L - 1))
         assert np.all(f["token_type_ids"][i][~real] == 4) and np.all(f["token_type_ids"][i][para] == 0)
@@ -54,7 +62,7 @@ def test_every_answer_maps_back_exactly_across_windows(data):
             continue
         found[f["example_index"][i]] = True
         text, _ = ex.answers[0]
-        assert ex.context[f["tok_start_char"][i, s]:f["tok_end_char"][i, e]] == text
+        assert ex.context[f["tok_start_char"][i, s] : f["tok_end_char"][i, e]] == text
     answerable = np.array([not e.is_impossible for e in examples])
     assert np.array_equal(found, answerable)  # every answer sits whole in at least one window
     # each paragraph piece has exactly one max-context window
@@ -90,8 +98,13 @@ def test_decoding_gold_beams_gives_gold_answers_and_null_threshold(data):
             et[i, 0], elp[i, 0] = f["end_positions"][i], 0.0
             cls[i] = -5.0
     f["max_context"][:] = True  # gold spans may start in a non-max-context window of this synthetic model
-    out = {"start_top_log_probs": slp, "start_top_index": st, "end_top_log_probs": elp, "end_top_index": et,
-           "cls_logits": cls}
+    out = {
+        "start_top_log_probs": slp,
+        "start_top_index": st,
+        "end_top_log_probs": elp,
+        "end_top_index": et,
+        "cls_logits": cls,
+    }
     preds, null_odds, nbest = squad_decode.decode(examples, f, out, max_answer_length=64)
     for ex in examples:
         if not ex.is_impossible:

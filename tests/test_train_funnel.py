@@ -6,20 +6,34 @@ configured disc_coeff.
 
 Cost (2 CPU cores): MLM ~17 s CPU, ELECTRA ~47 s (compiling the generator + discriminator dominates). A (2,2,2)
 mesh run costs another ~35 s of SPMD compilation, so the sharded trainer is covered by test_train_sharding (TXL)."""
+
 import json
 import os
 
 import numpy as np
 import pytest
-
 from test_train_utils import REPO
 
 STEPS, K = 12, 6
-TINY_FUNNEL = {"log_every_steps": 1, "eval_every_steps": 0, "tensorboard": False, "checkpoint.keep": 2,
-               "checkpoint.every_steps": K, "total_steps": STEPS, "mesh.num_devices": 1,
-               "model.d_model": 32, "model.n_head": 2, "model.d_head": 16, "model.d_inner": 64,
-               "model.block_sizes": "(1,1)", "model.num_decoder_layers": 1, "data.seq_len": 32,
-               "data.batch_size": 8, "optimizer.warmup_steps": 2, "optimizer.learning_rate": 3e-3}
+TINY_FUNNEL = {
+    "log_every_steps": 1,
+    "eval_every_steps": 0,
+    "tensorboard": False,
+    "checkpoint.keep": 2,
+    "checkpoint.every_steps": K,
+    "total_steps": STEPS,
+    "mesh.num_devices": 1,
+    "model.d_model": 32,
+    "model.n_head": 2,
+    "model.d_head": 16,
+    "model.d_inner": 64,
+    "model.block_sizes": "(1,1)",
+    "model.num_decoder_layers": 1,
+    "data.seq_len": 32,
+    "data.batch_size": 8,
+    "optimizer.warmup_steps": 2,
+    "optimizer.learning_rate": 3e-3,
+}
 ELECTRA = {"objective": "funnel_electra", "data.pipeline": "electra", "objective_options.disc_coeff": 20.0}
 
 
@@ -49,7 +63,7 @@ def _full_then_resumed(tmp_path, over, capsys):
     _train(part, over, stop_at=K)
     assert sorted(_records(part)) == list(range(1, K + 1))
     capsys.readouterr()
-    _train(part, over)                                                           # the same call resumes
+    _train(part, over)  # the same call resumes
     assert f"resumed from {part}/checkpoints/{K}" in "".join(capsys.readouterr())
     a, b = _records(full), _records(part)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
@@ -58,7 +72,7 @@ def _full_then_resumed(tmp_path, over, capsys):
 
 def test_mlm_loss_falls_and_resume_is_bitwise_exact(tmp_path, capsys):
     a, b = _full_then_resumed(tmp_path, TINY_FUNNEL, capsys)
-    _falls({s: r["loss"] for s, r in a.items()}, 0.1)                       # ln(74) = 4.30 -> below 4.0
+    _falls({s: r["loss"] for s, r in a.items()}, 0.1)  # ln(74) = 4.30 -> below 4.0
     for s in range(K + 1, STEPS + 1):
         assert b[s]["loss"] == a[s]["loss"] and b[s]["mlm_accuracy"] == a[s]["mlm_accuracy"], s
         assert b[s]["grad_norm"] == a[s]["grad_norm"], s

@@ -1,6 +1,7 @@
 """Exact resume: train 2k steps in one go vs. train k steps, stop, resume to 2k with the same command -> the
 metrics.jsonl losses of steps k+1..2k are bitwise identical, for Transformer-XL and XLNet with memory carried
 across steps (and checkpointed). One variant is stopped by SIGKILL mid-run."""
+
 import json
 import math
 import os
@@ -9,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-
 from test_train_utils import REPO, compile_cache, run_train, train_cmd, train_losses, xlgen_env  # noqa: F401
 
 K = 4
@@ -20,9 +20,9 @@ def test_resume_is_bitwise_exact(tmp_path, compile_cache, config):
     over = {"total_steps": 2 * K, "checkpoint.every_steps": K, "mesh.num_devices": 1}
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run_train(full, compile_cache, config, over)
-    run_train(part, compile_cache, config, over, extra=[f"--stop_at_step={K}"])   # interrupted after k steps
+    run_train(part, compile_cache, config, over, extra=[f"--stop_at_step={K}"])  # interrupted after k steps
     assert sorted(train_losses(part)) == list(range(1, K + 1))
-    out = run_train(part, compile_cache, config, over)                            # the same command resumes
+    out = run_train(part, compile_cache, config, over)  # the same command resumes
     assert f"resumed from {part}/checkpoints/{K}" in out.stdout
     a, b = train_losses(full), train_losses(part)
     assert sorted(b) == list(range(1, 2 * K + 1))
@@ -35,7 +35,10 @@ def test_resume_is_bitwise_exact(tmp_path, compile_cache, config):
         with open(os.path.join(full, "metrics.jsonl")) as f:
             ev = [json.loads(line) for line in f if "split" in line][-1]
         assert ev["step"] == 2 * K and ev["split"] == "valid" and math.isfinite(ev["loss"])
-        assert abs(ev["ppl"] - math.exp(ev["loss"])) < 1e-6 * ev["ppl"] and abs(ev["bpc"] * math.log(2) - ev["loss"]) < 1e-9
+        assert (
+            abs(ev["ppl"] - math.exp(ev["loss"])) < 1e-6 * ev["ppl"]
+            and abs(ev["bpc"] * math.log(2) - ev["loss"]) < 1e-9
+        )
     if config == "txl_tiny.py":  # the memory really is state: resuming without it changes the next loss
         nomem = str(tmp_path / "nomem")
         over2 = dict(over, **{"checkpoint.save_mems": False})
@@ -51,8 +54,12 @@ def test_resume_after_sigkill_mid_run(tmp_path, compile_cache):
     over = {"total_steps": total, "checkpoint.every_steps": every, "mesh.num_devices": 1}
     full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
     run_train(full, compile_cache, "txl_tiny.py", over)
-    proc = subprocess.Popen(train_cmd(killed, "txl_tiny.py", over), env=xlgen_env(compile_cache),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        train_cmd(killed, "txl_tiny.py", over),
+        env=xlgen_env(compile_cache),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = os.path.join(killed, "metrics.jsonl")
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -70,5 +77,5 @@ def test_resume_after_sigkill_mid_run(tmp_path, compile_cache):
     # the newest *complete* checkpoint: a save still in flight at the kill is not visible (never half-written)
     assert resumed % every == 0 and every <= resumed <= last_logged
     a, b = train_losses(full), train_losses(killed)
-    assert sorted(b) == list(range(1, total + 1))      # records logged after the checkpoint were replaced
+    assert sorted(b) == list(range(1, total + 1))  # records logged after the checkpoint were replaced
     assert [b[s] for s in range(resumed + 1, total + 1)] == [a[s] for s in range(resumed + 1, total + 1)]

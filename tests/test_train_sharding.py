@@ -1,10 +1,10 @@
 """Sharded training: a (data=2, fsdp=2, tensor=2) mesh of 8 simulated CPU devices trains exactly like one device,
 parameters and optimizer moments are really sharded as the rules say, and a checkpoint saved on the (2,2,2) mesh
 restores onto one device and continues."""
+
 import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
-
 from test_train_utils import REPO, compile_cache, run_train, train_losses  # noqa: F401
 
 MESH222 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.rules": "fsdp_tp"}
@@ -42,12 +42,12 @@ def test_parameters_and_moments_are_sharded_by_the_rules():
     with jax.set_mesh(mesh):
         state, mems = program.init_state()
     params = state["params"]
-    q = params["layers.0.attn.q.kernel"]                    # (embed, heads, kv) -> (fsdp, tensor, -)
+    q = params["layers.0.attn.q.kernel"]  # (embed, heads, kv) -> (fsdp, tensor, -)
     assert q.sharding.spec == P("fsdp", "tensor", None)
     assert q.addressable_shards[0].data.shape == (32, 2, 16)
-    assert params["layers.0.ff.layer_1.kernel"].sharding.spec == P("fsdp", "tensor")   # (embed, mlp)
-    assert params["embedding.tables.0"].sharding.spec == P("tensor", "fsdp")          # (vocab, embed)
-    assert params["layers.0.attn.r_w_bias"].sharding.spec == P("tensor", None)        # (heads, kv)
+    assert params["layers.0.ff.layer_1.kernel"].sharding.spec == P("fsdp", "tensor")  # (embed, mlp)
+    assert params["embedding.tables.0"].sharding.spec == P("tensor", "fsdp")  # (vocab, embed)
+    assert params["layers.0.attn.r_w_bias"].sharding.spec == P("tensor", None)  # (heads, kv)
     for name, arr in params.items():
         assert arr.sharding.spec == program.param_specs[name], name
     import optax

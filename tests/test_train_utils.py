@@ -4,6 +4,7 @@ The end-to-end tests run the real CLI in subprocesses with a shared persistent c
 `--xla_backend_optimization_level=0` (tiny models: compile time dominates), so each program compiles once per
 test session and every further run (resume, restart) loads it.
 """
+
 import json
 import os
 import subprocess
@@ -14,14 +15,39 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TINY = {"log_every_steps": 1, "eval_every_steps": 0, "tensorboard": False, "checkpoint.keep": 2,
-        "model.d_model": 32, "model.d_embed": 32, "model.n_head": 2, "model.d_head": 16, "model.d_inner": 64,
-        "model.mem_len": 16, "data.batch_size": 8, "data.tgt_len": 16, "data.eval_batch_size": 8,
-        "data.eval_tgt_len": 16}
-TINY_XLNET = {"log_every_steps": 1, "eval_every_steps": 0, "tensorboard": False, "checkpoint.keep": 2,
-              "model.d_model": 32, "model.n_head": 2, "model.d_head": 16, "model.d_inner": 64,
-              "model.mem_len": 16, "model.reuse_len": 8, "data.batch_size": 8, "data.seq_len": 16,
-              "data.reuse_len": 8, "data.perm_size": 8, "data.num_predict": 4}
+TINY = {
+    "log_every_steps": 1,
+    "eval_every_steps": 0,
+    "tensorboard": False,
+    "checkpoint.keep": 2,
+    "model.d_model": 32,
+    "model.d_embed": 32,
+    "model.n_head": 2,
+    "model.d_head": 16,
+    "model.d_inner": 64,
+    "model.mem_len": 16,
+    "data.batch_size": 8,
+    "data.tgt_len": 16,
+    "data.eval_batch_size": 8,
+    "data.eval_tgt_len": 16,
+}
+TINY_XLNET = {
+    "log_every_steps": 1,
+    "eval_every_steps": 0,
+    "tensorboard": False,
+    "checkpoint.keep": 2,
+    "model.d_model": 32,
+    "model.n_head": 2,
+    "model.d_head": 16,
+    "model.d_inner": 64,
+    "model.mem_len": 16,
+    "model.reuse_len": 8,
+    "data.batch_size": 8,
+    "data.seq_len": 16,
+    "data.reuse_len": 8,
+    "data.perm_size": 8,
+    "data.num_predict": 4,
+}
 
 
 @pytest.fixture(scope="session")
@@ -31,22 +57,44 @@ def compile_cache(tmp_path_factory):
 
 def xlgen_env(cache: str, devices: int = 8) -> dict:
     env = dict(os.environ)
-    env.update({"JAX_PLATFORMS": "cpu", "XLGEN_COMPILATION_CACHE": cache, "XLGEN_COMPILATION_CACHE_MIN_SECS": "0",
-                "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
-                "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", "")})
+    env.update(
+        {
+            "JAX_PLATFORMS": "cpu",
+            "XLGEN_COMPILATION_CACHE": cache,
+            "XLGEN_COMPILATION_CACHE_MIN_SECS": "0",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
+            "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""),
+        }
+    )
     return env
 
 
 def train_cmd(workdir, config="txl_tiny.py", overrides=None, extra=()):
     over = dict(TINY if config == "txl_tiny.py" else TINY_XLNET if config == "xlnet_tiny.py" else {})
     over.update(overrides or {})
-    return ([sys.executable, "-m", "xlgen.cli", "train", f"--config={REPO}/configs/pretrain/{config}",
-             f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in over.items()] + list(extra))
+    return (
+        [
+            sys.executable,
+            "-m",
+            "xlgen.cli",
+            "train",
+            f"--config={REPO}/configs/pretrain/{config}",
+            f"--workdir={workdir}",
+        ]
+        + [f"--config.{k}={v}" for k, v in over.items()]
+        + list(extra)
+    )
 
 
 def run_train(workdir, cache, config="txl_tiny.py", overrides=None, extra=(), devices=8, expect=0):
-    p = subprocess.run(train_cmd(workdir, config, overrides, extra), env=xlgen_env(cache, devices), cwd=REPO,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        train_cmd(workdir, config, overrides, extra),
+        env=xlgen_env(cache, devices),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == expect, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     return p
 
@@ -58,6 +106,7 @@ def train_losses(workdir) -> dict:
 
 
 # ---- optimizer unit tests (fast, in-process) -------------------------------------------------------------------
+
 
 def _opt_cfg(**kw):
     from xlgen.config import base_config
@@ -71,8 +120,10 @@ def test_schedule_warmup_then_decay_to_min_ratio():
     from xlgen.optim import make_schedule
 
     for kind in ("linear", "cosine", "poly"):
-        s = make_schedule(_opt_cfg(learning_rate=1.0, warmup_steps=10, schedule=kind, min_lr_ratio=0.1,
-                                   poly_power=2.0), total_steps=110)
+        s = make_schedule(
+            _opt_cfg(learning_rate=1.0, warmup_steps=10, schedule=kind, min_lr_ratio=0.1, poly_power=2.0),
+            total_steps=110,
+        )
         assert float(s(0)) == 0.0 and abs(float(s(5)) - 0.5) < 1e-6 and abs(float(s(10)) - 1.0) < 1e-6
         assert abs(float(s(110)) - 0.1) < 1e-6, kind
         assert float(s(60)) < 1.0
@@ -81,13 +132,22 @@ def test_schedule_warmup_then_decay_to_min_ratio():
 def test_weight_decay_mask_and_layer_decay_scales():
     from xlgen.optim import layer_decay_scales, weight_decay_mask
 
-    names = ["layers.0.attn.q.kernel", "layers.0.attn.layer_norm.scale", "layers.1.ff.layer_1.bias",
-             "r_w_bias", "embedding.emb_layers.0.embedding"]
+    names = [
+        "layers.0.attn.q.kernel",
+        "layers.0.attn.layer_norm.scale",
+        "layers.1.ff.layer_1.bias",
+        "r_w_bias",
+        "embedding.emb_layers.0.embedding",
+    ]
     m = weight_decay_mask(names)
     assert m == {names[0]: True, names[1]: False, names[2]: False, names[3]: False, names[4]: True}
     # layer l of L = 1 + max index gets rate^(L-1-l); a stacked (`layers` axis) parameter gets one scale per slice
-    meta = {"layers.0.q": ((4, 4), ("embed", "heads")), "layers.2.q": ((4, 4), ("embed", "heads")),
-            "layers.q": ((3, 4, 4), ("layers", "embed", "heads")), "emb": ((8, 4), ("vocab", "embed"))}
+    meta = {
+        "layers.0.q": ((4, 4), ("embed", "heads")),
+        "layers.2.q": ((4, 4), ("embed", "heads")),
+        "layers.q": ((3, 4, 4), ("layers", "embed", "heads")),
+        "emb": ((8, 4), ("vocab", "embed")),
+    }
     sc = layer_decay_scales(meta, "xlnet", rate=0.5)
     assert sc["layers.0.q"] == np.float32(0.25) and sc["layers.2.q"] == np.float32(1.0) and sc["emb"] == 1.0
     assert sc["layers.q"].shape == (3, 1, 1)
@@ -97,7 +157,6 @@ def test_weight_decay_mask_and_layer_decay_scales():
 
 def test_layer_decay_lr_mode_scales_updates_and_faithful_mode_nearly_cancels():
     import jax.numpy as jnp
-    import optax
 
     from xlgen.optim import make_optimizer
 
@@ -106,11 +165,22 @@ def test_layer_decay_lr_mode_scales_updates_and_faithful_mode_nearly_cancels():
     grads = {k: jnp.array([0.1, -0.2, 0.3]) for k in meta}
     upd = {}
     for mode in ("lr", "faithful"):
-        tx, _ = make_optimizer(_opt_cfg(schedule="constant", learning_rate=1.0, lr_layer_decay_rate=0.5,
-                                        layer_decay_mode=mode, clip_norm=0.0, eps=1e-8), 10, meta, family="xlnet")
+        tx, _ = make_optimizer(
+            _opt_cfg(
+                schedule="constant",
+                learning_rate=1.0,
+                lr_layer_decay_rate=0.5,
+                layer_decay_mode=mode,
+                clip_norm=0.0,
+                eps=1e-8,
+            ),
+            10,
+            meta,
+            family="xlnet",
+        )
         u, _ = tx.update(grads, tx.init(params), params)
         upd[mode] = u
     r = np.asarray(upd["lr"]["layers.0.w"]) / np.asarray(upd["lr"]["layers.1.w"])
-    np.testing.assert_allclose(r, 0.5, rtol=1e-6)              # true per-layer learning rate
+    np.testing.assert_allclose(r, 0.5, rtol=1e-6)  # true per-layer learning rate
     r = np.asarray(upd["faithful"]["layers.0.w"]) / np.asarray(upd["faithful"]["layers.1.w"])
-    np.testing.assert_allclose(r, 1.0, rtol=1e-5)              # Adam cancels a gradient scale (up to eps)
+    np.testing.assert_allclose(r, 1.0, rtol=1e-5)  # Adam cancels a gradient scale (up to eps)

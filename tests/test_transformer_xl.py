@@ -1,4 +1,5 @@
 """Transformer-XL LM: parity with Hugging Face `TransfoXLLMHeadModel` (transformers 4.34.1) and model properties."""
+
 import dataclasses
 
 import jax
@@ -8,12 +9,27 @@ import pytest
 from flax import nnx
 
 import xlgen
-from xlgen.models.transformer_xl import (TransformerXLConfig, TransformerXLLM, attention_mask, count_params,
-                                         load_params)
+from xlgen.models.transformer_xl import TransformerXLConfig, TransformerXLLM, attention_mask, count_params, load_params
 
-SMALL = dict(vocab_size=50, cutoffs=(10, 30), d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32, div_val=2,
-             n_layer=2, mem_len=4, clamp_len=-1, same_length=False, untie_r=True, dropout=0.0, init_std=0.3,
-             proj_init_std=0.3, scan_layers=True)  # scanned: CPU compile time dominates these tests
+SMALL = dict(
+    vocab_size=50,
+    cutoffs=(10, 30),
+    d_model=16,
+    d_embed=16,
+    n_head=2,
+    d_head=8,
+    d_inner=32,
+    div_val=2,
+    n_layer=2,
+    mem_len=4,
+    clamp_len=-1,
+    same_length=False,
+    untie_r=True,
+    dropout=0.0,
+    init_std=0.3,
+    proj_init_std=0.3,
+    scan_layers=True,
+)  # scanned: CPU compile time dominates these tests
 
 
 def random_params(abstract, seed: int = 0, std: float = 0.3) -> dict:
@@ -44,7 +60,8 @@ def fill_random(abstract, seed: int = 0, std: float = 0.5):
     graphdef, state = nnx.split(abstract)
     values = random_params(abstract, seed, std)
     pure = jax.tree_util.tree_map_with_path(
-        lambda path, leaf: jax.device_put(values["/".join(str(k.key) for k in path)]), nnx.to_pure_dict(state))
+        lambda path, leaf: jax.device_put(values["/".join(str(k.key) for k in path)]), nnx.to_pure_dict(state)
+    )
     nnx.replace_by_pure_dict(state, pure)
     return nnx.merge(graphdef, state)
 
@@ -72,22 +89,53 @@ def forward(model, ids, mems, mem_len):
 # Parity with transformers 4.34.1
 # ----------------------------------------------------------------------------------------------------------------
 
-HF_BASE = dict(vocab_size=60, d_model=16, n_head=2, d_head=8, d_inner=32, n_layer=2, dropout=0.0, dropatt=0.0,
-               init_std=0.3, proj_init_std=0.3)
+HF_BASE = dict(
+    vocab_size=60,
+    d_model=16,
+    n_head=2,
+    d_head=8,
+    d_inner=32,
+    n_layer=2,
+    dropout=0.0,
+    dropatt=0.0,
+    init_std=0.3,
+    proj_init_std=0.3,
+)
 HF_CASES = {
     # plain softmax, per-layer u/v, safetensors
-    "plain_untied_r": (dict(cutoffs=[], div_val=1, d_embed=16, mem_len=5, same_length=False, clamp_len=-1,
-                            untie_r=True), "safetensors", dict(scan_layers=False)),
+    "plain_untied_r": (
+        dict(cutoffs=[], div_val=1, d_embed=16, mem_len=5, same_length=False, clamp_len=-1, untie_r=True),
+        "safetensors",
+        dict(scan_layers=False),
+    ),
     # adaptive input + softmax, div_val > 1 (projections shared but the first), shared u/v, .bin
-    "adaptive_div2_tied_r": (dict(cutoffs=[20, 40], div_val=2, d_embed=16, mem_len=6, same_length=False,
-                                  clamp_len=-1, untie_r=False), "bin", dict(scan_layers=True)),
+    "adaptive_div2_tied_r": (
+        dict(cutoffs=[20, 40], div_val=2, d_embed=16, mem_len=6, same_length=False, clamp_len=-1, untie_r=False),
+        "bin",
+        dict(scan_layers=True),
+    ),
     # div_val=1 with d_embed != d_model (one tied projection), same_length + clamp_len, loaded with scan_layers
-    "samelen_clamp_proj_scan": (dict(cutoffs=[20, 45], div_val=1, d_embed=12, mem_len=7, same_length=True,
-                                     clamp_len=3, untie_r=True), "safetensors", dict(scan_layers=True)),
+    "samelen_clamp_proj_scan": (
+        dict(cutoffs=[20, 45], div_val=1, d_embed=12, mem_len=7, same_length=True, clamp_len=3, untie_r=True),
+        "safetensors",
+        dict(scan_layers=True),
+    ),
     # untied output embedding and projections, div_val=3, same_length + clamp, shared u/v
-    "untied_out_div3": (dict(cutoffs=[15, 30], div_val=3, d_embed=18, mem_len=4, same_length=True, clamp_len=2,
-                             untie_r=False, proj_share_all_but_first=False, tie_word_embeddings=False),
-                        "safetensors", dict(scan_layers=True)),
+    "untied_out_div3": (
+        dict(
+            cutoffs=[15, 30],
+            div_val=3,
+            d_embed=18,
+            mem_len=4,
+            same_length=True,
+            clamp_len=2,
+            untie_r=False,
+            proj_share_all_but_first=False,
+            tie_word_embeddings=False,
+        ),
+        "safetensors",
+        dict(scan_layers=True),
+    ),
 }
 LABEL_CASES = ("plain_untied_r", "adaptive_div2_tied_r")  # label-loss parity (one more compile each)
 
@@ -135,8 +183,9 @@ def test_hf_parity_two_segments(case, tmp_path, torch_and_transformers):
             np.testing.assert_allclose(np.asarray(ours_m), ref_m.numpy(), atol=1e-4)
         if case in LABEL_CASES:  # HF orders `losses` by cluster when cutoffs exist; ours are in token order
             lab = model(input_ids=ids, mems=ours_mems, labels=ids)
-            np.testing.assert_allclose(np.sort(np.asarray(lab.losses).ravel()),
-                                       np.sort(ref_loss.losses.numpy().ravel()), atol=1e-4)
+            np.testing.assert_allclose(
+                np.sort(np.asarray(lab.losses).ravel()), np.sort(ref_loss.losses.numpy().ravel()), atol=1e-4
+            )
             np.testing.assert_allclose(float(lab.loss), float(ref_loss.loss), atol=1e-5)
         hf_mems, ours_mems = ref.mems, out.mems
     print(f"{case}: max |log_probs - HF| = {max_diff:.2e}")
@@ -165,6 +214,7 @@ def test_hf_base_model_hidden_states(tmp_path, torch_and_transformers):
 # Recurrence
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def test_recurrence_equals_full_context_and_longer_eval_memory():
     """Segment-by-segment evaluation equals one causal pass over the concatenation whenever the memory holds
     every earlier token: with the training memory (config mem_len = L = segment length) for the 2nd segment,
@@ -176,14 +226,14 @@ def test_recurrence_equals_full_context_and_longer_eval_memory():
 
     lp1, m1 = forward(model, ids[:, :L], None, mem_len=2 * L)
     assert m1.shape == (SMALL["n_layer"], 2, L, SMALL["d_model"])  # = the training memory after one segment
-    lp2, m2 = forward(model, ids[:, L:2 * L], m1, mem_len=2 * L)
+    lp2, m2 = forward(model, ids[:, L : 2 * L], m1, mem_len=2 * L)
     assert m2.shape == (SMALL["n_layer"], 2, 2 * L, SMALL["d_model"])
     np.testing.assert_allclose(lp1, full[:, :L], atol=1e-5)
-    np.testing.assert_allclose(lp2, full[:, L:2 * L], atol=1e-5)
-    lp3_long, _ = forward(model, ids[:, 2 * L:], m2, mem_len=2 * L)
-    np.testing.assert_allclose(lp3_long, full[:, 2 * L:], atol=1e-5)
-    lp3_short, _ = forward(model, ids[:, 2 * L:], m2[:, :, L:], mem_len=2 * L)  # training-length memory
-    assert np.abs(lp3_short - full[:, 2 * L:]).max() > 1e-3
+    np.testing.assert_allclose(lp2, full[:, L : 2 * L], atol=1e-5)
+    lp3_long, _ = forward(model, ids[:, 2 * L :], m2, mem_len=2 * L)
+    np.testing.assert_allclose(lp3_long, full[:, 2 * L :], atol=1e-5)
+    lp3_short, _ = forward(model, ids[:, 2 * L :], m2[:, :, L:], mem_len=2 * L)  # training-length memory
+    assert np.abs(lp3_short - full[:, 2 * L :]).max() > 1e-3
 
 
 def test_no_gradient_flows_into_memory():
@@ -198,10 +248,14 @@ def test_no_gradient_flows_into_memory():
         def loss(model, mems):
             nll, new_mems = model(ids, mems, labels=ids)
             return nll.mean(), new_mems
+
         def mem_only(model, mems):
             return model(ids, mems, labels=ids)[1].sum()
-        return (nnx.grad(loss, argnums=(0, 1), has_aux=True)(model, mems),
-                nnx.grad(mem_only, argnums=(0, 1))(model, mems))
+
+        return (
+            nnx.grad(loss, argnums=(0, 1), has_aux=True)(model, mems),
+            nnx.grad(mem_only, argnums=(0, 1))(model, mems),
+        )
 
     ((g_model, g_mems), _), g_new_mems = grads(model, mems)
     assert np.all(np.asarray(g_mems) == 0.0)
@@ -222,6 +276,7 @@ def test_attention_mask_conventions():
 # Scan over layers, adaptive-softmax NLL, dtypes
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def test_scanned_equals_unscanned():
     """scan_layers=True (stacked "layers" params, here with remat) gives the same NLL, memory and gradients as
     the unscanned layer loop."""
@@ -237,6 +292,7 @@ def test_scanned_equals_unscanned():
         def loss(model):
             nll, new_mems = model(ids, mems, labels=ids)
             return nll.mean(), new_mems
+
         return nnx.value_and_grad(loss, has_aux=True)(model)
 
     (l0, m0), g0 = loss_and_grad(plain)
@@ -246,7 +302,7 @@ def test_scanned_equals_unscanned():
     flat0 = {k: v for k, v in unscanned_params_of(g0).items()}
     for name, g in unscanned_params_of(g1).items():
         if name.startswith("layers/"):
-            rest = name[len("layers/"):]
+            rest = name[len("layers/") :]
             ref = np.stack([flat0[f"layers/{n}/{rest}"] for n in range(SMALL["n_layer"])])
         else:
             ref = flat0[name]
@@ -255,19 +311,35 @@ def test_scanned_equals_unscanned():
     assert meta == ("layers", "embed", "heads", "kv")
 
 
-@pytest.mark.parametrize("kw", [dict(cutoffs=(10, 30), div_val=2), dict(cutoffs=(10, 30), div_val=1, d_embed=12,
-                                                                     tie_weights=False)])
+@pytest.mark.parametrize(
+    "kw", [dict(cutoffs=(10, 30), div_val=2), dict(cutoffs=(10, 30), div_val=1, d_embed=12, tie_weights=False)]
+)
 def test_label_nll_equals_gathered_log_probs(kw):
     """AdaptiveLogSoftmax.nll(labels) == -log_probs[label] in value and gradient (w.r.t. hidden states and all
     input/output parameters), with the blocked logsumexp (block 7 < every cluster) and the sorted tail chunks
     (4 tokens, several per cluster) exercised, and ignored labels (< 0) giving 0."""
     from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax
+
     kw = dict(kw)
     d_embed, tie = kw.pop("d_embed", 16), kw.pop("tie_weights", True)
-    emb, sm = fill_random(nnx.eval_shape(lambda: (
-        AdaptiveEmbedding(50, d_embed, 16, rngs=nnx.Rngs(0), **kw),
-        AdaptiveLogSoftmax(50, d_embed, 16, tie_weights=tie, tie_projs=(False,) + (True,) * len(kw["cutoffs"]),
-                           block_size=7, chunk_size=4, rngs=nnx.Rngs(1), **kw))))
+    emb, sm = fill_random(
+        nnx.eval_shape(
+            lambda: (
+                AdaptiveEmbedding(50, d_embed, 16, rngs=nnx.Rngs(0), **kw),
+                AdaptiveLogSoftmax(
+                    50,
+                    d_embed,
+                    16,
+                    tie_weights=tie,
+                    tie_projs=(False,) + (True,) * len(kw["cutoffs"]),
+                    block_size=7,
+                    chunk_size=4,
+                    rngs=nnx.Rngs(1),
+                    **kw,
+                ),
+            )
+        )
+    )
     rng = np.random.default_rng(0)
     h = jnp.asarray(rng.normal(size=(3, 8, 16)), jnp.float32)
     labels = jnp.asarray(rng.integers(0, 50, (3, 8))).at[0, 2].set(-100)
@@ -276,9 +348,11 @@ def test_label_nll_equals_gathered_log_probs(kw):
     def both(sm, emb, h):
         def via_nll(sm, emb, h):
             return sm.nll(h, labels, emb)
+
         def via_log_probs(sm, emb, h):
             picked = jnp.take_along_axis(sm.log_probs(h, emb), jnp.maximum(labels, 0)[..., None], -1)[..., 0]
             return jnp.where(labels >= 0, -picked, 0.0)
+
         a, ga = nnx.value_and_grad(lambda *x: via_nll(*x).sum(), argnums=(0, 1, 2), has_aux=False)(sm, emb, h)
         b, gb = nnx.value_and_grad(lambda *x: via_log_probs(*x).sum(), argnums=(0, 1, 2))(sm, emb, h)
         return a, b, via_nll(sm, emb, h), via_log_probs(sm, emb, h), ga, gb
@@ -310,14 +384,60 @@ def test_log_probs_normalised_and_bfloat16_compute():
 # Paper parameter counts (abstract shapes only)
 # ----------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,kw,paper", [
-    ("enwik8 12L", dict(vocab_size=204, cutoffs=(), d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048,
-                        div_val=1, n_layer=12, untie_r=False), 41.06e6),
-    ("enwik8/text8 24L", dict(vocab_size=204, cutoffs=(), d_model=1024, d_embed=1024, n_head=8, d_head=128,
-                              d_inner=3072, div_val=1, n_layer=24, untie_r=True), 277.2e6),
-    ("WT103 base", dict(vocab_size=267735, cutoffs=(20000, 40000, 200000), d_model=410, d_embed=410, n_head=10,
-                        d_head=41, d_inner=2100, div_val=1, n_layer=16, untie_r=False), 151.1e6),
-])
+
+@pytest.mark.parametrize(
+    "name,kw,paper",
+    [
+        (
+            "enwik8 12L",
+            dict(
+                vocab_size=204,
+                cutoffs=(),
+                d_model=512,
+                d_embed=512,
+                n_head=8,
+                d_head=64,
+                d_inner=2048,
+                div_val=1,
+                n_layer=12,
+                untie_r=False,
+            ),
+            41.06e6,
+        ),
+        (
+            "enwik8/text8 24L",
+            dict(
+                vocab_size=204,
+                cutoffs=(),
+                d_model=1024,
+                d_embed=1024,
+                n_head=8,
+                d_head=128,
+                d_inner=3072,
+                div_val=1,
+                n_layer=24,
+                untie_r=True,
+            ),
+            277.2e6,
+        ),
+        (
+            "WT103 base",
+            dict(
+                vocab_size=267735,
+                cutoffs=(20000, 40000, 200000),
+                d_model=410,
+                d_embed=410,
+                n_head=10,
+                d_head=41,
+                d_inner=2100,
+                div_val=1,
+                n_layer=16,
+                untie_r=False,
+            ),
+            151.1e6,
+        ),
+    ],
+)
 def test_paper_parameter_counts(name, kw, paper):
     """Parameter counts of the paper configs from `nnx.eval_shape` (nothing allocated), within 0.1%.
 
@@ -336,7 +456,8 @@ def test_paper_parameter_counts(name, kw, paper):
 def test_every_parameter_has_logical_axes():
     abstract = nnx.eval_shape(lambda: TransformerXLLM(TransformerXLConfig(**SMALL), rngs=nnx.Rngs(0)))
     for path, var in jax.tree_util.tree_flatten_with_path(
-            nnx.state(abstract, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))[0]:
+        nnx.state(abstract, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )[0]:
         axes = var.get_metadata().get("out_sharding")
         assert axes is not None and len(axes) == len(var.shape), (jax.tree_util.keystr(path), axes)
 
@@ -345,11 +466,28 @@ def test_every_parameter_has_logical_axes():
 # Config
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def test_config_from_hf_and_round_trip():
-    hf = {"model_type": "transfo-xl", "vocab_size": 100, "cutoffs": [10, 50], "d_model": 32, "d_embed": 32,
-          "n_head": 2, "d_head": 16, "d_inner": 64, "div_val": 2, "n_layer": 2, "mem_len": 8, "clamp_len": 5,
-          "same_length": False, "untie_r": False, "tie_projs": [False, True, True], "architectures": ["x"],
-          "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
+    hf = {
+        "model_type": "transfo-xl",
+        "vocab_size": 100,
+        "cutoffs": [10, 50],
+        "d_model": 32,
+        "d_embed": 32,
+        "n_head": 2,
+        "d_head": 16,
+        "d_inner": 64,
+        "div_val": 2,
+        "n_layer": 2,
+        "mem_len": 8,
+        "clamp_len": 5,
+        "same_length": False,
+        "untie_r": False,
+        "tie_projs": [False, True, True],
+        "architectures": ["x"],
+        "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": True,
+    }
     cfg = TransformerXLConfig.from_hf(hf, mem_len=16)
     assert cfg.cutoffs == (10, 50) and cfg.resolved_tie_projs == (False, True, True) and cfg.mem_len == 16
     assert TransformerXLConfig.from_dict(cfg.to_dict()) == cfg

@@ -41,8 +41,18 @@ hf_xlnet.XLNetModel.create_mask = _hf_create_mask
 
 def hf_model(cls_name, tmp_path, seed=0, **cfg):
     """A random HF model of class `cls_name`, saved to tmp_path; returns (torch model, directory)."""
-    base = dict(vocab_size=VOCAB, d_model=16, n_layer=2, n_head=2, d_inner=24, dropout=0.0, mem_len=None,
-                summary_last_dropout=0.0, start_n_top=3, end_n_top=2)
+    base = dict(
+        vocab_size=VOCAB,
+        d_model=16,
+        n_layer=2,
+        n_head=2,
+        d_inner=24,
+        dropout=0.0,
+        mem_len=None,
+        summary_last_dropout=0.0,
+        start_n_top=3,
+        end_n_top=2,
+    )
     base.update(cfg)
     torch.manual_seed(seed)
     model = getattr(transformers, cls_name)(transformers.XLNetConfig(**base)).eval()
@@ -59,6 +69,7 @@ def hf_model(cls_name, tmp_path, seed=0, **cfg):
 
 def hf_call(model, rowwise=False, **kw):
     """Call the HF model on NumPy kwargs (row by row when rowwise, concatenating outputs and mems)."""
+
     def t(v):
         if v is None:
             return None
@@ -72,8 +83,10 @@ def hf_call(model, rowwise=False, **kw):
         b = kw["input_ids"].shape[0]
         outs = []
         for i in range(b):
-            row = {k: (None if v is None else [m[:, i:i + 1] for m in v] if k == "mems" else v[i:i + 1])
-                   for k, v in kw.items()}
+            row = {
+                k: (None if v is None else [m[:, i : i + 1] for m in v] if k == "mems" else v[i : i + 1])
+                for k, v in kw.items()
+            }
             outs.append(model(**{k: t(v) for k, v in row.items()}))
         merged = {}
         for key in outs[0].keys():
@@ -85,8 +98,13 @@ def hf_call(model, rowwise=False, **kw):
 
 
 def maxdiff(a, b):
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b.detach().numpy() if hasattr(b, "detach")
-                                                                      else b, np.float64))))
+    return float(
+        np.max(
+            np.abs(
+                np.asarray(a, np.float64) - np.asarray(b.detach().numpy() if hasattr(b, "detach") else b, np.float64)
+            )
+        )
+    )
 
 
 def mems_diff(ours, ref):
@@ -114,12 +132,18 @@ def lm_inputs(rng, b, l, *, n_seg=2, pad=True, perm=True, num_predict=3, token_t
 
 LM_CONFIGS = {
     # name: (HF config, input options)
-    "bi_bidata_mem_reuse_clamp_gelu": (dict(attn_type="bi", bi_data=True, mem_len=5, reuse_len=4, clamp_len=3,
-                                            ff_activation="gelu"), dict(n_seg=2)),
-    "uni_samelength_keepall_relu_3seg": (dict(attn_type="uni", same_length=True, mem_len=None, ff_activation="relu",
-                                              untie_r=False), dict(n_seg=3)),
-    "bi_contentstream_nosegments": (dict(attn_type="bi", mem_len=3, clamp_len=-1, ff_activation="relu",
-                                         untie_r=False), dict(perm=False, token_types=False, pad=False)),
+    "bi_bidata_mem_reuse_clamp_gelu": (
+        dict(attn_type="bi", bi_data=True, mem_len=5, reuse_len=4, clamp_len=3, ff_activation="gelu"),
+        dict(n_seg=2),
+    ),
+    "uni_samelength_keepall_relu_3seg": (
+        dict(attn_type="uni", same_length=True, mem_len=None, ff_activation="relu", untie_r=False),
+        dict(n_seg=3),
+    ),
+    "bi_contentstream_nosegments": (
+        dict(attn_type="bi", mem_len=3, clamp_len=-1, ff_activation="relu", untie_r=False),
+        dict(perm=False, token_types=False, pad=False),
+    ),
 }
 
 
@@ -174,8 +198,12 @@ def test_multiple_choice_parity(tmp_path):
     ref_model, path = hf_model("XLNetForMultipleChoice", tmp_path)
     rng = np.random.RandomState(4)
     b, c, l = 2, 4, 6
-    kw = dict(input_ids=rng.randint(0, VOCAB, (b, c, l)), token_type_ids=rng.randint(0, 2, (b, c, l)),
-              attention_mask=(rng.rand(b, c, l) > 0.2).astype(np.float32), labels=np.array([1, 3]))
+    kw = dict(
+        input_ids=rng.randint(0, VOCAB, (b, c, l)),
+        token_type_ids=rng.randint(0, 2, (b, c, l)),
+        attention_mask=(rng.rand(b, c, l) > 0.2).astype(np.float32),
+        labels=np.array([1, 3]),
+    )
     kw["attention_mask"][..., -1] = 1
     ref = hf_call(ref_model, **kw)
     out = xlgen.from_pretrained(path)(**kw)
@@ -189,8 +217,11 @@ def test_question_answering_parity(tmp_path):
     ours = xlgen.from_pretrained(path)
     rng = np.random.RandomState(5)
     b, l = 3, 9
-    kw = dict(input_ids=rng.randint(0, VOCAB, (b, l)), token_type_ids=np.array([[0] * 3 + [1] * 5 + [2]] * b),
-              attention_mask=np.ones((b, l), np.float32))
+    kw = dict(
+        input_ids=rng.randint(0, VOCAB, (b, l)),
+        token_type_ids=np.array([[0] * 3 + [1] * 5 + [2]] * b),
+        attention_mask=np.ones((b, l), np.float32),
+    )
     p_mask = np.zeros((b, l), np.float32)
     p_mask[:, 3] = 1  # a <sep>
     p_mask[0, :2] = 1
@@ -205,8 +236,9 @@ def test_question_answering_parity(tmp_path):
         np.testing.assert_array_equal(out[key], ref[key].numpy())
     # training mode: end logits on the gold start, answerability loss
     sp, ep, imp = np.array([4, 5, 8]), np.array([6, 5, 8]), np.array([0.0, 0.0, 1.0], np.float32)
-    ref_t = hf_call(ref_model, start_positions=sp, end_positions=ep, is_impossible=imp, cls_index=cls_index,
-                    p_mask=p_mask, **kw)
+    ref_t = hf_call(
+        ref_model, start_positions=sp, end_positions=ep, is_impossible=imp, cls_index=cls_index, p_mask=p_mask, **kw
+    )
     out_t = ours(start_positions=sp, end_positions=ep, is_impossible=imp, cls_index=cls_index, p_mask=p_mask, **kw)
     diffs["loss"] = abs(float(out_t.loss) - float(ref_t.loss))
     print("PARITY XLNetForQuestionAnswering: " + " ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
@@ -240,8 +272,17 @@ def build(cls, cfg, seed=0):
 
 
 def small_config(**kw):
-    base = dict(vocab_size=VOCAB, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=24, dropout=0.0, dropatt=0.0,
-                initializer_range=0.3)
+    base = dict(
+        vocab_size=VOCAB,
+        d_model=16,
+        n_layer=2,
+        n_head=2,
+        d_head=8,
+        d_inner=24,
+        dropout=0.0,
+        dropatt=0.0,
+        initializer_range=0.3,
+    )
     base.update(kw)
     return X.XLNetConfig(**base)
 
@@ -259,8 +300,11 @@ def test_query_stream_ignores_own_token_and_later_tokens():
     b, l = 2, 6
     order = rng.permutation(l)
     rank = np.argsort(order)
-    kw = dict(perm_mask=np.broadcast_to(order_masks(order), (b, l, l)), token_type_ids=rng.randint(0, 2, (b, l)),
-              mems=jnp.asarray(rng.randn(cfg.n_layer, b, 2, cfg.d_model), jnp.float32))  # always-visible context
+    kw = dict(
+        perm_mask=np.broadcast_to(order_masks(order), (b, l, l)),
+        token_type_ids=rng.randint(0, 2, (b, l)),
+        mems=jnp.asarray(rng.randn(cfg.n_layer, b, 2, cfg.d_model), jnp.float32),
+    )  # always-visible context
     tm = np.broadcast_to(np.eye(l, dtype=np.float32), (b, l, l))
     emb = jnp.asarray(rng.randn(b, l, cfg.d_model).astype(np.float32))
 
@@ -270,6 +314,7 @@ def test_query_stream_ignores_own_token_and_later_tokens():
             g, _ = model(inputs_embeds=e, target_mapping=tm, **kw)
             h, _ = model(inputs_embeds=e, **kw)
             return g, h
+
         return jax.jacfwd(streams)(e)  # (jit(jacrev) of this two-output function disagrees with eager on
         # jax 0.10.2 CPU while jit(jacfwd), eager jacrev and every scalar grad agree; see the report)
 
@@ -306,11 +351,20 @@ def test_fixed_order_probabilities_sum_to_one():
     model = build(X.XLNetLMHeadModel, cfg, 2)
     seqs = np.array(np.meshgrid(*[np.arange(3)] * 3, indexing="ij")).reshape(3, -1).T  # all 27 sequences
     n = len(seqs)
-    mems = np.broadcast_to(np.random.RandomState(8).randn(cfg.n_layer, 1, 2, cfg.d_model).astype(np.float32),
-                           (cfg.n_layer, n, 2, cfg.d_model))
-    nll, _ = apply(model, dict(input_ids=seqs, perm_mask=np.broadcast_to(order_masks(np.array([2, 0, 1])), (n, 3, 3)),
-                               target_mapping=np.broadcast_to(np.eye(3, dtype=np.float32), (n, 3, 3)),
-                               target_ids=seqs, mems=mems))
+    mems = np.broadcast_to(
+        np.random.RandomState(8).randn(cfg.n_layer, 1, 2, cfg.d_model).astype(np.float32),
+        (cfg.n_layer, n, 2, cfg.d_model),
+    )
+    nll, _ = apply(
+        model,
+        dict(
+            input_ids=seqs,
+            perm_mask=np.broadcast_to(order_masks(np.array([2, 0, 1])), (n, 3, 3)),
+            target_mapping=np.broadcast_to(np.eye(3, dtype=np.float32), (n, 3, 3)),
+            target_ids=seqs,
+            mems=mems,
+        ),
+    )
     probs = np.exp(-np.asarray(nll, np.float64).sum(-1))
     assert abs(probs.sum() - 1.0) < 1e-5, probs.sum()
     assert probs.std() > 1e-3  # a non-trivial distribution
@@ -372,6 +426,7 @@ def test_scan_layers_and_remat_equal_unscanned_in_value_and_gradient():
         def loss(m):
             nll, new_mems = m(**kw)
             return nll.sum(), new_mems
+
         return nnx.value_and_grad(loss, has_aux=True)(m)
 
     (l_ref, m_ref), g_ref = value_and_grad(ref)
@@ -381,10 +436,18 @@ def test_scan_layers_and_remat_equal_unscanned_in_value_and_gradient():
     g_ref = {".".join(map(str, k)): v[...] for k, v in g_ref.flat_state()}
     for name, g in g_sc.flat_state():
         name = ".".join(map(str, name))
-        np.testing.assert_allclose(g[...], stacked(name, None) if False else
-                                   (g_ref[name] if ".layers." not in name else
-                                    np.stack([g_ref[name.replace(".layers.", f".layers.{i}.")]
-                                              for i in range(n_layer)])), atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            g[...],
+            stacked(name, None)
+            if False
+            else (
+                g_ref[name]
+                if ".layers." not in name
+                else np.stack([g_ref[name.replace(".layers.", f".layers.{i}.")] for i in range(n_layer)])
+            ),
+            atol=1e-5,
+            err_msg=name,
+        )
 
 
 def test_shared_biases_equal_untied_copies_and_bf16_is_close():
@@ -398,13 +461,16 @@ def test_shared_biases_equal_untied_copies_and_bf16_is_close():
                 return params[b]
         return params[name]
 
-    untied = X.materialize(nnx.eval_shape(lambda: X.XLNetModel(small_config(untie_r=True), rngs=nnx.Rngs(0))),
-                           untied_value)
+    untied = X.materialize(
+        nnx.eval_shape(lambda: X.XLNetModel(small_config(untie_r=True), rngs=nnx.Rngs(0))), untied_value
+    )
     untied.eval()
     out = np.asarray(apply(tied, kw)[0])
     np.testing.assert_allclose(apply(untied, kw)[0], out, atol=1e-6)
-    bf16 = X.materialize(nnx.eval_shape(lambda: X.XLNetModel(small_config(untie_r=False, dtype="bfloat16"),
-                                                             rngs=nnx.Rngs(0))), lambda n, s: params[n])
+    bf16 = X.materialize(
+        nnx.eval_shape(lambda: X.XLNetModel(small_config(untie_r=False, dtype="bfloat16"), rngs=nnx.Rngs(0))),
+        lambda n, s: params[n],
+    )
     bf16.eval()
     out_bf16 = apply(bf16, kw)[0]
     assert out_bf16.dtype == jnp.bfloat16

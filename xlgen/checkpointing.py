@@ -70,8 +70,9 @@ class Checkpointer:
     def has_mems(self, step: int) -> bool:
         return (self.path / str(step) / "mems").is_dir()
 
-    def restore(self, step: int, abstract_state: Any, abstract_mems: Optional[jax.ShapeDtypeStruct]
-                ) -> Tuple[Any, Optional[jax.Array], Dict[str, Any]]:
+    def restore(
+        self, step: int, abstract_state: Any, abstract_mems: Optional[jax.ShapeDtypeStruct]
+    ) -> Tuple[Any, Optional[jax.Array], Dict[str, Any]]:
         items = {"state": ocp.args.StandardRestore(abstract_state), "meta": ocp.args.JsonRestore()}
         want_mems = abstract_mems is not None and self.has_mems(step)
         if want_mems:
@@ -89,8 +90,13 @@ class Checkpointer:
                 state, mems, meta = self.restore(step, abstract_state, abstract_mems)
             except Exception as e:  # unreadable (truncated files, wrong structure): try the previous one
                 errors.append(f"step {step}: {type(e).__name__}: {e}")
-                log.warning("checkpoint %s/%d is unreadable (%s: %s); falling back to the previous checkpoint",
-                            self.directory, step, type(e).__name__, str(e)[:300])
+                log.warning(
+                    "checkpoint %s/%d is unreadable (%s: %s); falling back to the previous checkpoint",
+                    self.directory,
+                    step,
+                    type(e).__name__,
+                    str(e)[:300],
+                )
                 continue
             return state, mems, meta, step
         if steps:

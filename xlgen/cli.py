@@ -60,8 +60,9 @@ def _want_distributed(mode: str) -> bool:
 def setup_runtime(platform: str, distributed: str) -> None:
     """Platform, CPU collectives and jax.distributed — before anything touches a device."""
     os.environ["JAX_PLATFORMS"] = platform
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     try:
         from absl import logging as absl_logging
 
@@ -74,16 +75,20 @@ def setup_runtime(platform: str, distributed: str) -> None:
     if cache and cache.lower() not in ("0", "off", "none"):
         # Re-running a job (resume after preemption, eval) loads its executables instead of recompiling.
         jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                          float(os.environ.get("XLGEN_COMPILATION_CACHE_MIN_SECS", "1.0")))
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs",
+            float(os.environ.get("XLGEN_COMPILATION_CACHE_MIN_SECS", "1.0")),
+        )
 
     if _want_distributed(distributed):
         if platform == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         if os.environ.get("XLGEN_COORDINATOR"):
-            jax.distributed.initialize(coordinator_address=os.environ["XLGEN_COORDINATOR"],
-                                       num_processes=int(os.environ["XLGEN_NUM_PROCESSES"]),
-                                       process_id=int(os.environ["XLGEN_PROCESS_ID"]))
+            jax.distributed.initialize(
+                coordinator_address=os.environ["XLGEN_COORDINATOR"],
+                num_processes=int(os.environ["XLGEN_NUM_PROCESSES"]),
+                process_id=int(os.environ["XLGEN_PROCESS_ID"]),
+            )
         else:
             jax.distributed.initialize()
 
@@ -95,8 +100,12 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect, else cpu)")
     p.add_argument("--distributed", default="auto", choices=("auto", "on", "off"))
     if cmd == "train":
-        p.add_argument("--stop_at_step", type=int, default=None,
-                       help="save and stop at this step (the schedule still runs to total_steps; re-run to continue)")
+        p.add_argument(
+            "--stop_at_step",
+            type=int,
+            default=None,
+            help="save and stop at this step (the schedule still runs to total_steps; re-run to continue)",
+        )
     return p
 
 
@@ -113,8 +122,10 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         from xlgen import finetune
 
         if finetune.is_finetune_workdir(args.workdir):  # a finetune workdir: re-evaluate its best checkpoint
-            return finetune.main(["--eval_only", "--workdir", args.workdir, f"--config={args.config}"]
-                                 + [f"--config.{k}={v}" for k, v in overrides.items()])
+            return finetune.main(
+                ["--eval_only", "--workdir", args.workdir, f"--config={args.config}"]
+                + [f"--config.{k}={v}" for k, v in overrides.items()]
+            )
     try:
         config = config_lib.load_config(args.config, overrides)
     except config_lib.ConfigError as e:
@@ -138,10 +149,17 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         return 2
     if jax.process_index() == 0:
         wd = summary["workdir"]
-        cfg_args = " ".join([f"--config={args.config}"] + [f"--config.{k}={v}" for k, v in overrides.items()
-                                                             if k != "total_steps"])
-        print(f"\ndone: step {summary['step']}." + (f"  last eval: " + "  ".join(
-            f"{k} {v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float)) if "eval" in summary else ""))
+        cfg_args = " ".join(
+            [f"--config={args.config}"] + [f"--config.{k}={v}" for k, v in overrides.items() if k != "total_steps"]
+        )
+        print(
+            f"\ndone: step {summary['step']}."
+            + (
+                "  last eval: " + "  ".join(f"{k} {v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
+                if "eval" in summary
+                else ""
+            )
+        )
         print(f"  checkpoints  {wd}/checkpoints/   (Orbax; latest = step {summary['step']})")
         print(f"  metrics      {wd}/metrics.jsonl   tensorboard: tensorboard --logdir {wd}/tensorboard")
         print(f"  config       {wd}/config.json")

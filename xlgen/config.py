@@ -62,6 +62,7 @@ def flat_keys(config: ConfigDict, prefix: str = "") -> List[str]:
 
 def _parse_value(key: str, text: str, current: Any) -> Any:
     """Parse `text` as the type of `current` (the declared default)."""
+
     def literal():
         try:
             return ast.literal_eval(text)
@@ -121,8 +122,10 @@ def apply_override(config: ConfigDict, key: str, text: str) -> None:
     leaf = parts[-1]
     current = node[leaf]
     if isinstance(current, ConfigDict):
-        raise ConfigError(f"--config.{key}: is a section, set one of its keys: "
-                          + ", ".join(k for k in valid if k.startswith(key + ".")))
+        raise ConfigError(
+            f"--config.{key}: is a section, set one of its keys: "
+            + ", ".join(k for k in valid if k.startswith(key + "."))
+        )
     value = _parse_value(key, text, current)
     with node.unlocked():
         node[leaf] = value
@@ -136,7 +139,7 @@ def parse_overrides(argv: Iterable[str]) -> Tuple[Dict[str, str], List[str]]:
     while i < len(argv):
         a = argv[i]
         if a.startswith("--config."):
-            body = a[len("--config."):]
+            body = a[len("--config.") :]
             if "=" in body:
                 k, v = body.split("=", 1)
             elif i + 1 < len(argv):
@@ -239,24 +242,40 @@ def base_config() -> ConfigDict:
     c = ConfigDict()
     c.model = ConfigDict({"family": ""})
     c.objective = ""
-    c.objective_options = ConfigDict(dict(
-        loss_positions="all",     # TXL: "all" or "later_half" (loss only on the second half of each segment)
-        disc_coeff=50.0,          # ELECTRA: loss = generator MLM + disc_coeff * discriminator BCE
-        generator_width=0.25,     # ELECTRA: generator d_model / d_inner / n_head shrink factor
-        max_predictions=0,        # Funnel MLM/ELECTRA: logits only at this many masked positions per row (0 = all)
-    ))
+    c.objective_options = ConfigDict(
+        dict(
+            loss_positions="all",  # TXL: "all" or "later_half" (loss only on the second half of each segment)
+            disc_coeff=50.0,  # ELECTRA: loss = generator MLM + disc_coeff * discriminator BCE
+            generator_width=0.25,  # ELECTRA: generator d_model / d_inner / n_head shrink factor
+            max_predictions=0,  # Funnel MLM/ELECTRA: logits only at this many masked positions per row (0 = all)
+        )
+    )
     c.data = ConfigDict()
-    c.optimizer = ConfigDict(dict(
-        name="adamw", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine", poly_power=1.0, min_lr_ratio=0.0,
-        b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=0.25, lr_layer_decay_rate=1.0,
-        layer_decay_mode="lr", grad_accum_steps=1))
+    c.optimizer = ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=2.5e-4,
+            warmup_steps=0,
+            schedule="cosine",
+            poly_power=1.0,
+            min_lr_ratio=0.0,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-8,
+            weight_decay=0.0,
+            clip_norm=0.25,
+            lr_layer_decay_rate=1.0,
+            layer_decay_mode="lr",
+            grad_accum_steps=1,
+        )
+    )
     c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all
     c.checkpoint = ConfigDict(dict(every_steps=1000, keep=3, async_save=True, save_mems=True))
     # TXL eval: mem_len / same_length / clamp_len None = as in training (the papers evaluate with longer memory)
     c.eval = ConfigDict(dict(split="valid", steps=-1, mem_len=None, same_length=None, clamp_len=None, metric="ppl"))
     c.total_steps = 1000
     c.log_every_steps = 50
-    c.eval_every_steps = 500     # 0 = never (not even at the end), -1 = only at the end
+    c.eval_every_steps = 500  # 0 = never (not even at the end), -1 = only at the end
     c.seed = 0
     c.peak_flops_per_device = 0.0  # for MFU; per JAX device, e.g. 61.5e12 for one TPU v3 TensorCore (bf16)
     c.tensorboard = True

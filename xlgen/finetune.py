@@ -47,6 +47,7 @@ EVAL_RESULTS = "eval_results.json"
 # Config resolution: architecture from init_from
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def _is_hf_dir(path: str) -> Optional[dict]:
     from data_pipelines import paths
 
@@ -72,9 +73,8 @@ def _split_checkpoint_path(path: str) -> Tuple[str, Optional[int]]:
 
 def pretrained_model_section(init_from: str) -> Dict[str, Any]:
     """The `config.model` dict (with `family`) of the model stored at `init_from`."""
-    from xlgen import config as config_lib
-
     from data_pipelines import paths
+    from xlgen import config as config_lib
 
     if not paths.as_path(init_from).is_dir():
         raise FileNotFoundError(f"init_from={init_from}: not a directory (a HF model directory or an xlgen workdir)")
@@ -85,13 +85,16 @@ def pretrained_model_section(init_from: str) -> Dict[str, Any]:
         mt = hf["model_type"]
         if mt == "xlnet":
             from xlgen.models.xlnet import XLNetConfig
+
             cfg, fam = XLNetConfig.from_hf(hf), "xlnet"
         elif mt == "funnel":
             from xlgen.models.funnel import FunnelConfig
+
             cfg, fam = FunnelConfig.from_hf(hf), "funnel"
         else:
-            raise ValueError(f"{init_from}/config.json: model_type={mt!r} cannot be finetuned here "
-                             "(supported: xlnet, funnel)")
+            raise ValueError(
+                f"{init_from}/config.json: model_type={mt!r} cannot be finetuned here (supported: xlnet, funnel)"
+            )
         d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
         return {"family": fam, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}}
     workdir, _ = _split_checkpoint_path(init_from)
@@ -127,6 +130,7 @@ def resolve_config(config, model_overrides: Dict[str, str] = ()):
 # ----------------------------------------------------------------------------------------------------------------
 # Data
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def _local_tokenizer_file(path: str) -> str:
     """A remote tokenizer file or model directory (gs://) -> a local cached copy of its tokenizer file."""
@@ -219,11 +223,21 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
     examples = task.read(config.data_dir, split, skip_malformed=bool(d.skip_malformed))
     if not examples:
         raise ValueError(f"{config.data_dir}: split {split!r} of {task.name} has no examples")
-    key = json.dumps({"task": task.name, "split": split, "files": _files_fingerprint(config.data_dir),
-                      "tok": [config.tokenizer or config.init_from, tokenizer.vocab_size, tokenizer.style,
-                              getattr(tokenizer, "lower", None)],
-                      "data": {k: d[k] for k in ("max_seq_length", "doc_stride", "max_query_length", "max_qa_length")}},
-                     sort_keys=True)
+    key = json.dumps(
+        {
+            "task": task.name,
+            "split": split,
+            "files": _files_fingerprint(config.data_dir),
+            "tok": [
+                config.tokenizer or config.init_from,
+                tokenizer.vocab_size,
+                tokenizer.style,
+                getattr(tokenizer, "lower", None),
+            ],
+            "data": {k: d[k] for k in ("max_seq_length", "doc_stride", "max_query_length", "max_qa_length")},
+        },
+        sort_keys=True,
+    )
     cache = None
     if workdir and d.cache:
         from data_pipelines import paths
@@ -233,15 +247,22 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
         if cached is not None:
             return examples, cached
     if task.kind == "squad":
-        feats = squad_features(examples, tokenizer, max_seq_length=int(d.max_seq_length),
-                               doc_stride=int(d.doc_stride), max_query_length=int(d.max_query_length),
-                               is_training=split == "train")
+        feats = squad_features(
+            examples,
+            tokenizer,
+            max_seq_length=int(d.max_seq_length),
+            doc_stride=int(d.doc_stride),
+            max_query_length=int(d.max_query_length),
+            is_training=split == "train",
+        )
     elif task.kind == "multiple_choice":
-        feats = choice_features(examples, tokenizer, max_seq_length=int(d.max_seq_length),
-                                max_qa_length=int(d.max_qa_length))
+        feats = choice_features(
+            examples, tokenizer, max_seq_length=int(d.max_seq_length), max_qa_length=int(d.max_qa_length)
+        )
     else:
-        feats = text_features(examples, tokenizer, max_seq_length=int(d.max_seq_length),
-                              regression=task.kind == "regression")
+        feats = text_features(
+            examples, tokenizer, max_seq_length=int(d.max_seq_length), regression=task.kind == "regression"
+        )
     if cache and _is_main():
         _save_npz(cache, feats)
     return examples, feats
@@ -257,13 +278,17 @@ def _is_main() -> bool:
 # Initialisation from pretrained weights (partial restore)
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def _module_params(module) -> Dict[str, np.ndarray]:
     from flax import nnx
 
     _, params, _ = nnx.split(module, nnx.Param, ...)
-    return {".".join(str(getattr(p, "key", p)) for p in path): np.asarray(v.get_value() if hasattr(v, "get_value")
-                                                                         else v.value)
-            for path, v in nnx.to_flat_state(params)}
+    return {
+        ".".join(str(getattr(p, "key", p)) for p in path): np.asarray(
+            v.get_value() if hasattr(v, "get_value") else v.value
+        )
+        for path, v in nnx.to_flat_state(params)
+    }
 
 
 def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
@@ -304,12 +329,14 @@ def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
     return {k: np.asarray(jax.device_get(v)) for k, v in state["params"].items()}
 
 
-def match_pretrained(target_shapes: Dict[str, Tuple[int, ...]], source: Dict[str, np.ndarray]
-                     ) -> Tuple[Dict[str, str], List[str], List[str]]:
+def match_pretrained(
+    target_shapes: Dict[str, Tuple[int, ...]], source: Dict[str, np.ndarray]
+) -> Tuple[Dict[str, str], List[str], List[str]]:
     """Map task-model parameter names to pretrained names with equal shapes: the same name, else the same name
     below its top-level module on either side (`transformer.x` <-> `x`, `funnel.x` <-> `discriminator.funnel.x` of
     an ELECTRA workdir). Among several candidates the one with the fewest dropped components wins, then the
     alphabetically first (ELECTRA: discriminator before generator). Returns (target->source, fresh, unused)."""
+
     def suffixes(n, max_drop=3):
         parts = n.split(".")
         return [".".join(parts[k:]) for k in range(min(max_drop, len(parts) - 1) + 1)]
@@ -345,8 +372,10 @@ def load_pretrained_into(state, program, source: Dict[str, np.ndarray], init_fro
     shapes = program.train_spec.shapes
     mapping, fresh, unused = match_pretrained(shapes, source)
     if not mapping:
-        raise ValueError(f"init_from={init_from}: no parameter matches the task model by name and shape "
-                         f"(pretrained has e.g. {sorted(source)[:5]}, the task model {sorted(shapes)[:5]})")
+        raise ValueError(
+            f"init_from={init_from}: no parameter matches the task model by name and shape "
+            f"(pretrained has e.g. {sorted(source)[:5]}, the task model {sorted(shapes)[:5]})"
+        )
     shardings = program.state_shardings["params"]
     params = dict(state["params"])
     for t, s in mapping.items():
@@ -361,12 +390,12 @@ def load_pretrained_into(state, program, source: Dict[str, np.ndarray], init_fro
 # Prediction and evaluation
 # ----------------------------------------------------------------------------------------------------------------
 
+
 class Predictor:
     """Jitted eval-mode forward over a split; returns host NumPy outputs for the real rows."""
 
     def __init__(self, program):
         import jax
-        from jax.sharding import NamedSharding
 
         from xlgen import sharding
         from xlgen.tasks.objective import batch_spec, forward
@@ -384,8 +413,9 @@ class Predictor:
             model = merge_model(spec, params, rest)
             return forward(model, batch, config, train=False)
 
-        self._predict = jax.jit(predict, in_shardings=(program.state_shardings["params"], self.shardings),
-                                out_shardings=rep)
+        self._predict = jax.jit(
+            predict, in_shardings=(program.state_shardings["params"], self.shardings), out_shardings=rep
+        )
 
     def __call__(self, params, features: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """Outputs for every row of `features` (eval batches padded; padding rows dropped)."""
@@ -435,16 +465,26 @@ def evaluate_split(config, task, examples, features, outputs, split: str) -> Tup
     if task.kind == "squad":
         beam = outputs
         if "start_top_index" not in outputs:
-            beam = squad_decode.logits_to_beam(outputs["start_logits"], outputs["end_logits"], features["p_mask"],
-                                               start_n_top=int(config.squad.start_n_top),
-                                               end_n_top=int(config.squad.end_n_top))
+            beam = squad_decode.logits_to_beam(
+                outputs["start_logits"],
+                outputs["end_logits"],
+                features["p_mask"],
+                start_n_top=int(config.squad.start_n_top),
+                end_n_top=int(config.squad.end_n_top),
+            )
             if "cls_logits" in outputs:
                 beam["cls_logits"] = outputs["cls_logits"]
         k1 = beam["start_top_index"].shape[1]
         k2 = beam["end_top_index"].shape[1] // k1
         preds, null_odds, nbest = squad_decode.decode(
-            examples, features, beam, start_n_top=k1, end_n_top=k2,
-            max_answer_length=int(config.squad.max_answer_length), n_best_size=int(config.squad.n_best_size))
+            examples,
+            features,
+            beam,
+            start_n_top=k1,
+            end_n_top=k2,
+            max_answer_length=int(config.squad.max_answer_length),
+            n_best_size=int(config.squad.n_best_size),
+        )
         gold = {e.qas_id: [a for a, _ in e.answers] for e in examples}
         if task.version == "v1.1":
             res = squad_eval.evaluate_v1(gold, preds)
@@ -463,8 +503,10 @@ def evaluate_split(config, task, examples, features, outputs, split: str) -> Tup
     if task.kind == "regression":
         pred = outputs["logits"][:, 0]
         res = M.compute(task.metrics, labels, pred)
-        arts["dev_predictions.tsv"] = (["index", "prediction", "label"],
-                                       [[e.guid, f"{p:.4f}", f"{l:.4f}"] for e, p, l in zip(examples, pred, labels)])
+        arts["dev_predictions.tsv"] = (
+            ["index", "prediction", "label"],
+            [[e.guid, f"{p:.4f}", f"{l:.4f}"] for e, p, l in zip(examples, pred, labels)],
+        )
         return res, arts
     pred = outputs["logits"].argmax(-1)
     if task.kind == "multiple_choice":
@@ -472,8 +514,10 @@ def evaluate_split(config, task, examples, features, outputs, split: str) -> Tup
     else:
         res = M.compute(task.metrics, labels, pred)
     names = task.label_names
-    arts["dev_predictions.tsv"] = (["index", "prediction", "label"],
-                                   [[e.guid, names[int(p)], names[int(l)]] for e, p, l in zip(examples, pred, labels)])
+    arts["dev_predictions.tsv"] = (
+        ["index", "prediction", "label"],
+        [[e.guid, names[int(p)], names[int(l)]] for e, p, l in zip(examples, pred, labels)],
+    )
     return res, arts
 
 
@@ -545,6 +589,7 @@ def write_test_predictions(config, predictor, params, tokenizer, workdir: str) -
 # Training
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def _better(task, new: Dict[str, float], old: Optional[Dict[str, float]]) -> bool:
     if old is None:
         return True
@@ -561,10 +606,9 @@ def _read_results(workdir: str) -> Optional[Dict[str, Any]]:
 
 
 def write_finetune_config(config, workdir: str) -> None:
+    from data_pipelines import paths
     from xlgen import __version__
     from xlgen import config as config_lib
-
-    from data_pipelines import paths
 
     paths.makedirs(workdir)
     d = config_lib.to_json_dict(config)
@@ -577,6 +621,7 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     import jax
 
     import xlgen.tasks.objective  # noqa: F401  (registers the "finetune" objective)
+    from data_pipelines import paths
     from data_pipelines.tasks.pipeline import FeaturePipeline
     from xlgen import sharding
     from xlgen.checkpointing import Checkpointer
@@ -584,8 +629,6 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     from xlgen.train import metrics as metrics_lib
     from xlgen.train.loop import global_batch
     from xlgen.train.program import build_program
-
-    from data_pipelines import paths
 
     workdir = paths.display(workdir)  # absolute if local; a URL stays a URL
     task = get_task(config.task)
@@ -598,15 +641,21 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     _, train_feats = split_examples_and_features(config, tokenizer, "train", workdir)
     dev = {s: split_examples_and_features(config, tokenizer, s, workdir) for s in task.eval_splits}
     if is_main:
-        print(f"{task.name}: {len(train_feats['input_ids'])} train features, "
-              + ", ".join(f"{len(v[1]['input_ids'])} {s}" for s, v in dev.items())
-              + f" ({time.time() - t0:.1f}s)", flush=True)
+        print(
+            f"{task.name}: {len(train_feats['input_ids'])} train features, "
+            + ", ".join(f"{len(v[1]['input_ids'])} {s}" for s, v in dev.items())
+            + f" ({time.time() - t0:.1f}s)",
+            flush=True,
+        )
 
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)
     total = int(config.total_steps)
-    ckpt = Checkpointer(paths.join(workdir, "checkpoints"), keep=int(config.checkpoint.keep),
-                        async_save=bool(config.checkpoint.async_save))
+    ckpt = Checkpointer(
+        paths.join(workdir, "checkpoints"),
+        keep=int(config.checkpoint.keep),
+        async_save=bool(config.checkpoint.async_save),
+    )
     best_ckpt = Checkpointer(paths.join(workdir, "best"), keep=1, async_save=False)
     writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
     best = _read_results(workdir)
@@ -627,8 +676,11 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
             if source is not None:
                 state, report = load_pretrained_into(state, program, source, config.init_from)
                 if is_main:
-                    print(f"init_from {config.init_from}: {report['loaded']} tensors loaded; fresh: "
-                          f"{report['fresh'] or 'none'}; unused: {len(report['unused'])}", flush=True)
+                    print(
+                        f"init_from {config.init_from}: {report['loaded']} tensors loaded; fresh: "
+                        f"{report['fresh'] or 'none'}; unused: {len(report['unused'])}",
+                        flush=True,
+                    )
             best = None
         bspec = program.objective.batch_spec(config, "train")
         gb = bspec["input_ids"][0][0]
@@ -646,8 +698,7 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
             nonlocal best
             res, arts = run_evaluation(config, predictor, state["params"], dev, step)
             writer.write({"step": step, "split": "dev", **{k: v for k, v in res.items() if k != "step"}})
-            progress.message(f"eval @ step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in res.items()
-                                                                  if k != "step"))
+            progress.message(f"eval @ step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in res.items() if k != "step"))
             if _better(task, res, best):
                 best = res
                 best_ckpt.save(step, state, None, {"step": step, "task": task.name, "results": res})
@@ -695,12 +746,11 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
     import jax
 
     import xlgen.tasks.objective  # noqa: F401
+    from data_pipelines import paths
     from xlgen import sharding
     from xlgen.checkpointing import Checkpointer
     from xlgen.tasks import get_task
     from xlgen.train.program import build_program
-
-    from data_pipelines import paths
 
     workdir = paths.display(workdir)
     task = get_task(config.task)
@@ -730,6 +780,7 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
 # CLI
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def is_finetune_workdir(workdir: str) -> bool:
     """True if `workdir/config.json` was written by `xlgen finetune` (hook for `xlgen eval`)."""
     from data_pipelines import paths
@@ -748,7 +799,7 @@ def load_finetune_config(config_path: Optional[str], overrides: Dict[str, str], 
     init_from); with no config file, the workdir's stored config.json (re-evaluation)."""
     from xlgen import config as config_lib
 
-    model_over = {k[len("model."):]: v for k, v in overrides.items() if k.startswith("model.")}
+    model_over = {k[len("model.") :]: v for k, v in overrides.items() if k.startswith("model.")}
     other = {k: v for k, v in overrides.items() if not k.startswith("model.")}
     if config_path:
         config = config_lib.load_config(config_path, other)
@@ -771,11 +822,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"xlgen finetune: error: {e}", file=sys.stderr)
         return 2
     p = argparse.ArgumentParser(prog="xlgen finetune", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=None, help="configs/finetune/<task>.py (omit with --eval_only to reuse "
-                                                   "the workdir's config.json)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="configs/finetune/<task>.py (omit with --eval_only to reuse the workdir's config.json)",
+    )
     p.add_argument("--workdir", required=True)
-    p.add_argument("--eval_only", action="store_true", help="re-evaluate the workdir's best checkpoint (with the "
-                                                            "workdir's stored config.json when it has one)")
+    p.add_argument(
+        "--eval_only",
+        action="store_true",
+        help="re-evaluate the workdir's best checkpoint (with the workdir's stored config.json when it has one)",
+    )
     p.add_argument("--platform", default=None)
     p.add_argument("--distributed", default="auto", choices=("auto", "on", "off"))
     args = p.parse_args(rest)
@@ -798,8 +855,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"xlgen finetune: error: {e}", file=sys.stderr)
         return 2
     if _is_main():
-        print(f"\n{config.task} @ step {res.get('step')}: "
-              + "  ".join(f"{k} {v:.4f}" for k, v in res.items() if k != "step" and isinstance(v, float)))
+        print(
+            f"\n{config.task} @ step {res.get('step')}: "
+            + "  ".join(f"{k} {v:.4f}" for k, v in res.items() if k != "step" and isinstance(v, float))
+        )
         from data_pipelines import paths
 
         print(f"  results      {paths.join(args.workdir, EVAL_RESULTS)}", flush=True)

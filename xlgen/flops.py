@@ -61,11 +61,10 @@ def zipf_share(start: int, end: int, vocab: int) -> float:
     return (_harmonic(end) - _harmonic(start)) / _harmonic(vocab)
 
 
-def _layer(q: int, k: int, mem: int, rows: int, d: int, h: int, d_inner: int, *, segment: bool
-           ) -> Tuple[float, float]:
+def _layer(q: int, k: int, mem: int, rows: int, d: int, h: int, d_inner: int, *, segment: bool) -> Tuple[float, float]:
     """Forward FLOPs of one attention + FFN layer for one example: (with input gradients, memory k/v projections).
     The memory is stop-gradient: its projections get a weight gradient only."""
-    proj = 2 * q * d * h * 4                          # q, k, v over the segment; o
+    proj = 2 * q * d * h * 4  # q, k, v over the segment; o
     scores = 2 * q * h * (k + rows + (2 if segment else 0))
     values = 2 * q * k * h
     ffn = 4 * q * d * d_inner
@@ -77,18 +76,20 @@ def _train(grad_in: float, weight_grad_only: float) -> float:
     return 3.0 * grad_in + 2.0 * weight_grad_only
 
 
-def adaptive_softmax_fwd(tokens: int, d_proj: int, vocab: int, cutoffs: Sequence[int], div_val: int,
-                         d_embed: int) -> Tuple[float, float]:
+def adaptive_softmax_fwd(
+    tokens: int, d_proj: int, vocab: int, cutoffs: Sequence[int], div_val: int, d_embed: int
+) -> Tuple[float, float]:
     """Forward FLOPs of (adaptive input, adaptive softmax) for `tokens` tokens. Plain softmax: no cutoffs."""
     bounds = list(zip([0] + list(cutoffs), list(cutoffs) + [vocab]))
-    dims = [d_embed // div_val ** i for i in range(len(bounds))] if div_val > 1 else [d_embed] * len(bounds)
+    dims = [d_embed // div_val**i for i in range(len(bounds))] if div_val > 1 else [d_embed] * len(bounds)
     has_proj = [True] * len(bounds) if div_val > 1 else [d_embed != d_proj] * len(bounds)
     n_tails = len(bounds) - 1
     shares = [zipf_share(s, e, vocab) for s, e in bounds] if n_tails else [1.0]
     emb = sum(shares[i] * 2 * dims[i] * d_proj * has_proj[i] for i in range(len(bounds)))
     head = 2 * dims[0] * d_proj * has_proj[0] + 2 * dims[0] * (bounds[0][1] + n_tails)
-    tails = sum(shares[i] * 2 * (dims[i] * d_proj * has_proj[i] + dims[i] * (e - s))
-                for i, (s, e) in enumerate(bounds) if i > 0)
+    tails = sum(
+        shares[i] * 2 * (dims[i] * d_proj * has_proj[i] + dims[i] * (e - s)) for i, (s, e) in enumerate(bounds) if i > 0
+    )
     return float(tokens * emb), float(tokens * (head + tails))
 
 
@@ -98,15 +99,22 @@ def txl_train_flops(m, batch: int, tgt_len: int, mem_len: int) -> float:
     mem = max(mem_len, 0)
     k = tgt_len + mem
     main, mem_kv = _layer(tgt_len, k, mem, k, d, n * dh, di, segment=False)
-    emb, head = adaptive_softmax_fwd(tgt_len, d, V, tuple(m.get("cutoffs", ()) or ()), int(m.get("div_val", 1)),
-                                     int(m.get("d_embed") or d))
+    emb, head = adaptive_softmax_fwd(
+        tgt_len, d, V, tuple(m.get("cutoffs", ()) or ()), int(m.get("div_val", 1)), int(m.get("d_embed") or d)
+    )
     pos_keys = L * 2 * k * d * n * dh  # once per batch
     return _train(batch * (L * main + emb + head), batch * L * mem_kv + pos_keys)
 
 
 def xlnet_train_flops(m, batch: int, seq_len: int, num_predict: int, mem_len: int, bi_data: bool) -> float:
-    d, n, dh, di, L, V = (int(m.d_model), int(m.n_head), int(m.d_head), int(m.d_inner), int(m.n_layer),
-                          int(m.vocab_size))
+    d, n, dh, di, L, V = (
+        int(m.d_model),
+        int(m.n_head),
+        int(m.d_head),
+        int(m.d_inner),
+        int(m.n_layer),
+        int(m.vocab_size),
+    )
     h = n * dh
     mem = max(mem_len, 0)
     k = seq_len + mem
@@ -133,8 +141,14 @@ def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None
     if fam == "transformer_xl":
         return txl_train_flops(config.model, int(data.batch_size), int(data.tgt_len), int(config.model.mem_len))
     if fam == "xlnet":
-        return xlnet_train_flops(config.model, int(data.batch_size), int(data.seq_len), int(data.num_predict),
-                                 int(config.model.get("mem_len") or 0), bool(data.get("bi_data", False)))
+        return xlnet_train_flops(
+            config.model,
+            int(data.batch_size),
+            int(data.seq_len),
+            int(data.num_predict),
+            int(config.model.get("mem_len") or 0),
+            bool(data.get("bi_data", False)),
+        )
     if fam == "funnel":
         return funnel_train_flops(config)
     return 0.0

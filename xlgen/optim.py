@@ -38,7 +38,6 @@ from __future__ import annotations
 import re
 from typing import Dict, Optional, Sequence, Tuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -90,7 +89,7 @@ def _funnel_position(parts):
     kind: "input" | "block" | "decoder"; index None for a stacked (scanned) block/decoder."""
     for i, p in enumerate(parts):
         tower = ".".join(parts[:i])
-        nxt = parts[i + 1:]
+        nxt = parts[i + 1 :]
         if p == "embeddings" or (p == "encoder" and nxt[:1] == ["input_projection"]):
             return tower, "input", None, None
         if p == "encoder" and nxt[:1] == ["blocks"] and len(nxt) > 1 and nxt[1].isdigit():
@@ -103,8 +102,9 @@ def _funnel_position(parts):
     return None
 
 
-def layer_ids(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
-              ) -> Tuple[Dict[str, Optional[np.ndarray]], int]:
+def layer_ids(
+    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
+) -> Tuple[Dict[str, Optional[np.ndarray]], int]:
     """Layer index of every parameter of a `family` model from its name (and, for stacked parameters, its shape):
     {name: None (outside the layer stack) | int array broadcastable to the parameter}, and n_layer = 1 + max index.
 
@@ -138,7 +138,7 @@ def layer_ids(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
         n_blocks: Dict[str, int] = {}
         for tower, b in sizes:
             n_blocks[tower] = max(n_blocks.get(tower, 0), b + 1)
-        for (tower, b) in [(t, b) for t, n in n_blocks.items() for b in range(n)]:
+        for tower, b in [(t, b) for t, n in n_blocks.items() for b in range(n)]:
             if (tower, b) not in sizes:
                 raise ValueError(f"layer_ids: Funnel tower {tower!r} has no parameters for encoder block {b}")
 
@@ -167,26 +167,33 @@ def layer_ids(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
 
 def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: float) -> Dict[str, np.ndarray]:
     """`rate ** (n_layer - 1 - id)` per parameter (per slice for stacked ids); 1.0 where id is None."""
-    return {name: np.float32(1.0) if i is None or rate == 1.0
-            else (rate ** (n_layer - 1 - np.asarray(i, np.float64))).astype(np.float32)
-            for name, i in ids.items()}
+    return {
+        name: np.float32(1.0)
+        if i is None or rate == 1.0
+        else (rate ** (n_layer - 1 - np.asarray(i, np.float64))).astype(np.float32)
+        for name, i in ids.items()
+    }
 
 
-def layer_decay_scales(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str], rate: float
-                       ) -> Dict[str, np.ndarray]:
+def layer_decay_scales(
+    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str], rate: float
+) -> Dict[str, np.ndarray]:
     """The layer-wise LR decay multiplier of every parameter of a `family` model (`layer_ids` + `scales_from_ids`).
     rate 1.0 needs no numbering (all 1.0); any other rate needs a family `layer_ids` knows."""
     if rate == 1.0:
         return {name: np.float32(1.0) for name in meta}
     if family not in FAMILIES:
-        raise ValueError(f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family in {FAMILIES} "
-                         f"(got {family!r}); set it to 1.0 or number the new family's layers in xlgen.optim.layer_ids")
+        raise ValueError(
+            f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family in {FAMILIES} "
+            f"(got {family!r}); set it to 1.0 or number the new family's layers in xlgen.optim.layer_ids"
+        )
     ids, n = layer_ids(meta, family)
     return scales_from_ids(ids, n, rate)
 
 
 def scale_by_tree(scales: Dict[str, np.ndarray]) -> optax.GradientTransformation:
     """Multiply each leaf by a fixed (broadcastable) constant."""
+
     def init(params):
         del params
         return optax.EmptyState()
@@ -198,8 +205,9 @@ def scale_by_tree(scales: Dict[str, np.ndarray]) -> optax.GradientTransformation
     return optax.GradientTransformation(init, update)
 
 
-def make_optimizer(opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]],
-                   family: Optional[str] = None) -> Tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str] = None
+) -> Tuple[optax.GradientTransformation, optax.Schedule]:
     """The optax transformation for flat-dict params with metadata {name: (shape, logical_axes)}.
 
     Layer decay (`lr_layer_decay_rate` != 1): the layer of every parameter comes from `layer_ids(meta, family)`,

@@ -39,10 +39,11 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 
 # ----------------------------------------------------------------------------------------------------- FLOP counting
+
 
 def _subjaxprs(params: Dict[str, Any]):
     """(param name, jaxpr) for every sub-jaxpr in an equation's params."""
@@ -109,6 +110,7 @@ def _count(jaxpr) -> tuple[float, bool]:
 
 # ----------------------------------------------------------------------------------------------------- memory helpers
 
+
 def _bytes_per_device(tree) -> int:
     """Sum over ShapeDtypeStruct leaves of the bytes one device holds (its shard), given their shardings."""
     import jax
@@ -146,9 +148,8 @@ def _path_head(path) -> str:
     return str(k)
 
 
-_OOM_RE = re.compile(r"required for .*?\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM \(([\d.]+)([KMGT]?)\)",
-                     re.S)
-_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4}
+_OOM_RE = re.compile(r"required for .*?\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM \(([\d.]+)([KMGT]?)\)", re.S)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": GiB, "T": 1024**4}
 
 
 def parse_oom(message: str) -> Optional[Dict[str, int]]:
@@ -161,6 +162,7 @@ def parse_oom(message: str) -> Optional[Dict[str, int]]:
 
 # ----------------------------------------------------------------------------------------------------- the plan
 
+
 def build_mesh(config, devices, num_slices: int):
     """The trainer's mesh over `devices`; with several slices the `data` axis is laid over DCN (across slices)."""
     from xlgen import sharding
@@ -172,8 +174,10 @@ def build_mesh(config, devices, num_slices: int):
 
     shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor], len(devices))
     if shape[0] % num_slices:
-        raise ValueError(f"mesh.data={shape[0]} must be a multiple of --num_slices={num_slices} (data parallelism "
-                         f"spans slices over DCN; fsdp and tensor stay inside a slice)")
+        raise ValueError(
+            f"mesh.data={shape[0]} must be a multiple of --num_slices={num_slices} (data parallelism "
+            f"spans slices over DCN; fsdp and tensor stay inside a slice)"
+        )
     ici = (shape[0] // num_slices, shape[1], shape[2])
     dcn = (num_slices, 1, 1)
     grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
@@ -189,12 +193,14 @@ def _log(msg: str) -> None:
     print(f"[xlgen plan {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def plan(config, topology: str, num_slices: int = 1, *, config_path: str = "", overrides: Sequence[str] = ()
-         ) -> Dict[str, Any]:
+def plan(
+    config, topology: str, num_slices: int = 1, *, config_path: str = "", overrides: Sequence[str] = ()
+) -> Dict[str, Any]:
     """Compile the train step of `config` for `topology` and return the report dict (see module docstring)."""
     import jax
 
     from xlgen import topology as topo
+
     try:
         from xlgen.train import build_program
     except ImportError:
@@ -234,8 +240,11 @@ def plan(config, topology: str, num_slices: int = 1, *, config_path: str = "", o
         total = breakdown.pop("total")
         breakdown["mems"] = _bytes_per_device(extra)
         breakdown["total"] = total + breakdown["mems"]
-    report["num_params"] = sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"])) \
-        if isinstance(state, dict) and "params" in state else None
+    report["num_params"] = (
+        sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"]))
+        if isinstance(state, dict) and "params" in state
+        else None
+    )
     report["state_bytes_per_device"] = breakdown
     report["batch_bytes_per_device"] = _bytes_per_device(batch)
     report.update(compile_and_measure(program.train_step, args, mesh, hbm, label=t.name))
@@ -421,28 +430,37 @@ def suggestions(config, report: Dict[str, Any]) -> List[str]:
     params_like = state["total"] - state.get("mems", 0)
     if params_like > 0.2 * total:
         fsdp_hint = "--config.mesh.rules=fsdp" if config.mesh.get("rules") == "dp" else "--config.mesh.rules=fsdp_tp"
-        out.append(f"parameters + optimizer state take {_gib(params_like)} per device: shard them — raise "
-                   f"--config.mesh.fsdp (now {mesh['fsdp']}) and lower mesh.data, {fsdp_hint}")
+        out.append(
+            f"parameters + optimizer state take {_gib(params_like)} per device: shard them — raise "
+            f"--config.mesh.fsdp (now {mesh['fsdp']}) and lower mesh.data, {fsdp_hint}"
+        )
     if not model.get("remat", True):
-        out.append("recompute activations in the backward pass: --config.model.remat=True "
-                   "(with --config.model.scan_layers=True to compile once per layer)")
+        out.append(
+            "recompute activations in the backward pass: --config.model.remat=True "
+            "(with --config.model.scan_layers=True to compile once per layer)"
+        )
     if model.get("dtype", "bfloat16") == "float32":
         out.append("compute in bfloat16 (parameters stay float32): --config.model.dtype=bfloat16")
     dp = mesh["data"] * mesh["fsdp"]
     accum = int(config.optimizer.get("grad_accum_steps", 1)) if "optimizer" in config else 1
-    out.append(f"smaller per-device batch: --config.optimizer.grad_accum_steps={2 * accum} (same global batch "
-               f"{report.get('global_batch_size')} over {dp} batch shards) or a larger topology")
+    out.append(
+        f"smaller per-device batch: --config.optimizer.grad_accum_steps={2 * accum} (same global batch "
+        f"{report.get('global_batch_size')} over {dp} batch shards) or a larger topology"
+    )
     if state.get("mems", 0) > 0:
-        out.append(f"recurrent memory takes {_gib(state['mems'])} per device; a shorter --config.model.mem_len "
-                   "shrinks it and the attention over it")
+        out.append(
+            f"recurrent memory takes {_gib(state['mems'])} per device; a shorter --config.model.mem_len "
+            "shrinks it and the attention over it"
+        )
     return out
 
 
 # ----------------------------------------------------------------------------------------------------- rendering
 
+
 def _gib(b: float) -> str:
     if abs(b) < GiB:
-        return f"{b / 1024 ** 2:.1f} MiB"
+        return f"{b / 1024**2:.1f} MiB"
     return f"{b / GiB:.2f} GiB"
 
 
@@ -463,13 +481,17 @@ def render_text(r: Dict[str, Any]) -> str:
         f"({r['device_kind']})",
         f"mesh              data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']}  rules={r['mesh_rules']}",
         f"global batch      {r['global_batch_size']}",
-        f"state / device    " + ", ".join(f"{k} {_gib(v)}" for k, v in r["state_bytes_per_device"].items()),
+        "state / device    " + ", ".join(f"{k} {_gib(v)}" for k, v in r["state_bytes_per_device"].items()),
     ]
     if "arguments" in mem:
-        lines.append(f"HBM / device      arguments {_gib(mem['arguments'])} + outputs {_gib(mem['outputs'])} "
-                     f"- aliased {_gib(mem['aliased'])} + temp {_gib(mem['temp'])} + code {_gib(mem['code'])}")
-    lines.append(f"total / capacity  {_gib(mem['total'])} / {_gib(r['hbm_per_device'])}  -> "
-                 + ("FITS" if r["fits"] else f"DOES NOT FIT (over by {_gib(r['over_by_bytes'])})"))
+        lines.append(
+            f"HBM / device      arguments {_gib(mem['arguments'])} + outputs {_gib(mem['outputs'])} "
+            f"- aliased {_gib(mem['aliased'])} + temp {_gib(mem['temp'])} + code {_gib(mem['code'])}"
+        )
+    lines.append(
+        f"total / capacity  {_gib(mem['total'])} / {_gib(r['hbm_per_device'])}  -> "
+        + ("FITS" if r["fits"] else f"DOES NOT FIT (over by {_gib(r['over_by_bytes'])})")
+    )
     xla = fl.get("xla_cost_analysis")
     note = " (while-loop bodies counted once)" if fl.get("xla_counts_loop_bodies_once") else ""
     lines += [
@@ -485,9 +507,11 @@ def render_text(r: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-TABLE_HEADER = ("| config | topology (devices) | mesh data×fsdp×tensor | rules | execution | batch | params | "
-                "state / device | HBM / device (of) | fits | model FLOPs / step | step time ≥ | MFU ≤ | compile |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+TABLE_HEADER = (
+    "| config | topology (devices) | mesh data×fsdp×tensor | rules | execution | batch | params | "
+    "state / device | HBM / device (of) | fits | model FLOPs / step | step time ≥ | MFU ≤ | compile |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def _execution(model: Dict[str, Any]) -> str:
@@ -506,12 +530,14 @@ def render_row(r: Dict[str, Any]) -> str:
         cfg += " " + " ".join(f"`{o.removeprefix('--config.')}`" for o in r["overrides"])
     fits = "yes" if r["fits"] else f"no (+{r['over_by_bytes'] / GiB:.1f} GiB)"
     params = f"{r['num_params'] / 1e6:.0f}M" if r.get("num_params") else "-"
-    return (f"| {cfg} | {r['topology']} ({r['devices']}) | {m['data']}×{m['fsdp']}×{m['tensor']} | {r['mesh_rules']} | "
-            f"{_execution(r['model'])} | {r['global_batch_size']} | {params} | "
-            f"{_gib(r['state_bytes_per_device']['total'])} | "
-            f"{_gib(r['memory_per_device']['total'])} ({_gib(r['hbm_per_device'])}) | {fits} | "
-            f"{_flops(r['flops_per_step']['analytic_model'])} | {r['step_time_s'] * 1e3:.0f} ms | "
-            f"{100 * r['mfu']:.0f}% | {r['compile_time_s']:.0f} s |")
+    return (
+        f"| {cfg} | {r['topology']} ({r['devices']}) | {m['data']}×{m['fsdp']}×{m['tensor']} | {r['mesh_rules']} | "
+        f"{_execution(r['model'])} | {r['global_batch_size']} | {params} | "
+        f"{_gib(r['state_bytes_per_device']['total'])} | "
+        f"{_gib(r['memory_per_device']['total'])} ({_gib(r['hbm_per_device'])}) | {fits} | "
+        f"{_flops(r['flops_per_step']['analytic_model'])} | {r['step_time_s'] * 1e3:.0f} ms | "
+        f"{100 * r['mfu']:.0f}% | {r['compile_time_s']:.0f} s |"
+    )
 
 
 def table_order(r: Dict[str, Any]):
@@ -524,7 +550,10 @@ def render_table(reports: Sequence[Dict[str, Any]]) -> str:
     return "\n".join([TABLE_HEADER] + [render_row(r) for r in reports])
 
 
-TABLE_BEGIN, TABLE_END = "<!-- pod-table:begin (generated by python -m xlgen.plan --table) -->", "<!-- pod-table:end -->"
+TABLE_BEGIN, TABLE_END = (
+    "<!-- pod-table:begin (generated by python -m xlgen.plan --table) -->",
+    "<!-- pod-table:end -->",
+)
 
 
 def replace_between_markers(path: str, table: str) -> None:
@@ -543,21 +572,37 @@ def replace_between_markers(path: str, table: str) -> None:
 
 # ----------------------------------------------------------------------------------------------------- CLI
 
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="xlgen plan", description=__doc__.split("\n\n")[0],
-                                epilog="Any --config.KEY=VALUE overrides the config as in `xlgen train`.")
+    p = argparse.ArgumentParser(
+        prog="xlgen plan",
+        description=__doc__.split("\n\n")[0],
+        epilog="Any --config.KEY=VALUE overrides the config as in `xlgen train`.",
+    )
     p.add_argument("--config", help="config file (configs/pretrain/*.py)")
     p.add_argument("--topology", help="TPU topology, e.g. v3:16x32, v4:4x4x8, v5e:16x16")
     p.add_argument("--num_slices", type=int, default=1, help="number of slices (multislice over DCN)")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="write the report as JSON to PATH (or stdout with no PATH)")
-    p.add_argument("--table", nargs="+", metavar="REPORT.json",
-                   help="render saved --json reports as a markdown table and exit")
-    p.add_argument("--refresh", nargs="+", metavar="REPORT.json",
-                   help="recompute the model FLOPs, traced matmul FLOPs, step time and MFU of saved --json reports "
-                        "from their config + overrides (no compile; compiled measurements kept) and exit")
-    p.add_argument("--into", metavar="DOC.md",
-                   help="with --table: replace the table between the pod-table markers of DOC.md")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the report as JSON to PATH (or stdout with no PATH)",
+    )
+    p.add_argument(
+        "--table", nargs="+", metavar="REPORT.json", help="render saved --json reports as a markdown table and exit"
+    )
+    p.add_argument(
+        "--refresh",
+        nargs="+",
+        metavar="REPORT.json",
+        help="recompute the model FLOPs, traced matmul FLOPs, step time and MFU of saved --json reports "
+        "from their config + overrides (no compile; compiled measurements kept) and exit",
+    )
+    p.add_argument(
+        "--into", metavar="DOC.md", help="with --table: replace the table between the pod-table markers of DOC.md"
+    )
     return p
 
 
@@ -574,8 +619,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for path in args.refresh:
             r = refresh(path)
             fl = r["flops_per_step"]
-            print(f"{path}: model {_flops(fl['analytic_model'])}, matmuls (jaxpr) {_flops(fl['matmul_jaxpr'])}, "
-                  f"step >= {r['step_time_s'] * 1e3:.1f} ms, MFU <= {100 * r['mfu']:.1f}%")
+            print(
+                f"{path}: model {_flops(fl['analytic_model'])}, matmuls (jaxpr) {_flops(fl['matmul_jaxpr'])}, "
+                f"step >= {r['step_time_s'] * 1e3:.1f} ms, MFU <= {100 * r['mfu']:.1f}%"
+            )
         return 0
     if args.table:
         reports = []

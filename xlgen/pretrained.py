@@ -52,8 +52,10 @@ def read_hf_state_dict(path: str) -> Dict[str, np.ndarray]:
         try:
             import torch
         except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError(f"{bin_path}: reading a .bin checkpoint needs torch (pip install 'xlgen[parity]'), "
-                              "or convert it to model.safetensors") from e
+            raise ImportError(
+                f"{bin_path}: reading a .bin checkpoint needs torch (pip install 'xlgen[parity]'), "
+                "or convert it to model.safetensors"
+            ) from e
         src = str(bin_path) if not paths.is_remote(bin_path) else io.BytesIO(bin_path.read_bytes())
         sd = torch.load(src, map_location="cpu", weights_only=True)
         return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in sd.items()}
@@ -64,7 +66,9 @@ def from_pretrained(path: str, **kwargs) -> Any:
     """Load a model from `path` (HF directory or xlgen workdir/checkpoint). Extra kwargs go to the loader."""
     path = os.fspath(path) if not paths.is_remote(path) else str(path)
     if not paths.as_path(path).is_dir():
-        raise FileNotFoundError(f"{path}: not a directory (expected a Hugging Face model directory or an xlgen workdir)")
+        raise FileNotFoundError(
+            f"{path}: not a directory (expected a Hugging Face model directory or an xlgen workdir)"
+        )
     cfg_path = paths.as_path(path) / "config.json"
     hf_cfg = None
     if cfg_path.exists():
@@ -75,8 +79,9 @@ def from_pretrained(path: str, **kwargs) -> Any:
     if hf_cfg is not None and "model_type" in hf_cfg and "xlgen" not in hf_cfg:
         model_type = hf_cfg["model_type"]
         if model_type not in _HF_LOADERS:
-            raise ValueError(f"{cfg_path}: model_type={model_type!r} is not supported; "
-                             f"supported: {sorted(_HF_LOADERS)}")
+            raise ValueError(
+                f"{cfg_path}: model_type={model_type!r} is not supported; supported: {sorted(_HF_LOADERS)}"
+            )
         weights = read_hf_state_dict(path)
         return _resolve(_HF_LOADERS[model_type])(hf_cfg, weights, kwargs)
     return _resolve(_XLGEN_LOADER)(path, **kwargs)

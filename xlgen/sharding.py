@@ -24,11 +24,12 @@ shardings don't already give.
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch (and memory rows) are split over both data-parallel axes
@@ -53,8 +54,10 @@ def mesh_shape(sizes: Sequence[int], num_devices: int) -> Tuple[int, ...]:
             raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices not divisible by {known}")
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
-                         f"have {num_devices} (set one of mesh.data/fsdp/tensor to -1 to fill)")
+        raise ValueError(
+            f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+            f"have {num_devices} (set one of mesh.data/fsdp/tensor to -1 to fill)"
+        )
     return tuple(sizes)
 
 
@@ -71,8 +74,9 @@ def make_mesh(mesh_config, devices: Optional[Sequence] = None) -> Mesh:
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
-def logical_to_spec(logical: Sequence[Optional[str]], shape: Sequence[int], rules: Dict[str, Optional[str]],
-                    mesh: Mesh) -> P:
+def logical_to_spec(
+    logical: Sequence[Optional[str]], shape: Sequence[int], rules: Dict[str, Optional[str]], mesh: Mesh
+) -> P:
     """PartitionSpec for one array with logical axis names, applying the dedup / divisibility fallbacks."""
     used, out = set(), []
     for name, dim in zip(logical, shape):

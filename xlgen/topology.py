@@ -15,23 +15,24 @@ import os
 import re
 from typing import Sequence
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
     """Public per-chip figures (Cloud TPU system-architecture pages)."""
+
     generation: str
-    hbm_bytes: int              # HBM per chip
-    peak_bf16_flops: float      # dense bf16 FLOP/s per chip
-    accelerator_prefix: str     # as in `gcloud ... --accelerator-type=<prefix>-<cores or chips>`
+    hbm_bytes: int  # HBM per chip
+    peak_bf16_flops: float  # dense bf16 FLOP/s per chip
+    accelerator_prefix: str  # as in `gcloud ... --accelerator-type=<prefix>-<cores or chips>`
     chip_config: str = "default"  # "megacore": both TensorCores of a chip form one JAX device (v4, v5p)
     chips_per_host: tuple[int, ...] | None = None
 
 
 CHIPS = {
     "v2": Chip("v2", 16 * GiB, 45e12, "v2"),
-    "v3": Chip("v3", 32 * GiB, 123e12, "v3"),      # 2 TensorCores x 16 GiB
+    "v3": Chip("v3", 32 * GiB, 123e12, "v3"),  # 2 TensorCores x 16 GiB
     "v4": Chip("v4", 32 * GiB, 275e12, "v4", "megacore", (2, 2, 1)),
     "v5e": Chip("v5e", 16 * GiB, 197e12, "v5litepod", "default", (2, 2, 1)),
     "v5p": Chip("v5p", 95 * GiB, 459e12, "v5p", "megacore", (2, 2, 1)),
@@ -44,6 +45,7 @@ _TOPOLOGY_RE = re.compile(r"^(?P<gen>[a-zA-Z0-9]+)[:=_](?P<dims>\d+(?:x\d+)*)$")
 @dataclasses.dataclass(frozen=True)
 class Topology:
     """A parsed topology string, e.g. `v3:16x32` -> generation v3, chips (16, 32)."""
+
     name: str
     chip: Chip
     chip_dims: tuple[int, ...]
@@ -90,6 +92,7 @@ def libtpu_available() -> bool:
     """True when the `tpu` extra (libtpu) is importable, i.e. TPU topologies can be compiled for."""
     try:
         from jax._src import xla_bridge
+
         return xla_bridge.get_tpu_library_path() is not None
     except Exception:  # pragma: no cover - depends on jax internals
         return False
@@ -103,10 +106,12 @@ def topology_devices(topology: Topology | str, num_slices: int = 1) -> list:
     if isinstance(topology, str):
         topology = parse_topology(topology, num_slices)
     if not libtpu_available():
-        raise RuntimeError("libtpu is not installed: `pip install -e '.[tpu]'` (or `pip install libtpu`) to plan "
-                           "for TPU topologies")
+        raise RuntimeError(
+            "libtpu is not installed: `pip install -e '.[tpu]'` (or `pip install libtpu`) to plan for TPU topologies"
+        )
     _quiet_libtpu_env(topology)
     from jax.experimental import topologies
+
     kwargs = {"chip_config_name": topology.chip.chip_config}
     if topology.chip.chips_per_host is not None and len(topology.chip_dims) == len(topology.chip.chips_per_host):
         kwargs["chips_per_host_bounds"] = topology.chip.chips_per_host

@@ -4,21 +4,56 @@ Top-level keys (contract): `task`, `data_dir`, `init_from` (HF directory or xlge
 `tokenizer` ("" = spiece.model / vocab.txt inside init_from). `model` is replaced by the architecture stored in
 `init_from` (command-line `--config.model.*` overrides, e.g. dropout, apply on top).
 """
+
 from ml_collections import ConfigDict
 
 from xlgen.config import base_config
 
 # XLNet-Large (cased_L-24_H-1024_A-16); used only when init_from is empty.
 XLNET_LARGE = dict(
-    family="xlnet", vocab_size=32000, d_model=1024, n_layer=24, n_head=16, d_head=64, d_inner=4096,
-    ff_activation="gelu", untie_r=True, attn_type="bi", initializer_range=0.02, layer_norm_eps=1e-12, dropout=0.1,
-    dropatt=0.1, mem_len=None, reuse_len=None, bi_data=False, clamp_len=-1, same_length=False, num_labels=2,
-    summary_type="last", summary_use_proj=True, summary_activation="tanh", summary_proj_to_labels=False,
-    summary_last_dropout=0.1, start_n_top=5, end_n_top=5, scan_layers=False, remat=False, dtype="float32")
+    family="xlnet",
+    vocab_size=32000,
+    d_model=1024,
+    n_layer=24,
+    n_head=16,
+    d_head=64,
+    d_inner=4096,
+    ff_activation="gelu",
+    untie_r=True,
+    attn_type="bi",
+    initializer_range=0.02,
+    layer_norm_eps=1e-12,
+    dropout=0.1,
+    dropatt=0.1,
+    mem_len=None,
+    reuse_len=None,
+    bi_data=False,
+    clamp_len=-1,
+    same_length=False,
+    num_labels=2,
+    summary_type="last",
+    summary_use_proj=True,
+    summary_activation="tanh",
+    summary_proj_to_labels=False,
+    summary_last_dropout=0.1,
+    start_n_top=5,
+    end_n_top=5,
+    scan_layers=False,
+    remat=False,
+    dtype="float32",
+)
 
 
-def finetune_config(task, *, max_seq_length=128, batch_size=32, learning_rate=2e-5, total_steps=1000,
-                    warmup_steps=100, lr_layer_decay_rate=1.0):
+def finetune_config(
+    task,
+    *,
+    max_seq_length=128,
+    batch_size=32,
+    learning_rate=2e-5,
+    total_steps=1000,
+    warmup_steps=100,
+    lr_layer_decay_rate=1.0,
+):
     c = base_config()
     c.task = task
     c.data_dir = ""
@@ -26,24 +61,44 @@ def finetune_config(task, *, max_seq_length=128, batch_size=32, learning_rate=2e
     c.tokenizer = ""
     c.objective = "finetune"
     c.model = ConfigDict(XLNET_LARGE)
-    c.data = ConfigDict(dict(
-        max_seq_length=max_seq_length, batch_size=batch_size, eval_batch_size=32,
-        doc_stride=128, max_query_length=64,     # SQuAD windows
-        max_qa_length=128,                       # RACE: last pieces of question + option kept
-        lower=None,                              # None: cased for SentencePiece, uncased for WordPiece
-        skip_malformed=False,                    # True: skip (and count) malformed rows instead of failing
-        cache=True,                              # cache tokenized features in WORKDIR/cache/
-        seq_len=0, num_predict=0))               # derived (FLOPs accounting); do not set
+    c.data = ConfigDict(
+        dict(
+            max_seq_length=max_seq_length,
+            batch_size=batch_size,
+            eval_batch_size=32,
+            doc_stride=128,
+            max_query_length=64,  # SQuAD windows
+            max_qa_length=128,  # RACE: last pieces of question + option kept
+            lower=None,  # None: cased for SentencePiece, uncased for WordPiece
+            skip_malformed=False,  # True: skip (and count) malformed rows instead of failing
+            cache=True,  # cache tokenized features in WORKDIR/cache/
+            seq_len=0,
+            num_predict=0,
+        )
+    )  # derived (FLOPs accounting); do not set
     c.squad = ConfigDict(dict(max_answer_length=64, start_n_top=5, end_n_top=5, n_best_size=5))
     # All XLNet finetuning: Adam eps 1e-6, linear decay to 0, clip 1.0, no weight decay.
-    c.optimizer.update(dict(name="adamw", learning_rate=learning_rate, warmup_steps=warmup_steps, schedule="linear",
-                            min_lr_ratio=0.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0, clip_norm=1.0,
-                            lr_layer_decay_rate=lr_layer_decay_rate, layer_decay_mode="lr"))
+    c.optimizer.update(
+        dict(
+            name="adamw",
+            learning_rate=learning_rate,
+            warmup_steps=warmup_steps,
+            schedule="linear",
+            min_lr_ratio=0.0,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            weight_decay=0.0,
+            clip_norm=1.0,
+            lr_layer_decay_rate=lr_layer_decay_rate,
+            layer_decay_mode="lr",
+        )
+    )
     c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=1000, keep=1, async_save=True, save_mems=False))
     c.eval.update(dict(split="dev"))
-    c.eval.predict_test = True                   # GLUE: write submission/<Task>.tsv from test.tsv
+    c.eval.predict_test = True  # GLUE: write submission/<Task>.tsv from test.tsv
     c.total_steps = total_steps
     c.log_every_steps = 50
-    c.eval_every_steps = 1000                    # and at the end; the best dev checkpoint is kept
+    c.eval_every_steps = 1000  # and at the end; the best dev checkpoint is kept
     return c

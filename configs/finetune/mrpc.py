@@ -3,6 +3,7 @@
     xlgen finetune --config=configs/finetune/mrpc.py --config.data_dir=glue_data/MRPC \
         --config.init_from=xlnet-large-cased --workdir=runs/mrpc
 """
+
 from configs.finetune import glue
 
 

@@ -3,6 +3,7 @@
     xlgen finetune --config=configs/finetune/qnli.py --config.data_dir=glue_data/QNLI \
         --config.init_from=xlnet-large-cased --workdir=runs/qnli
 """
+
 from configs.finetune import glue
 
 

@@ -3,6 +3,7 @@
     xlgen finetune --config=configs/finetune/qqp.py --config.data_dir=glue_data/QQP \
         --config.init_from=xlnet-large-cased --workdir=runs/qqp
 """
+
 from configs.finetune import glue
 
 

@@ -5,12 +5,14 @@ warmup 1000, Adam eps 1e-6, no weight decay (the thesis mentions 640 tokens for 
     xlgen finetune --config=configs/finetune/race.py --config.data_dir=RACE --config.init_from=xlnet-large-cased \
         --workdir=runs/race
 """
+
 from configs.finetune.common import finetune_config
 
 
 def get_config():
-    c = finetune_config("race", max_seq_length=512, batch_size=32, learning_rate=2e-5, total_steps=12000,
-                        warmup_steps=1000)
+    c = finetune_config(
+        "race", max_seq_length=512, batch_size=32, learning_rate=2e-5, total_steps=12000, warmup_steps=1000
+    )
     c.data.eval_batch_size = 8
     c.eval_every_steps = 3000
     return c

@@ -3,6 +3,7 @@
     xlgen finetune --config=configs/finetune/rte.py --config.data_dir=glue_data/RTE \
         --config.init_from=xlnet-large-cased --workdir=runs/rte
 """
+
 from configs.finetune import glue
 
 

@@ -5,12 +5,20 @@ start_n_top = end_n_top = 5, max_answer_length 64. Data: train-v2.0.json / dev-v
     xlgen finetune --config=configs/finetune/squad.py --config.task=squad/v2.0 --config.data_dir=squad \
         --config.init_from=xlnet-large-cased --workdir=runs/squad2
 """
+
 from configs.finetune.common import finetune_config
 
 
 def get_config():
-    c = finetune_config("squad/v2.0", max_seq_length=512, batch_size=48, learning_rate=3e-5, total_steps=8000,
-                        warmup_steps=1000, lr_layer_decay_rate=0.75)
+    c = finetune_config(
+        "squad/v2.0",
+        max_seq_length=512,
+        batch_size=48,
+        learning_rate=3e-5,
+        total_steps=8000,
+        warmup_steps=1000,
+        lr_layer_decay_rate=0.75,
+    )
     c.data.eval_batch_size = 32
     c.eval_every_steps = 2000
     return c

@@ -3,6 +3,7 @@
     xlgen finetune --config=configs/finetune/sst2.py --config.data_dir=glue_data/SST2 \
         --config.init_from=xlnet-large-cased --workdir=runs/sst2
 """
+
 from configs.finetune import glue
 
 

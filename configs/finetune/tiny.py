@@ -8,17 +8,31 @@ s.train_sentencepiece(s.corpus_for('/tmp/sst2'), '/tmp/sst2/spiece.model', vocab
 
 `tiny_funnel.py` is the same with a tiny Funnel-Transformer.
 """
+
 from ml_collections import ConfigDict
 
 from configs.finetune.common import XLNET_LARGE, finetune_config
 
-TINY_XLNET = {**XLNET_LARGE, **dict(vocab_size=256, d_model=32, n_layer=2, n_head=2, d_head=16, d_inner=64,
-                                    dropout=0.0, dropatt=0.0, summary_last_dropout=0.0)}
+TINY_XLNET = {
+    **XLNET_LARGE,
+    **dict(
+        vocab_size=256,
+        d_model=32,
+        n_layer=2,
+        n_head=2,
+        d_head=16,
+        d_inner=64,
+        dropout=0.0,
+        dropatt=0.0,
+        summary_last_dropout=0.0,
+    ),
+}
 
 
 def get_config():
-    c = finetune_config("glue/sst2", max_seq_length=32, batch_size=16, learning_rate=1e-3, total_steps=60,
-                        warmup_steps=6)
+    c = finetune_config(
+        "glue/sst2", max_seq_length=32, batch_size=16, learning_rate=1e-3, total_steps=60, warmup_steps=6
+    )
     c.model = ConfigDict(TINY_XLNET)
     c.data.eval_batch_size = 16
     c.optimizer.eps = 1e-8

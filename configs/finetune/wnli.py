@@ -3,6 +3,7 @@
     xlgen finetune --config=configs/finetune/wnli.py --config.data_dir=glue_data/WNLI \
         --config.init_from=xlnet-large-cased --workdir=runs/wnli
 """
+
 from configs.finetune import glue
 
 

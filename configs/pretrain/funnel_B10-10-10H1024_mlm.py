@@ -5,11 +5,13 @@ Settings shared by all paper-sized Funnel configs (and their sources) are in `fu
 
     xlgen plan --config=configs/pretrain/funnel_B10-10-10H1024_mlm.py --topology=v3:16x32
 """
+
 import importlib.util
 import os
 
-_spec = importlib.util.spec_from_file_location("funnel_common", os.path.join(os.path.dirname(__file__),
-                                                                             "funnel_common.py"))
+_spec = importlib.util.spec_from_file_location(
+    "funnel_common", os.path.join(os.path.dirname(__file__), "funnel_common.py")
+)
 _common = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_common)
 

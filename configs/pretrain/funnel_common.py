@@ -11,6 +11,7 @@ Thesis §3.5 / Table 5.10, reference notes §3.9 / §A3:
 Execution (not architecture): on TPU the factorized (gather-free) relative attention of the original TPU code,
 bfloat16 compute with float32 parameters, rematerialised layers for the large scale.
 """
+
 import data_pipelines
 from xlgen.config import base_config
 
@@ -22,22 +23,59 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
     large = d_model >= 1024
     c = base_config()
     c.model = dict(
-        family="funnel", vocab_size=30522, block_sizes=block_sizes, num_decoder_layers=2,
-        d_model=d_model, n_head=d_model // 64, d_head=64, d_inner=4 * d_model, hidden_act="gelu_new",
-        dropout=0.1, dropatt=0.1, dropact=0.0, layer_norm_eps=1e-9, init_std=0.02, pooling_type="mean",
-        attention_type="factorized", separate_cls=True, truncate_seq=True, pool_q_only=True,
-        remat=large, dtype="bfloat16")
+        family="funnel",
+        vocab_size=30522,
+        block_sizes=block_sizes,
+        num_decoder_layers=2,
+        d_model=d_model,
+        n_head=d_model // 64,
+        d_head=64,
+        d_inner=4 * d_model,
+        hidden_act="gelu_new",
+        dropout=0.1,
+        dropatt=0.1,
+        dropact=0.0,
+        layer_norm_eps=1e-9,
+        init_std=0.02,
+        pooling_type="mean",
+        attention_type="factorized",
+        separate_cls=True,
+        truncate_seq=True,
+        pool_q_only=True,
+        remat=large,
+        dtype="bfloat16",
+    )
     c.objective = "funnel_electra" if objective == "electra" else "funnel_mlm"
     # The MLM / generator softmax runs only at the masked positions, as the original code's `num_predict` +
     # `target_mapping` (tensorflow/pretrain.py): the pipeline masks round(0.15 * chunk) <= ceil(0.15 * 512) = 77
     # tokens per row, so nothing is dropped, and the 30,522-way head costs 77/512 of a full-length one.
     c.objective_options.update(dict(disc_coeff=50.0, generator_width=0.25, max_predictions=77))
     c.data = data_pipelines.default_config("electra" if objective == "electra" else "mlm")
-    c.data.update(dict(source="data/funnel_pretrain", batch_size=8192 if large else 256,
-                       eval_batch_size=64, seq_len=512, mask_prob=0.15, eval_steps=100, vocab_size=30522))
-    c.optimizer.update(dict(name="adamw", learning_rate=2e-4 if large else 1e-4, warmup_steps=10_000,
-                            schedule="linear", min_lr_ratio=0.0, b1=0.9, b2=0.99, eps=1e-6, weight_decay=0.01,
-                            clip_norm=1.0))
+    c.data.update(
+        dict(
+            source="data/funnel_pretrain",
+            batch_size=8192 if large else 256,
+            eval_batch_size=64,
+            seq_len=512,
+            mask_prob=0.15,
+            eval_steps=100,
+            vocab_size=30522,
+        )
+    )
+    c.optimizer.update(
+        dict(
+            name="adamw",
+            learning_rate=2e-4 if large else 1e-4,
+            warmup_steps=10_000,
+            schedule="linear",
+            min_lr_ratio=0.0,
+            b1=0.9,
+            b2=0.99,
+            eps=1e-6,
+            weight_decay=0.01,
+            clip_norm=1.0,
+        )
+    )
     c.eval.update(dict(steps=100))
     c.mesh.update(dict(data=-1, fsdp=16 if large else 1, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=5000, keep=3, save_mems=False))
@@ -46,5 +84,3 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
     c.eval_every_steps = 10_000
     c.peak_flops_per_device = 61.5e12  # one TPU v3 TensorCore, bf16
     return c
-
-

@@ -5,6 +5,7 @@ ELECTRA (generator + disc_coeff * discriminator):
     xlgen train --config=configs/pretrain/funnel_tiny.py --config.objective=funnel_electra \\
         --config.data.pipeline=electra --workdir=/tmp/funnel_electra_tiny
 """
+
 import data_pipelines
 from xlgen.config import base_config
 
@@ -12,17 +13,46 @@ from xlgen.config import base_config
 def get_config():
     c = base_config()
     c.model = dict(
-        family="funnel", vocab_size=74, block_sizes=(2, 2, 2), num_decoder_layers=2, d_model=64, n_head=4,
-        d_head=16, d_inner=256, hidden_act="gelu_new", dropout=0.1, dropatt=0.1, dropact=0.0, layer_norm_eps=1e-9,
-        init_std=0.02, pooling_type="mean", attention_type="relative_shift", separate_cls=True, truncate_seq=True,
-        pool_q_only=True, remat=False, dtype="float32")
+        family="funnel",
+        vocab_size=74,
+        block_sizes=(2, 2, 2),
+        num_decoder_layers=2,
+        d_model=64,
+        n_head=4,
+        d_head=16,
+        d_inner=256,
+        hidden_act="gelu_new",
+        dropout=0.1,
+        dropatt=0.1,
+        dropact=0.0,
+        layer_norm_eps=1e-9,
+        init_std=0.02,
+        pooling_type="mean",
+        attention_type="relative_shift",
+        separate_cls=True,
+        truncate_seq=True,
+        pool_q_only=True,
+        remat=False,
+        dtype="float32",
+    )
     c.objective = "funnel_mlm"
     c.objective_options.update(dict(disc_coeff=50.0, generator_width=0.25))
     c.data = data_pipelines.default_config("mlm")
-    c.data.update(dict(source="tinyshakespeare", vocab="char", batch_size=8, eval_batch_size=8, seq_len=64,
-                       eval_steps=10))
-    c.optimizer.update(dict(learning_rate=1e-3, warmup_steps=20, schedule="poly", min_lr_ratio=0.0,
-                            clip_norm=1.0, b2=0.99, eps=1e-6, weight_decay=0.01))
+    c.data.update(
+        dict(source="tinyshakespeare", vocab="char", batch_size=8, eval_batch_size=8, seq_len=64, eval_steps=10)
+    )
+    c.optimizer.update(
+        dict(
+            learning_rate=1e-3,
+            warmup_steps=20,
+            schedule="poly",
+            min_lr_ratio=0.0,
+            clip_norm=1.0,
+            b2=0.99,
+            eps=1e-6,
+            weight_decay=0.01,
+        )
+    )
     c.eval.update(dict(steps=10))
     c.checkpoint.update(dict(every_steps=100, keep=3))
     c.total_steps = 200

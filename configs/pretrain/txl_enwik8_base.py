@@ -7,6 +7,7 @@ steps, clip 0.25; evaluation tgt 80 / mem 2100 / clamp 820.
     xlgen plan  --config=configs/pretrain/txl_enwik8_base.py --topology=v3:2x2
     xlgen train --config=configs/pretrain/txl_enwik8_base.py --workdir=DIR --config.data.source=PREPARED_DIR
 """
+
 import data_pipelines
 from xlgen.config import base_config
 
@@ -15,16 +16,35 @@ def get_config():
     c = base_config()
     c.model = dict(
         family="transformer_xl",
-        vocab_size=265, cutoffs=(), div_val=1,       # 9 special ids + 256 byte values (the original counts 204)
-        n_layer=12, d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048,
-        mem_len=512, clamp_len=-1, same_length=False, untie_r=True, proj_share_all_but_first=False,
-        tie_word_embeddings=True, dropout=0.1, dropatt=0.0, init_std=0.02, proj_init_std=0.01,
+        vocab_size=265,
+        cutoffs=(),
+        div_val=1,  # 9 special ids + 256 byte values (the original counts 204)
+        n_layer=12,
+        d_model=512,
+        d_embed=512,
+        n_head=8,
+        d_head=64,
+        d_inner=2048,
+        mem_len=512,
+        clamp_len=-1,
+        same_length=False,
+        untie_r=True,
+        proj_share_all_but_first=False,
+        tie_word_embeddings=True,
+        dropout=0.1,
+        dropatt=0.0,
+        init_std=0.02,
+        proj_init_std=0.01,
         layer_norm_epsilon=1e-5,
-        scan_layers=False, remat=False, dtype="bfloat16")
+        scan_layers=False,
+        remat=False,
+        dtype="bfloat16",
+    )
     c.data = data_pipelines.default_config("lm")
     c.data.update(dict(source="data/enwik8", batch_size=24, tgt_len=512, eval_batch_size=8, eval_tgt_len=80))
-    c.optimizer.update(dict(name="adam", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine",
-                            min_lr_ratio=0.004, clip_norm=0.25))
+    c.optimizer.update(
+        dict(name="adam", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine", min_lr_ratio=0.004, clip_norm=0.25)
+    )
     c.eval.update(dict(mem_len=2100, same_length=True, clamp_len=820, metric="bpc"))
     c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=5000, keep=3))

@@ -12,6 +12,7 @@ Data: `data.source` is a prepared byte-level enwik8 directory (`xlgen prepare`, 
 a v3 pod (not architecture): bfloat16 compute with float32 parameters, fully sharded parameters and optimizer state
 (mesh fsdp over all 32 cores, batch 2 rows per core).
 """
+
 import data_pipelines
 from xlgen.config import base_config
 
@@ -20,16 +21,37 @@ def get_config():
     c = base_config()
     c.model = dict(
         family="transformer_xl",
-        vocab_size=265, cutoffs=(), div_val=1,       # 9 special ids + 256 byte values (the original counts 204)
-        n_layer=24, d_model=1024, d_embed=1024, n_head=8, d_head=128, d_inner=3072,
-        mem_len=768, clamp_len=-1, same_length=False, untie_r=True, proj_share_all_but_first=False,
-        tie_word_embeddings=True, dropout=0.15, dropatt=0.15, init_std=0.02, proj_init_std=0.01,
+        vocab_size=265,
+        cutoffs=(),
+        div_val=1,  # 9 special ids + 256 byte values (the original counts 204)
+        n_layer=24,
+        d_model=1024,
+        d_embed=1024,
+        n_head=8,
+        d_head=128,
+        d_inner=3072,
+        mem_len=768,
+        clamp_len=-1,
+        same_length=False,
+        untie_r=True,
+        proj_share_all_but_first=False,
+        tie_word_embeddings=True,
+        dropout=0.15,
+        dropatt=0.15,
+        init_std=0.02,
+        proj_init_std=0.01,
         layer_norm_epsilon=1e-5,
-        scan_layers=True, remat=True, dtype="bfloat16")
+        scan_layers=True,
+        remat=True,
+        dtype="bfloat16",
+    )
     c.data = data_pipelines.default_config("lm")
     c.data.update(dict(source="data/enwik8", batch_size=64, tgt_len=768, eval_batch_size=16, eval_tgt_len=128))
-    c.optimizer.update(dict(name="adam", learning_rate=2.5e-4, warmup_steps=4000, schedule="cosine",
-                            min_lr_ratio=0.004, clip_norm=0.25))
+    c.optimizer.update(
+        dict(
+            name="adam", learning_rate=2.5e-4, warmup_steps=4000, schedule="cosine", min_lr_ratio=0.004, clip_norm=0.25
+        )
+    )
     c.eval.update(dict(mem_len=3800, same_length=True, clamp_len=1000, metric="bpc"))
     c.mesh.update(dict(data=1, fsdp=-1, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=5000, keep=3))

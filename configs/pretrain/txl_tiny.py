@@ -1,7 +1,8 @@
 """Transformer-XL, CPU-sized: character LM on the embedded tinyshakespeare corpus (no downloads).
 
-    xlgen train --config=configs/pretrain/txl_tiny.py --workdir=/tmp/txl_tiny
+xlgen train --config=configs/pretrain/txl_tiny.py --workdir=/tmp/txl_tiny
 """
+
 import data_pipelines
 from xlgen.config import base_config
 
@@ -10,15 +11,35 @@ def get_config():
     c = base_config()
     c.model = dict(
         family="transformer_xl",
-        vocab_size=74, cutoffs=(), div_val=1, d_model=64, d_embed=64, n_head=4, d_head=16, d_inner=256,
-        n_layer=2, mem_len=32, clamp_len=-1, same_length=False, untie_r=True, proj_share_all_but_first=False,
-        tie_word_embeddings=True, dropout=0.1, dropatt=0.0, init_std=0.02, proj_init_std=0.01,
-        layer_norm_epsilon=1e-5, scan_layers=False, remat=False, dtype="float32")
+        vocab_size=74,
+        cutoffs=(),
+        div_val=1,
+        d_model=64,
+        d_embed=64,
+        n_head=4,
+        d_head=16,
+        d_inner=256,
+        n_layer=2,
+        mem_len=32,
+        clamp_len=-1,
+        same_length=False,
+        untie_r=True,
+        proj_share_all_but_first=False,
+        tie_word_embeddings=True,
+        dropout=0.1,
+        dropatt=0.0,
+        init_std=0.02,
+        proj_init_std=0.01,
+        layer_norm_epsilon=1e-5,
+        scan_layers=False,
+        remat=False,
+        dtype="float32",
+    )
     c.data = data_pipelines.default_config("lm")
-    c.data.update(dict(source="tinyshakespeare", vocab="char", batch_size=8, tgt_len=32, eval_batch_size=8,
-                       eval_tgt_len=32))
-    c.optimizer.update(dict(learning_rate=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1,
-                            clip_norm=0.25))
+    c.data.update(
+        dict(source="tinyshakespeare", vocab="char", batch_size=8, tgt_len=32, eval_batch_size=8, eval_tgt_len=32)
+    )
+    c.optimizer.update(dict(learning_rate=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1, clip_norm=0.25))
     c.eval.update(dict(steps=20, mem_len=64, same_length=True))
     c.eval.metric = "bpc"
     c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))

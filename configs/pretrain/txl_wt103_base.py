@@ -7,6 +7,7 @@ tgt 64 / mem 640 / clamp 400 with same_length.
 
     xlgen plan  --config=configs/pretrain/txl_wt103_base.py --topology=v3:2x2
 """
+
 import data_pipelines
 from xlgen.config import base_config
 
@@ -15,17 +16,37 @@ def get_config():
     c = base_config()
     c.model = dict(
         family="transformer_xl",
-        vocab_size=267735, cutoffs=(20000, 40000, 200000), div_val=1,
-        n_layer=16, d_model=410, d_embed=410, n_head=10, d_head=41, d_inner=2100,
-        mem_len=150, clamp_len=-1, same_length=False, untie_r=True, proj_share_all_but_first=False,
-        tie_word_embeddings=True, dropout=0.1, dropatt=0.0, init_std=0.02, proj_init_std=0.01,
+        vocab_size=267735,
+        cutoffs=(20000, 40000, 200000),
+        div_val=1,
+        n_layer=16,
+        d_model=410,
+        d_embed=410,
+        n_head=10,
+        d_head=41,
+        d_inner=2100,
+        mem_len=150,
+        clamp_len=-1,
+        same_length=False,
+        untie_r=True,
+        proj_share_all_but_first=False,
+        tie_word_embeddings=True,
+        dropout=0.1,
+        dropatt=0.0,
+        init_std=0.02,
+        proj_init_std=0.01,
         layer_norm_epsilon=1e-5,
-        scan_layers=False, remat=False, dtype="bfloat16")
+        scan_layers=False,
+        remat=False,
+        dtype="bfloat16",
+    )
     c.data = data_pipelines.default_config("lm")
-    c.data.update(dict(source="data/wt103", vocab="word", batch_size=60, tgt_len=150, eval_batch_size=10,
-                       eval_tgt_len=64))
-    c.optimizer.update(dict(name="adam", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine",
-                            min_lr_ratio=0.0, clip_norm=0.25))
+    c.data.update(
+        dict(source="data/wt103", vocab="word", batch_size=60, tgt_len=150, eval_batch_size=10, eval_tgt_len=64)
+    )
+    c.optimizer.update(
+        dict(name="adam", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine", min_lr_ratio=0.0, clip_norm=0.25)
+    )
     c.eval.update(dict(mem_len=640, same_length=True, clamp_len=400, metric="ppl"))
     c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=5000, keep=3))

@@ -12,6 +12,7 @@ evaluation tgt 128 / mem 1600 / clamp 1000 with same_length.
 Data: `data.source` is a prepared word-level WikiText-103 directory (267,735 words; `xlgen prepare`, docs/data.md).
 Execution choices: bfloat16 compute, float32 parameters, parameters and optimizer state sharded over all 64 cores.
 """
+
 import data_pipelines
 from xlgen.config import base_config
 
@@ -20,17 +21,44 @@ def get_config():
     c = base_config()
     c.model = dict(
         family="transformer_xl",
-        vocab_size=267735, cutoffs=(20000, 40000, 200000), div_val=4,
-        n_layer=18, d_model=1024, d_embed=1024, n_head=16, d_head=64, d_inner=4096,
-        mem_len=384, clamp_len=-1, same_length=False, untie_r=True, proj_share_all_but_first=True,
-        tie_word_embeddings=True, dropout=0.2, dropatt=0.2, init_std=0.005, proj_init_std=0.01,
+        vocab_size=267735,
+        cutoffs=(20000, 40000, 200000),
+        div_val=4,
+        n_layer=18,
+        d_model=1024,
+        d_embed=1024,
+        n_head=16,
+        d_head=64,
+        d_inner=4096,
+        mem_len=384,
+        clamp_len=-1,
+        same_length=False,
+        untie_r=True,
+        proj_share_all_but_first=True,
+        tie_word_embeddings=True,
+        dropout=0.2,
+        dropatt=0.2,
+        init_std=0.005,
+        proj_init_std=0.01,
         layer_norm_epsilon=1e-5,
-        scan_layers=True, remat=True, dtype="bfloat16")
+        scan_layers=True,
+        remat=True,
+        dtype="bfloat16",
+    )
     c.data = data_pipelines.default_config("lm")
-    c.data.update(dict(source="data/wt103", vocab="word", batch_size=128, tgt_len=384, eval_batch_size=16,
-                       eval_tgt_len=128))
-    c.optimizer.update(dict(name="adam", learning_rate=2.5e-4, warmup_steps=16_000, schedule="cosine",
-                            min_lr_ratio=0.004, clip_norm=0.25))
+    c.data.update(
+        dict(source="data/wt103", vocab="word", batch_size=128, tgt_len=384, eval_batch_size=16, eval_tgt_len=128)
+    )
+    c.optimizer.update(
+        dict(
+            name="adam",
+            learning_rate=2.5e-4,
+            warmup_steps=16_000,
+            schedule="cosine",
+            min_lr_ratio=0.004,
+            clip_norm=0.25,
+        )
+    )
     c.eval.update(dict(mem_len=1600, same_length=True, clamp_len=1000, metric="ppl"))
     c.mesh.update(dict(data=1, fsdp=-1, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=10_000, keep=3))

@@ -13,6 +13,7 @@ Execution choices for a v3 pod (not architecture; `xlgen plan` shows they fit 16
 with float32 parameters and Adam moments, layers scanned and rematerialised, parameters + optimizer state sharded
 16-way (mesh.fsdp) inside groups that are replicated data-parallel (mesh.data fills the rest), 2 rows per core.
 """
+
 import data_pipelines
 from xlgen.config import base_config
 
@@ -22,16 +23,62 @@ BATCH_SIZE = 2048
 def get_config(batch_size: int = BATCH_SIZE):
     c = base_config()
     c.model = dict(
-        family="xlnet", vocab_size=32000, d_model=1024, n_layer=24, n_head=16, d_head=64, d_inner=4096,
-        ff_activation="gelu", untie_r=True, attn_type="bi", initializer_range=0.02, layer_norm_eps=1e-12,
-        dropout=0.1, dropatt=0.1, mem_len=384, reuse_len=256, bi_data=True, clamp_len=-1, same_length=False,
-        scan_layers=True, remat=True, dtype="bfloat16")
+        family="xlnet",
+        vocab_size=32000,
+        d_model=1024,
+        n_layer=24,
+        n_head=16,
+        d_head=64,
+        d_inner=4096,
+        ff_activation="gelu",
+        untie_r=True,
+        attn_type="bi",
+        initializer_range=0.02,
+        layer_norm_eps=1e-12,
+        dropout=0.1,
+        dropatt=0.1,
+        mem_len=384,
+        reuse_len=256,
+        bi_data=True,
+        clamp_len=-1,
+        same_length=False,
+        scan_layers=True,
+        remat=True,
+        dtype="bfloat16",
+    )
     c.data = data_pipelines.default_config("xlnet")
-    c.data.update(dict(source="data/xlnet_pretrain", batch_size=batch_size, eval_batch_size=64, seq_len=512,
-                       reuse_len=256, perm_size=256, num_predict=85, mask_alpha=6, mask_beta=1, max_gram=5,
-                       bi_data=True, span_unit="piece", eval_steps=100, vocab_size=32000))
-    c.optimizer.update(dict(name="adamw", learning_rate=4e-4, warmup_steps=40_000, schedule="linear",
-                            min_lr_ratio=0.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))
+    c.data.update(
+        dict(
+            source="data/xlnet_pretrain",
+            batch_size=batch_size,
+            eval_batch_size=64,
+            seq_len=512,
+            reuse_len=256,
+            perm_size=256,
+            num_predict=85,
+            mask_alpha=6,
+            mask_beta=1,
+            max_gram=5,
+            bi_data=True,
+            span_unit="piece",
+            eval_steps=100,
+            vocab_size=32000,
+        )
+    )
+    c.optimizer.update(
+        dict(
+            name="adamw",
+            learning_rate=4e-4,
+            warmup_steps=40_000,
+            schedule="linear",
+            min_lr_ratio=0.0,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            weight_decay=0.01,
+            clip_norm=1.0,
+        )
+    )
     c.eval.update(dict(steps=100))
     c.mesh.update(dict(data=-1, fsdp=16, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=5000, keep=3, save_mems=True))

@@ -5,8 +5,9 @@ differs (8 rows per v3 core). Paper appendix (v2): lr 4e-4, 40K warmup, linear d
 
     xlgen plan  --config=configs/pretrain/xlnet_large_bsz8192.py --topology=v3:16x32
 """
-import os
+
 import importlib.util
+import os
 
 _spec = importlib.util.spec_from_file_location("xlnet_large", os.path.join(os.path.dirname(__file__), "xlnet_large.py"))
 _large = importlib.util.module_from_spec(_spec)

@@ -59,7 +59,9 @@ def read_zhang_csv(task: str, data_dir: str, split: str) -> List[TextExample]:
                 raise TaskDataError(f"{where(path, reader.line_num)}: malformed CSV ({e})") from None
             line = reader.line_num
             if len(row) < 2:
-                raise TaskDataError(f"{where(path, line)}: expected a label and at least one text field, got {len(row)} fields")
+                raise TaskDataError(
+                    f"{where(path, line)}: expected a label and at least one text field, got {len(row)} fields"
+                )
             try:
                 label = int(row[0]) - 1
             except ValueError:

@@ -22,6 +22,7 @@ def where(path: str, line: int | None = None, record: str | None = None) -> str:
 class TextExample:
     """One (pair of) text(s) with a label: GLUE and long-text classification. `label` is an int class index,
     a float (regression) or None (unlabelled test split). `guid` is the id used in submission files."""
+
     guid: str
     text_a: str
     text_b: Optional[str]
@@ -32,6 +33,7 @@ class TextExample:
 class ChoiceExample:
     """RACE: one question with its options. `endings[k]` is the question completed with option k (the original's
     "_"-filling or "question option" concatenation)."""
+
     guid: str
     context: str
     endings: Tuple[str, ...]
@@ -43,6 +45,7 @@ class ChoiceExample:
 class SquadExample:
     """One SQuAD question. `answers` are (text, char_start) into `context`; empty for unanswerable (v2.0) and for
     test files."""
+
     qas_id: str
     question: str
     context: str

@@ -29,8 +29,9 @@ def truncate_pair(a: List[int], b: List[int], max_total: int) -> Tuple[List[int]
     return a, b
 
 
-def pack(tokenizer, ids_a: Sequence[int], ids_b: Optional[Sequence[int]], max_seq_length: int
-         ) -> Tuple[List[int], List[int], List[int]]:
+def pack(
+    tokenizer, ids_a: Sequence[int], ids_b: Optional[Sequence[int]], max_seq_length: int
+) -> Tuple[List[int], List[int], List[int]]:
     """(input_ids, token_type_ids, attention_mask) of one already-truncated input, length `max_seq_length`."""
     ids_a = list(ids_a)
     if tokenizer.style == "xlnet":
@@ -56,8 +57,9 @@ def pack(tokenizer, ids_a: Sequence[int], ids_b: Optional[Sequence[int]], max_se
     return body + [tokenizer.pad_id] * pad, seg + [0] * pad, [1] * len(body) + [0] * pad
 
 
-def text_features(examples: Sequence[TextExample], tokenizer, *, max_seq_length: int,
-                  regression: bool = False) -> Dict[str, np.ndarray]:
+def text_features(
+    examples: Sequence[TextExample], tokenizer, *, max_seq_length: int, regression: bool = False
+) -> Dict[str, np.ndarray]:
     """input_ids / token_type_ids / attention_mask [N, L] int32 and labels [N] (int32, float32 for regression;
     -1 / NaN for unlabelled test rows)."""
     ids, segs, masks, labels = [], [], [], []
@@ -66,19 +68,22 @@ def text_features(examples: Sequence[TextExample], tokenizer, *, max_seq_length:
         if ex.text_b is not None:
             a, b = truncate_pair(a, tokenizer.encode(ex.text_b), max_seq_length - 3)
         else:
-            a, b = a[:max_seq_length - 2], None
+            a, b = a[: max_seq_length - 2], None
         i, s, m = pack(tokenizer, a, b, max_seq_length)
         ids.append(i), segs.append(s), masks.append(m)
         labels.append((np.nan if regression else -1) if ex.label is None else ex.label)
     L = max_seq_length
-    return {"input_ids": np.asarray(ids, np.int32).reshape(-1, L),
-            "token_type_ids": np.asarray(segs, np.int32).reshape(-1, L),
-            "attention_mask": np.asarray(masks, np.int32).reshape(-1, L),
-            "labels": np.asarray(labels, np.float32 if regression else np.int32)}
+    return {
+        "input_ids": np.asarray(ids, np.int32).reshape(-1, L),
+        "token_type_ids": np.asarray(segs, np.int32).reshape(-1, L),
+        "attention_mask": np.asarray(masks, np.int32).reshape(-1, L),
+        "labels": np.asarray(labels, np.float32 if regression else np.int32),
+    }
 
 
-def choice_features(examples: Sequence[ChoiceExample], tokenizer, *, max_seq_length: int,
-                    max_qa_length: int = 128) -> Dict[str, np.ndarray]:
+def choice_features(
+    examples: Sequence[ChoiceExample], tokenizer, *, max_seq_length: int, max_qa_length: int = 128
+) -> Dict[str, np.ndarray]:
     """RACE: input_ids / token_type_ids / attention_mask [N, num_options, L], labels [N] (-1 unlabelled),
     level [N] (0 = middle, 1 = high)."""
     out = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask", "labels", "level")}
@@ -87,7 +92,7 @@ def choice_features(examples: Sequence[ChoiceExample], tokenizer, *, max_seq_len
         per = [[], [], []]
         for ending in ex.endings:
             qa = tokenizer.encode(ending)[-max_qa_length:]
-            c = ctx[:max_seq_length - 3 - len(qa)]
+            c = ctx[: max_seq_length - 3 - len(qa)]
             for lst, v in zip(per, pack(tokenizer, c, qa, max_seq_length)):
                 lst.append(v)
         for k, v in zip(("input_ids", "token_type_ids", "attention_mask"), per):
@@ -95,8 +100,10 @@ def choice_features(examples: Sequence[ChoiceExample], tokenizer, *, max_seq_len
         out["labels"].append(-1 if ex.label is None else ex.label)
         out["level"].append(1 if ex.level == "high" else 0)
     n_opt = len(examples[0].endings) if examples else 4
-    arrays = {k: np.asarray(out[k], np.int32).reshape(-1, n_opt, max_seq_length)
-              for k in ("input_ids", "token_type_ids", "attention_mask")}
+    arrays = {
+        k: np.asarray(out[k], np.int32).reshape(-1, n_opt, max_seq_length)
+        for k in ("input_ids", "token_type_ids", "attention_mask")
+    }
     arrays["labels"] = np.asarray(out["labels"], np.int32)
     arrays["level"] = np.asarray(out["level"], np.int32)
     return arrays

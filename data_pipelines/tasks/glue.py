@@ -18,12 +18,12 @@ from data_pipelines.tasks.examples import TaskDataError, TextExample, where
 
 @dataclasses.dataclass(frozen=True)
 class GlueSpec:
-    text_a: str                       # header name of the first sentence
-    text_b: Optional[str]             # second sentence, None for single-sentence tasks
-    label: Optional[str]              # header name of the label ("@last" = last column)
+    text_a: str  # header name of the first sentence
+    text_b: Optional[str]  # second sentence, None for single-sentence tasks
+    label: Optional[str]  # header name of the label ("@last" = last column)
     labels: Optional[Tuple[str, ...]]  # label strings in class-index order; None = regression
-    test_id: str = "index"            # id column of test.tsv (used in the submission file)
-    submission: str = ""              # submission file stem, e.g. "CoLA"
+    test_id: str = "index"  # id column of test.tsv (used in the submission file)
+    submission: str = ""  # submission file stem, e.g. "CoLA"
     splits: Tuple[Tuple[str, str], ...] = (("train", "train.tsv"), ("dev", "dev.tsv"), ("test", "test.tsv"))
 
 
@@ -36,9 +36,20 @@ GLUE_TASKS: Dict[str, GlueSpec] = {
     "mrpc": GlueSpec("#1 String", "#2 String", "Quality", ("0", "1"), submission="MRPC"),
     "stsb": GlueSpec("sentence1", "sentence2", "score", None, submission="STS-B"),
     "qqp": GlueSpec("question1", "question2", "is_duplicate", ("0", "1"), test_id="id", submission="QQP"),
-    "mnli": GlueSpec("sentence1", "sentence2", "gold_label", _NLI3, submission="MNLI",
-                     splits=(("train", "train.tsv"), ("dev", "dev_matched.tsv"), ("dev_mismatched", "dev_mismatched.tsv"),
-                             ("test", "test_matched.tsv"), ("test_mismatched", "test_mismatched.tsv"))),
+    "mnli": GlueSpec(
+        "sentence1",
+        "sentence2",
+        "gold_label",
+        _NLI3,
+        submission="MNLI",
+        splits=(
+            ("train", "train.tsv"),
+            ("dev", "dev_matched.tsv"),
+            ("dev_mismatched", "dev_mismatched.tsv"),
+            ("test", "test_matched.tsv"),
+            ("test_mismatched", "test_mismatched.tsv"),
+        ),
+    ),
     "qnli": GlueSpec("question", "sentence", "label", _RTE, submission="QNLI"),
     "rte": GlueSpec("sentence1", "sentence2", "label", _RTE, submission="RTE"),
     "wnli": GlueSpec("sentence1", "sentence2", "label", ("0", "1"), submission="WNLI"),
@@ -99,8 +110,10 @@ def read_glue(task: str, data_dir: str, split: str, *, skip_malformed: bool = Fa
         fields = line.split("\t")
         try:
             if len(fields) != len(header):
-                raise TaskDataError(f"{where(path, lineno)}: expected {len(header)} tab-separated fields "
-                                    f"({'headerless CoLA layout' if headerless else 'as in the header'}), got {len(fields)}")
+                raise TaskDataError(
+                    f"{where(path, lineno)}: expected {len(header)} tab-separated fields "
+                    f"({'headerless CoLA layout' if headerless else 'as in the header'}), got {len(fields)}"
+                )
             label = None
             if il is not None:
                 raw = fields[il].strip()
@@ -108,11 +121,14 @@ def read_glue(task: str, data_dir: str, split: str, *, skip_malformed: bool = Fa
                     try:
                         label = float(raw)
                     except ValueError:
-                        raise TaskDataError(f"{where(path, lineno)}: score {raw!r} is not a number (glue/{task})") from None
+                        raise TaskDataError(
+                            f"{where(path, lineno)}: score {raw!r} is not a number (glue/{task})"
+                        ) from None
                 else:
                     if raw not in spec.labels:
-                        raise TaskDataError(f"{where(path, lineno)}: label {raw!r} is not one of {list(spec.labels)} "
-                                            f"(glue/{task})")
+                        raise TaskDataError(
+                            f"{where(path, lineno)}: label {raw!r} is not one of {list(spec.labels)} (glue/{task})"
+                        )
                     label = spec.labels.index(raw)
         except TaskDataError:
             if not skip_malformed:

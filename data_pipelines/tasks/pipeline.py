@@ -18,8 +18,16 @@ Features = Dict[str, np.ndarray]
 
 
 class FeaturePipeline:
-    def __init__(self, features: Features, *, global_batch_size: int, seed: int = 0, process_index: int = 0,
-                 process_count: int = 1, keys=None):
+    def __init__(
+        self,
+        features: Features,
+        *,
+        global_batch_size: int,
+        seed: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+        keys=None,
+    ):
         self.features = {k: v for k, v in features.items() if keys is None or k in keys}
         self.num_examples = len(next(iter(self.features.values())))
         if self.num_examples == 0:

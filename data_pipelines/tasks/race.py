@@ -35,8 +35,9 @@ def read_race(data_dir: str, split: str, levels: Sequence[str] = LEVELS) -> List
                     raise TaskDataError(f"{path}: missing key {key!r}")
             qs, opts, ans = doc["questions"], doc["options"], doc["answers"]
             if not (len(qs) == len(opts) == len(ans)):
-                raise TaskDataError(f"{path}: {len(qs)} questions, {len(opts)} option lists and {len(ans)} answers "
-                                    "(must be equal)")
+                raise TaskDataError(
+                    f"{path}: {len(qs)} questions, {len(opts)} option lists and {len(ans)} answers (must be equal)"
+                )
             base = doc.get("id", os.path.basename(path))
             for i, (q, options, a) in enumerate(zip(qs, opts, ans)):
                 rec = where(path, record=f"questions[{i}]")

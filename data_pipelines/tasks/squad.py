@@ -59,13 +59,17 @@ def read_squad(path: str, *, version: str, require_answers: bool) -> List[SquadE
                 if impossible and version == "v1.1":
                     raise TaskDataError(f"{where(path, record=qrec)}: is_impossible in a SQuAD v1.1 task")
                 answers = []
-                for ans in ([] if impossible else qa.get("answers", [])):
+                for ans in [] if impossible else qa.get("answers", []):
                     text, start = ans.get("text"), ans.get("answer_start")
                     if not isinstance(text, str) or not isinstance(start, int):
-                        raise TaskDataError(f"{where(path, record=qrec)}: answer needs 'text' (str) and 'answer_start' (int)")
-                    if context[start:start + len(text)] != text:
-                        raise TaskDataError(f"{where(path, record=qrec)}: answer {text!r} is not at answer_start={start} "
-                                            f"(context has {context[start:start + len(text)]!r})")
+                        raise TaskDataError(
+                            f"{where(path, record=qrec)}: answer needs 'text' (str) and 'answer_start' (int)"
+                        )
+                    if context[start : start + len(text)] != text:
+                        raise TaskDataError(
+                            f"{where(path, record=qrec)}: answer {text!r} is not at answer_start={start} "
+                            f"(context has {context[start : start + len(text)]!r})"
+                        )
                     answers.append((text, start))
                 if require_answers and not impossible and not answers:
                     raise TaskDataError(f"{where(path, record=qrec)}: answerable question without answers")
@@ -86,17 +90,39 @@ def _max_context(spans: List[Tuple[int, int]], span_index: int, pos: int) -> boo
     return best_index == span_index
 
 
-def squad_features(examples: List[SquadExample], tokenizer, *, max_seq_length: int = 512, doc_stride: int = 128,
-                   max_query_length: int = 64, is_training: bool) -> Dict[str, np.ndarray]:
+def squad_features(
+    examples: List[SquadExample],
+    tokenizer,
+    *,
+    max_seq_length: int = 512,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    is_training: bool,
+) -> Dict[str, np.ndarray]:
     """Windows of every example. Model inputs: input_ids, token_type_ids, attention_mask (1 = real), p_mask,
     cls_index, start_positions, end_positions, is_impossible. Metadata: example_index, tok_start_char,
     tok_end_char (original character span of each position, -1 off-paragraph), tok_doc_index (piece index in the
     paragraph, -1 off-paragraph), max_context."""
     style = tokenizer.style
     L = max_seq_length
-    out: Dict[str, list] = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index",
-                                            "start_positions", "end_positions", "is_impossible", "example_index",
-                                            "tok_start_char", "tok_end_char", "tok_doc_index", "max_context")}
+    out: Dict[str, list] = {
+        k: []
+        for k in (
+            "input_ids",
+            "token_type_ids",
+            "attention_mask",
+            "p_mask",
+            "cls_index",
+            "start_positions",
+            "end_positions",
+            "is_impossible",
+            "example_index",
+            "tok_start_char",
+            "tok_end_char",
+            "tok_doc_index",
+            "max_context",
+        )
+    }
     for ex_index, ex in enumerate(examples):
         q_ids = tokenizer.encode(ex.question)[:max_query_length]
         d_ids, d_starts, d_ends = tokenizer.encode_with_offsets(ex.context)
@@ -133,25 +159,36 @@ def squad_features(examples: List[SquadExample], tokenizer, *, max_seq_length: i
                 seg = seg + [0] * pad
                 mask = [1] * len(body) + [0] * pad
             p_mask = np.ones(L, np.float32)
-            p_mask[p_off:p_off + n] = 0
+            p_mask[p_off : p_off + n] = 0
             p_mask[cls_pos] = 0
             tsc = np.full(L, -1, np.int32)
             tec = np.full(L, -1, np.int32)
             mc = np.zeros(L, bool)
             tdi = np.full(L, -1, np.int32)
-            tdi[p_off:p_off + n] = window
-            tsc[p_off:p_off + n] = [d_starts[i] for i in window]
-            tec[p_off:p_off + n] = [d_ends[i] for i in window]
-            mc[p_off:p_off + n] = [_max_context(spans, span_index, i) for i in window]
+            tdi[p_off : p_off + n] = window
+            tsc[p_off : p_off + n] = [d_starts[i] for i in window]
+            tec[p_off : p_off + n] = [d_ends[i] for i in window]
+            mc[p_off : p_off + n] = [_max_context(spans, span_index, i) for i in window]
             impossible = True
             sp = ep = cls_pos
             if tok_answer is not None and s0 <= tok_answer[0] and tok_answer[1] < s0 + n:
                 impossible = False
                 sp, ep = tok_answer[0] - s0 + p_off, tok_answer[1] - s0 + p_off
-            for k, v in (("input_ids", ids), ("token_type_ids", seg), ("attention_mask", mask), ("p_mask", p_mask),
-                         ("cls_index", cls_pos), ("start_positions", sp), ("end_positions", ep),
-                         ("is_impossible", float(impossible)), ("example_index", ex_index),
-                         ("tok_start_char", tsc), ("tok_end_char", tec), ("tok_doc_index", tdi), ("max_context", mc)):
+            for k, v in (
+                ("input_ids", ids),
+                ("token_type_ids", seg),
+                ("attention_mask", mask),
+                ("p_mask", p_mask),
+                ("cls_index", cls_pos),
+                ("start_positions", sp),
+                ("end_positions", ep),
+                ("is_impossible", float(impossible)),
+                ("example_index", ex_index),
+                ("tok_start_char", tsc),
+                ("tok_end_char", tec),
+                ("tok_doc_index", tdi),
+                ("max_context", mc),
+            ):
                 out[k].append(v)
     dtypes = {"p_mask": np.float32, "is_impossible": np.float32, "max_context": bool}
     return {k: np.asarray(v, dtype=dtypes.get(k, np.int32)) for k, v in out.items()}

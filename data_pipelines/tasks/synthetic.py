@@ -18,24 +18,52 @@ from typing import Iterable, List
 
 import numpy as np
 
-FILLER = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud paper garden "
-          "window yellow silent market").split()
+FILLER = (
+    "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud paper garden "
+    "window yellow silent market"
+).split()
 CUES = (("awful", "poor", "bad"), ("great", "lovely", "good"), ("maybe", "perhaps", "unclear"))
 
 _HEADERS = {
     "sst2": ["sentence", "label"],
     "mrpc": ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
-    "stsb": ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2", "score"],
+    "stsb": [
+        "index",
+        "genre",
+        "filename",
+        "year",
+        "old_index",
+        "source1",
+        "source2",
+        "sentence1",
+        "sentence2",
+        "score",
+    ],
     "qqp": ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
-    "mnli": ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-             "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"],
+    "mnli": [
+        "index",
+        "promptID",
+        "pairID",
+        "genre",
+        "sentence1_binary_parse",
+        "sentence2_binary_parse",
+        "sentence1_parse",
+        "sentence2_parse",
+        "sentence1",
+        "sentence2",
+        "label1",
+        "gold_label",
+    ],
     "qnli": ["index", "question", "sentence", "label"],
     "rte": ["index", "sentence1", "sentence2", "label"],
     "wnli": ["index", "sentence1", "sentence2", "label"],
 }
-_TEST_HEADERS = {"cola": ["index", "sentence"], "sst2": ["index", "sentence"],
-                 "mrpc": ["index", "#1 ID", "#2 ID", "#1 String", "#2 String"],
-                 "qqp": ["id", "question1", "question2"]}
+_TEST_HEADERS = {
+    "cola": ["index", "sentence"],
+    "sst2": ["index", "sentence"],
+    "mrpc": ["index", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+    "qqp": ["id", "question1", "question2"],
+}
 
 
 def _sentence(rng, cue=None, n=8) -> str:
@@ -67,13 +95,40 @@ def write_glue(data_dir: str, task: str, *, n_train: int = 64, n_dev: int = 32, 
                 label_str = spec.labels[k]
                 cue = str(rng.choice(CUES[k % len(CUES)]))
             a, b = _sentence(rng, cue), _sentence(rng)
-            row = {"sentence": a, "label": label_str, "Quality": label_str, "#1 ID": str(i), "#2 ID": str(i + 1),
-                   "#1 String": a, "#2 String": b, "index": str(i), "genre": "g", "filename": "f", "year": "y",
-                   "old_index": str(i), "source1": "s", "source2": "s", "sentence1": a, "sentence2": b,
-                   "score": label_str, "id": str(i), "qid1": str(2 * i), "qid2": str(2 * i + 1), "question1": a,
-                   "question2": b, "is_duplicate": label_str, "promptID": str(i), "pairID": str(i),
-                   "sentence1_binary_parse": a, "sentence2_binary_parse": b, "sentence1_parse": a,
-                   "sentence2_parse": b, "label1": label_str, "gold_label": label_str, "question": b}
+            row = {
+                "sentence": a,
+                "label": label_str,
+                "Quality": label_str,
+                "#1 ID": str(i),
+                "#2 ID": str(i + 1),
+                "#1 String": a,
+                "#2 String": b,
+                "index": str(i),
+                "genre": "g",
+                "filename": "f",
+                "year": "y",
+                "old_index": str(i),
+                "source1": "s",
+                "source2": "s",
+                "sentence1": a,
+                "sentence2": b,
+                "score": label_str,
+                "id": str(i),
+                "qid1": str(2 * i),
+                "qid2": str(2 * i + 1),
+                "question1": a,
+                "question2": b,
+                "is_duplicate": label_str,
+                "promptID": str(i),
+                "pairID": str(i),
+                "sentence1_binary_parse": a,
+                "sentence2_binary_parse": b,
+                "sentence1_parse": a,
+                "sentence2_parse": b,
+                "label1": label_str,
+                "gold_label": label_str,
+                "question": b,
+            }
             if task == "qnli":
                 row["question"], row["sentence"] = a, b
             rows.append(row)
@@ -81,9 +136,9 @@ def write_glue(data_dir: str, task: str, *, n_train: int = 64, n_dev: int = 32, 
             lines = [f"src\t{r['label']}\t{'*' if r['label'] == '0' else ''}\t{r['sentence']}" for r in rows]
         else:
             if is_test:
-                header = _TEST_HEADERS.get(task) or ["index"] + [c for c in _HEADERS[task]
-                                                                 if c not in ("label", "score", "gold_label", "label1",
-                                                                              "index")]
+                header = _TEST_HEADERS.get(task) or ["index"] + [
+                    c for c in _HEADERS[task] if c not in ("label", "score", "gold_label", "label1", "index")
+                ]
                 if task == "stsb":
                     header = _HEADERS["stsb"][:-1]
             else:
@@ -97,8 +152,9 @@ _SYLLABLES = "ka lo mi ne ru ta vo si pe du fa go hi ju ze".split()
 PSEUDO_WORDS = [a + b for a in _SYLLABLES for b in _SYLLABLES]
 
 
-def squad_json(version: str, *, n_paragraphs: int = 8, questions_per_paragraph: int = 3, context_words: int = 60,
-               seed: int = 0) -> dict:
+def squad_json(
+    version: str, *, n_paragraphs: int = 8, questions_per_paragraph: int = 3, context_words: int = 60, seed: int = 0
+) -> dict:
     """Contexts of pseudo-words (plus accented / quoted / punctuated words to exercise the alignment). A question
     "what follows W ?" is answered by the 1-3 words after the word W, which occurs once in the context; an
     unanswerable (v2.0) question asks about a word that does not occur."""
@@ -118,11 +174,18 @@ def squad_json(version: str, *, n_paragraphs: int = 8, questions_per_paragraph: 
             impossible = version == "v2.0" and rng.random() < 0.3
             i = int(rng.choice(unique))
             n = int(rng.integers(1, 4))
-            text = " ".join(words[i:i + n])
+            text = " ".join(words[i : i + n])
             cue = str(rng.choice(absent)) if impossible else words[i - 1]
-            qa = {"id": f"q{qid}", "question": f"what follows {cue} ?",
-                  "answers": [] if impossible else [{"text": text, "answer_start": int(starts[i])},
-                                                    {"text": words[i], "answer_start": int(starts[i])}]}
+            qa = {
+                "id": f"q{qid}",
+                "question": f"what follows {cue} ?",
+                "answers": []
+                if impossible
+                else [
+                    {"text": text, "answer_start": int(starts[i])},
+                    {"text": words[i], "answer_start": int(starts[i])},
+                ],
+            }
             if version == "v2.0":
                 qa["is_impossible"] = bool(impossible)
             qas.append(qa)
@@ -158,8 +221,10 @@ def write_race(data_dir: str, *, n_articles: int = 6, seed: int = 0, splits=("tr
                     opts.append(options)
                     ans.append("ABCD"[int(np.where(order == 3)[0][0])])
                 with open(os.path.join(d, f"{a}.txt"), "w", encoding="utf-8") as f:
-                    json.dump({"id": f"{level}{a}.txt", "article": article, "questions": qs, "options": opts,
-                               "answers": ans}, f)
+                    json.dump(
+                        {"id": f"{level}{a}.txt", "article": article, "questions": qs, "options": opts, "answers": ans},
+                        f,
+                    )
 
 
 def train_sentencepiece(texts: Iterable[str], path: str | None = None, *, vocab_size: int = 200) -> bytes:
@@ -169,10 +234,16 @@ def train_sentencepiece(texts: Iterable[str], path: str | None = None, *, vocab_
 
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(list(texts)), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
-        character_coverage=1.0, control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>"],
-        user_defined_symbols=["<eop>", ".", "(", ")", '"', "-", "–", "£", "€", ","], hard_vocab_limit=False,
-        minloglevel=2)
+        sentence_iterator=iter(list(texts)),
+        model_writer=buf,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>"],
+        user_defined_symbols=["<eop>", ".", "(", ")", '"', "-", "–", "£", "€", ","],
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
     proto = buf.getvalue()
     if path:
         with open(path, "wb") as f:
@@ -183,6 +254,7 @@ def train_sentencepiece(texts: Iterable[str], path: str | None = None, *, vocab_
 def corpus_for(data_dir: str) -> List[str]:
     """All text of the task files under `data_dir` (to train a matching tiny tokenizer): TSV/CSV lines, and the
     string values of JSON files (SQuAD, RACE)."""
+
     def strings(x):
         if isinstance(x, str):
             yield x

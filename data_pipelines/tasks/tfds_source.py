@@ -17,7 +17,7 @@ this project's label order (TFDS MNLI orders entailment/neutral/contradiction; G
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from data_pipelines.tasks.examples import ChoiceExample, SquadExample, TaskDataError, TextExample
 
@@ -30,13 +30,23 @@ _TFDS_GLUE_NAMES = {
     "qnli": ("entailment", "not_entailment"),
     "rte": ("entailment", "not_entailment"),
 }
-_GLUE_FIELDS = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
-                "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"),
-                "mnli": ("premise", "hypothesis"), "qnli": ("question", "sentence"),
-                "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2"),
-                "ax": ("premise", "hypothesis")}
-_CLS = {"imdb": ("imdb_reviews", ("text",)), "yelp2": ("yelp_polarity_reviews", ("text",)),
-        "ag": ("ag_news_subset", ("title", "description"))}
+_GLUE_FIELDS = {
+    "cola": ("sentence", None),
+    "sst2": ("sentence", None),
+    "mrpc": ("sentence1", "sentence2"),
+    "stsb": ("sentence1", "sentence2"),
+    "qqp": ("question1", "question2"),
+    "mnli": ("premise", "hypothesis"),
+    "qnli": ("question", "sentence"),
+    "rte": ("sentence1", "sentence2"),
+    "wnli": ("sentence1", "sentence2"),
+    "ax": ("premise", "hypothesis"),
+}
+_CLS = {
+    "imdb": ("imdb_reviews", ("text",)),
+    "yelp2": ("yelp_polarity_reviews", ("text",)),
+    "ag": ("ag_news_subset", ("title", "description")),
+}
 
 
 def _s(x) -> str:
@@ -49,16 +59,18 @@ def _source(name: str, split: str, data_dir: Optional[str]):
     try:
         return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
     except Exception as e:  # not prepared / not array_record: say what to do
-        raise FileNotFoundError(f"tfds:{name} split {split!r} (data_dir={data_dir or 'default'}): cannot open a "
-                                f"prepared ArrayRecord dataset ({type(e).__name__}: {e}). Prepare it once with "
-                                f"tfds.builder({name!r}).download_and_prepare(file_format='array_record').") from e
+        raise FileNotFoundError(
+            f"tfds:{name} split {split!r} (data_dir={data_dir or 'default'}): cannot open a "
+            f"prepared ArrayRecord dataset ({type(e).__name__}: {e}). Prepare it once with "
+            f"tfds.builder({name!r}).download_and_prepare(file_format='array_record')."
+        ) from e
 
 
 def read_tfds(task_name: str, split: str, data_dir: str) -> List[Any]:
     """Examples of `task_name`/`split` from the TFDS directory in `data_dir` ("tfds:[DIR]")."""
     from data_pipelines.tasks.glue import GLUE_TASKS
 
-    root = data_dir[len(TFDS_PREFIX):] if data_dir.startswith(TFDS_PREFIX) else data_dir
+    root = data_dir[len(TFDS_PREFIX) :] if data_dir.startswith(TFDS_PREFIX) else data_dir
     if task_name.startswith("glue/"):
         t = task_name[5:]
         tsplit = {"dev": "validation", "dev_mismatched": "validation_mismatched", "test_mismatched": "test_mismatched"}
@@ -93,9 +105,11 @@ def read_tfds(task_name: str, split: str, data_dir: str) -> List[Any]:
             texts = [_s(t) for t in r["answers"]["text"]]
             starts = [int(s) for s in r["answers"]["answer_start"]]
             for t, s in zip(texts, starts):
-                if ctx[s:s + len(t)] != t:
-                    raise TaskDataError(f"tfds:{task_name}[{split}] record {i} (id {_s(r['id'])}): answer {t!r} "
-                                        f"is not at answer_start={s}")
+                if ctx[s : s + len(t)] != t:
+                    raise TaskDataError(
+                        f"tfds:{task_name}[{split}] record {i} (id {_s(r['id'])}): answer {t!r} "
+                        f"is not at answer_start={s}"
+                    )
             impossible = bool(r.get("is_impossible", not texts)) if task_name.endswith("v2.0") else False
             out.append(SquadExample(_s(r["id"]), _s(r["question"]), ctx, tuple(zip(texts, starts)), impossible))
         return out
@@ -111,12 +125,22 @@ def read_tfds(task_name: str, split: str, data_dir: str) -> List[Any]:
                     opts = [_s(o) for o in options]
                     endings = tuple(question.replace("_", o) if "_" in question else f"{question} {o}" for o in opts)
                     label = "ABCD".index(a) if a in ("A", "B", "C", "D") else None
-                    out.append(ChoiceExample(f"{level}/{_s(r.get('example_id', i))}/{q}", _s(r["article"]), endings,
-                                             label, level))
+                    out.append(
+                        ChoiceExample(
+                            f"{level}/{_s(r.get('example_id', i))}/{q}", _s(r["article"]), endings, label, level
+                        )
+                    )
         return out
     if task_name in _CLS:
         name, fields = _CLS[task_name]
         src = _source(name, "test" if split == "dev" else split, root)
-        return [TextExample(f"{split}-{i}", " ".join(_s(src[i][f]) for f in fields).replace("<br />", " "), None,
-                            int(src[i]["label"])) for i in range(len(src))]
+        return [
+            TextExample(
+                f"{split}-{i}",
+                " ".join(_s(src[i][f]) for f in fields).replace("<br />", " "),
+                None,
+                int(src[i]["label"]),
+            )
+            for i in range(len(src))
+        ]
     raise ValueError(f"task {task_name!r} has no TFDS source; read its official files instead")

@@ -26,8 +26,9 @@ import numpy as np
 Offsets = Tuple[List[int], List[int], List[int]]
 
 
-def preprocess_with_map(text: str, *, lower: bool = False, keep_accents: bool = False
-                        ) -> Tuple[str, List[int], List[int]]:
+def preprocess_with_map(
+    text: str, *, lower: bool = False, keep_accents: bool = False
+) -> Tuple[str, List[int], List[int]]:
     """XLNet `prepro_utils.preprocess_text` (`data_pipelines.vocab.preprocess_text`, applied character by character)
     without whitespace collapsing (SentencePiece collapses whitespace itself and reports offsets through it).
     Returns (new_text, src, src_end): new_text[k] comes from text[src[k]:src_end[k]] (two characters for `` and '')."""
@@ -38,7 +39,7 @@ def preprocess_with_map(text: str, *, lower: bool = False, keep_accents: bool = 
     src_end: List[int] = []
     i, n = 0, len(text)
     while i < n:
-        if text[i:i + 2] in LATEX_QUOTES:  # LaTeX-style quotes -> "
+        if text[i : i + 2] in LATEX_QUOTES:  # LaTeX-style quotes -> "
             out.append('"')
             src.append(i)
             src_end.append(i + 2)
@@ -65,8 +66,14 @@ class SentencePieceTaskTokenizer:
 
     style = "xlnet"
 
-    def __init__(self, model_file: str | None = None, *, model_proto: bytes | None = None, lower: bool = False,
-                 keep_accents: bool = False):
+    def __init__(
+        self,
+        model_file: str | None = None,
+        *,
+        model_proto: bytes | None = None,
+        lower: bool = False,
+        keep_accents: bool = False,
+    ):
         import sentencepiece as spm
 
         self.sp = spm.SentencePieceProcessor()
@@ -82,8 +89,10 @@ class SentencePieceTaskTokenizer:
         def special(piece: str) -> int:
             i = self.sp.PieceToId(piece)
             if i == self.sp.unk_id() and piece != self.sp.IdToPiece(self.sp.unk_id()):
-                raise ValueError(f"{model_file or '<proto>'}: SentencePiece model has no {piece} piece "
-                                 "(train it with --control_symbols=<cls>,<sep>,<pad>,<mask>,<eod>)")
+                raise ValueError(
+                    f"{model_file or '<proto>'}: SentencePiece model has no {piece} piece "
+                    "(train it with --control_symbols=<cls>,<sep>,<pad>,<mask>,<eod>)"
+                )
             return i
 
         self.cls_id, self.sep_id, self.pad_id = special("<cls>"), special("<sep>"), special("<pad>")

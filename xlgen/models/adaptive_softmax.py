@@ -47,7 +47,7 @@ def cluster_dims(d_embed: int, n_clusters: int, div_val: int) -> list:
     """Embedding width per cluster (head first): d_embed // div_val**k; one table when div_val == 1."""
     if div_val == 1:
         return [d_embed]
-    dims = [d_embed // (div_val ** k) for k in range(n_clusters + 1)]
+    dims = [d_embed // (div_val**k) for k in range(n_clusters + 1)]
     if min(dims) < 1:
         raise ValueError(f"div_val={div_val} leaves a cluster with width 0 (d_embed={d_embed}, {n_clusters} tails)")
     return dims
@@ -98,17 +98,32 @@ def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, block: in
 class AdaptiveEmbedding(nnx.Module):
     """Adaptive input representation: ids `[...]` -> `[..., d_proj]` scaled by sqrt(d_proj) (see module doc)."""
 
-    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1,
-                 *, init_std: float = 0.02, proj_init_std: float = 0.01, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_embed: int,
+        d_proj: int,
+        cutoffs: Sequence[int] = (),
+        div_val: int = 1,
+        *,
+        init_std: float = 0.02,
+        proj_init_std: float = 0.01,
+        rngs: nnx.Rngs,
+    ):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
         self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))
         self.dims = tuple(cluster_dims(d_embed, len(self.bounds) - 1, div_val))
         sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
-        self.tables = nnx.List([param(rngs, normal(init_std), (v, d), ("vocab", "embed"))
-                                for v, d in zip(sizes, self.dims)])
+        self.tables = nnx.List(
+            [param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)]
+        )
         needs_proj = [d != d_proj for d in self.dims] if div_val == 1 else [True] * len(self.dims)
-        self.projs = nnx.List([param(rngs, normal(proj_init_std), (d, d_proj), (None, "embed")) if p else None
-                               for d, p in zip(self.dims, needs_proj)])
+        self.projs = nnx.List(
+            [
+                param(rngs, normal(proj_init_std), (d, d_proj), (None, "embed")) if p else None
+                for d, p in zip(self.dims, needs_proj)
+            ]
+        )
 
     def cluster_weights(self, k: int):
         """(table rows `[V_k, d_k]`, projection `[d_k, d_proj]` or None) of cluster k (head = 0)."""
@@ -143,10 +158,22 @@ class AdaptiveLogSoftmax(nnx.Module):
     `nll(h, labels, embedding)`, passing the model's `AdaptiveEmbedding` (tied weights are read from it).
     """
 
-    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1,
-                 *, tie_weights: bool = True, tie_projs: Optional[Sequence[bool]] = None, init_std: float = 0.02,
-                 proj_init_std: float = 0.01, block_size: int = 32768, chunk_size: int = 256,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_embed: int,
+        d_proj: int,
+        cutoffs: Sequence[int] = (),
+        div_val: int = 1,
+        *,
+        tie_weights: bool = True,
+        tie_projs: Optional[Sequence[bool]] = None,
+        init_std: float = 0.02,
+        proj_init_std: float = 0.01,
+        block_size: int = 32768,
+        chunk_size: int = 256,
+        rngs: nnx.Rngs,
+    ):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
         self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))
         n_clusters = len(self.bounds) - 1
@@ -157,8 +184,11 @@ class AdaptiveLogSoftmax(nnx.Module):
         self.tie_weights, self.tie_projs = tie_weights, tie_projs
         self.block_size, self.chunk_size = block_size, chunk_size
         sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
-        self.tables = None if tie_weights else nnx.List(
-            [param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)])
+        self.tables = (
+            None
+            if tie_weights
+            else nnx.List([param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)])
+        )
         self.biases = nnx.List([param(rngs, zeros, (v,), ("vocab",)) for v in sizes])
         projs = []
         for k in range(n_clusters + 1):
@@ -206,8 +236,9 @@ class AdaptiveLogSoftmax(nnx.Module):
         logits = jnp.einsum("...d,vd->...v", hp, table.astype(hp.dtype), preferred_element_type=jnp.float32)
         logits = logits + bias.astype(jnp.float32)
         if self.n_clusters:
-            c = jnp.einsum("...d,kd->...k", hp, self.cluster_weight[...].astype(hp.dtype),
-                           preferred_element_type=jnp.float32) + self.cluster_bias[...].astype(jnp.float32)
+            c = jnp.einsum(
+                "...d,kd->...k", hp, self.cluster_weight[...].astype(hp.dtype), preferred_element_type=jnp.float32
+            ) + self.cluster_bias[...].astype(jnp.float32)
             logits = jnp.concatenate([logits, c], -1)
         return hp, logits
 
@@ -222,8 +253,10 @@ class AdaptiveLogSoftmax(nnx.Module):
             table, bias, proj = self.cluster_weights(k, embedding)
             hk = self._project(h, proj)
             logits = jnp.einsum("...d,vd->...v", hk, table.astype(hk.dtype), preferred_element_type=jnp.float32)
-            parts.append(head_lp[..., shortlist + k - 1:shortlist + k]
-                         + jax.nn.log_softmax(logits + bias.astype(jnp.float32), -1))
+            parts.append(
+                head_lp[..., shortlist + k - 1 : shortlist + k]
+                + jax.nn.log_softmax(logits + bias.astype(jnp.float32), -1)
+            )
         return jnp.concatenate(parts, -1)
 
     def nll(self, h: jax.Array, labels: jax.Array, embedding: Optional[AdaptiveEmbedding] = None) -> jax.Array:
@@ -249,8 +282,9 @@ class AdaptiveLogSoftmax(nnx.Module):
         for k, (s, _) in enumerate(self.bounds[1:], start=1):
             cluster = jnp.where(labels >= s, k, cluster)
         head_col = jnp.clip(jnp.where(cluster == 0, labels, shortlist + cluster - 1), 0, head_table.shape[0] - 1)
-        lp = (_target_logit(h0, head_table, head_bias, head_col)
-              - logsumexp_rows(h0, head_table, head_bias, block=self.block_size))
+        lp = _target_logit(h0, head_table, head_bias, head_col) - logsumexp_rows(
+            h0, head_table, head_bias, block=self.block_size
+        )
         if self.n_clusters:
             lp = lp + self._tail_log_probs(h, labels, cluster, embedding)
         return jnp.where(labels >= 0, -lp, 0.0).reshape(lead)
@@ -285,10 +319,12 @@ class AdaptiveLogSoftmax(nnx.Module):
                 hk = self._project(hc, proj)
                 local = jnp.clip(lc - s, 0, e - s - 1)
                 return _target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
+
             return run
 
-        branches = [lambda hc, lc: jnp.zeros(hc.shape[:1], jnp.float32)] + [tail_branch(k)
-                                                                            for k in range(1, n_tails + 1)]
+        branches = [lambda hc, lc: jnp.zeros(hc.shape[:1], jnp.float32)] + [
+            tail_branch(k) for k in range(1, n_tails + 1)
+        ]
 
         @jax.checkpoint
         def step(_, xs):
@@ -302,5 +338,4 @@ class AdaptiveLogSoftmax(nnx.Module):
 def _target_logit(h: jax.Array, table: jax.Array, bias: jax.Array, idx: jax.Array) -> jax.Array:
     """h[n] · table[idx[n]] + bias[idx[n]] (float32) by row gathers: h `[N, d]`, idx `[N]` -> `[N]`."""
     rows = jnp.take(table, idx, axis=0).astype(h.dtype)
-    return jnp.einsum("nd,nd->n", h, rows, preferred_element_type=jnp.float32) + jnp.take(bias, idx).astype(
-        jnp.float32)
+    return jnp.einsum("nd,nd->n", h, rows, preferred_element_type=jnp.float32) + jnp.take(bias, idx).astype(jnp.float32)

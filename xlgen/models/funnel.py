@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -40,9 +40,15 @@ import numpy as np
 from flax import nnx, struct
 
 from xlgen.models.layers import Dense, LayerNorm, PositionwiseFF, activation, normal, param, zeros
-from xlgen.models.relative_attention import (RelativeMultiHeadAttention, factorized_position_encodings,
-                                             factorized_position_scores, position_scores, relative_attention,
-                                             segment_scores, sinusoid_embedding)
+from xlgen.models.relative_attention import (
+    RelativeMultiHeadAttention,
+    factorized_position_encodings,
+    factorized_position_scores,
+    position_scores,
+    relative_attention,
+    segment_scores,
+    sinusoid_embedding,
+)
 
 CLS_TOKEN_TYPE = 2  # token type id marking <cls> (treated as "same segment" as everything)
 
@@ -51,8 +57,9 @@ CLS_TOKEN_TYPE = 2  # token type id marking <cls> (treated as "same segment" as 
 # Configuration
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def parse_block_layout(layout: Union[str, Sequence[int]]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
-    """"6-3x2-3x2" (or "6_3x2_3x2") -> block_sizes (6, 3, 3), block_repeats (1, 2, 2).
+    """ "6-3x2-3x2" (or "6_3x2_3x2") -> block_sizes (6, 3, 3), block_repeats (1, 2, 2).
 
     "3x2" = 3 parameter sets, each applied twice in a row (layer0, layer0, layer1, layer1, ...), as in the original
     code and HF. A sequence of ints means no sharing.
@@ -117,8 +124,9 @@ class FunnelConfig:
         if self.pooling_type not in ("mean", "max", "min"):
             raise ValueError(f"FunnelConfig.pooling_type={self.pooling_type!r}; expected mean, max or min")
         if self.attention_type not in ("relative_shift", "factorized"):
-            raise ValueError(f"FunnelConfig.attention_type={self.attention_type!r}; "
-                             "expected 'relative_shift' or 'factorized'")
+            raise ValueError(
+                f"FunnelConfig.attention_type={self.attention_type!r}; expected 'relative_shift' or 'factorized'"
+            )
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"FunnelConfig.dtype={self.dtype!r}; expected float32 or bfloat16")
         if self.d_model % 2:
@@ -149,14 +157,23 @@ class FunnelConfig:
             block_sizes=tuple(hf.get("block_sizes", (4, 4, 4))),
             block_repeats=tuple(hf.get("block_repeats") or (1,) * len(hf.get("block_sizes", (4, 4, 4)))),
             num_decoder_layers=hf.get("num_decoder_layers", 2),
-            d_model=hf.get("d_model", 768), n_head=hf.get("n_head", 12), d_head=hf.get("d_head", 64),
-            d_inner=hf.get("d_inner", 3072), hidden_act=hf.get("hidden_act", "gelu_new"),
-            dropout=hf.get("hidden_dropout", 0.1), dropatt=hf.get("attention_dropout", 0.1),
-            dropact=hf.get("activation_dropout", 0.0), layer_norm_eps=hf.get("layer_norm_eps", 1e-9),
-            init_std=hf.get("initializer_std") or 0.02, pooling_type=hf.get("pooling_type", "mean"),
+            d_model=hf.get("d_model", 768),
+            n_head=hf.get("n_head", 12),
+            d_head=hf.get("d_head", 64),
+            d_inner=hf.get("d_inner", 3072),
+            hidden_act=hf.get("hidden_act", "gelu_new"),
+            dropout=hf.get("hidden_dropout", 0.1),
+            dropatt=hf.get("attention_dropout", 0.1),
+            dropact=hf.get("activation_dropout", 0.0),
+            layer_norm_eps=hf.get("layer_norm_eps", 1e-9),
+            init_std=hf.get("initializer_std") or 0.02,
+            pooling_type=hf.get("pooling_type", "mean"),
             attention_type=hf.get("attention_type", "relative_shift"),
-            separate_cls=hf.get("separate_cls", True), truncate_seq=hf.get("truncate_seq", True),
-            pool_q_only=hf.get("pool_q_only", True), hf_block1_residual=True)
+            separate_cls=hf.get("separate_cls", True),
+            truncate_seq=hf.get("truncate_seq", True),
+            pool_q_only=hf.get("pool_q_only", True),
+            hf_block1_residual=True,
+        )
         known.update(overrides)
         return cls(**known)
 
@@ -164,6 +181,7 @@ class FunnelConfig:
 # ----------------------------------------------------------------------------------------------------------------
 # Sequence structure: pooling, strided positions, upsampling (all lengths static)
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def stride_select(x, axis: int, cfg: FunnelConfig):
     """Keep the positions a pooled sequence keeps (<cls> plus the first of each pair), by slicing (HF stride_pool).
@@ -207,7 +225,7 @@ def pool_positions(pos: np.ndarray, block_index: int, cfg: FunnelConfig) -> np.n
     the positions stay evenly spaced (its position terms are masked anyway)."""
     if cfg.separate_cls:
         body = pos[1:-1] if cfg.truncate_seq else pos[1:]
-        return np.concatenate([np.array([1 - 2 ** block_index], pos.dtype), body[::2]])
+        return np.concatenate([np.array([1 - 2**block_index], pos.dtype), body[::2]])
     return pos[::2]
 
 
@@ -230,7 +248,7 @@ def upsample(x: jax.Array, stride: int, target_len: int, cfg: FunnelConfig) -> j
     if cfg.separate_cls:
         if cfg.truncate_seq:
             out = jnp.pad(out, ((0, 0), (0, stride - 1), (0, 0)))
-        return jnp.concatenate([cls, out[:, :target_len - 1]], axis=1)
+        return jnp.concatenate([cls, out[:, : target_len - 1]], axis=1)
     return out[:, :target_len]
 
 
@@ -246,13 +264,14 @@ def pooled_lengths(seq_len: int, cfg: FunnelConfig) -> Tuple[int, ...]:
 
 class AttentionInputs(NamedTuple):
     """What one attention call needs besides q/k/v: static positions (NumPy) and per-batch masks (JAX)."""
-    q_pos: np.ndarray          # [q] absolute query positions
-    k_pos: np.ndarray          # [k] absolute key positions
-    k_stride: int              # spacing of key positions
-    shift: int                 # q spacing / k spacing (2 in a pooling layer, else 1)
-    q_type: jax.Array          # [b, q] token types at the query positions
-    k_type: jax.Array          # [b, k]
-    key_real: jax.Array        # [b, k] 1 = real token (attention_mask at key positions)
+
+    q_pos: np.ndarray  # [q] absolute query positions
+    k_pos: np.ndarray  # [k] absolute key positions
+    k_stride: int  # spacing of key positions
+    shift: int  # q spacing / k spacing (2 in a pooling layer, else 1)
+    q_type: jax.Array  # [b, q] token types at the query positions
+    k_type: jax.Array  # [b, k]
+    key_real: jax.Array  # [b, k] 1 = real token (attention_mask at key positions)
 
     def segment_same(self) -> jax.Array:
         """[b, q, k] True where the segment term uses seg_embed[1] (same segment, or <cls> involved)."""
@@ -264,6 +283,7 @@ class AttentionInputs(NamedTuple):
 # ----------------------------------------------------------------------------------------------------------------
 # Layers
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def _unsharded_embed(kernel: jax.Array) -> jax.Array:
     """`kernel` `[embed, ...]` with its `embed` dimension gathered when a mesh is set (other dimensions left to the
@@ -297,9 +317,20 @@ class FunnelAttention(RelativeMultiHeadAttention):
     """
 
     def __init__(self, cfg: FunnelConfig, *, rngs: nnx.Rngs):
-        super().__init__(cfg.d_model, cfg.n_head, cfg.d_head, dropout=cfg.dropout, dropatt=cfg.dropatt,
-                         qkv_bias=(False, True, True), o_bias=True, own_biases=True, segments=True,
-                         layer_norm_eps=cfg.layer_norm_eps, init_std=cfg.init_std, rngs=rngs)
+        super().__init__(
+            cfg.d_model,
+            cfg.n_head,
+            cfg.d_head,
+            dropout=cfg.dropout,
+            dropatt=cfg.dropatt,
+            qkv_bias=(False, True, True),
+            o_bias=True,
+            own_biases=True,
+            segments=True,
+            layer_norm_eps=cfg.layer_norm_eps,
+            init_std=cfg.init_std,
+            rngs=rngs,
+        )
         self.attention_type = cfg.attention_type
         self.separate_cls = cfg.separate_cls
         self.d_model = cfg.d_model
@@ -312,23 +343,38 @@ class FunnelAttention(RelativeMultiHeadAttention):
         q_head, k_head, v_head = self.q(query), self.k(kv), self.v(kv)
         qlen, klen = query.shape[1], kv.shape[1]
         if self.attention_type == "factorized":
-            (phi, pi), k_enc = factorized_position_encodings(jnp.asarray(ai.q_pos), jnp.asarray(ai.k_pos),
-                                                             self.d_model, dtype)
-            pos = factorized_position_scores(q_head, _unsharded_embed(self.r.kernel[...]), b["r_r_bias"],
-                                             (self.pos_drop(phi), self.pos_drop(pi)), k_enc)
+            (phi, pi), k_enc = factorized_position_encodings(
+                jnp.asarray(ai.q_pos), jnp.asarray(ai.k_pos), self.d_model, dtype
+            )
+            pos = factorized_position_scores(
+                q_head,
+                _unsharded_embed(self.r.kernel[...]),
+                b["r_r_bias"],
+                (self.pos_drop(phi), self.pos_drop(pi)),
+                k_enc,
+            )
         else:
             dist = relative_distances(ai.q_pos, ai.k_pos, ai.k_stride, ai.shift)
             enc = self.pos_drop(sinusoid_embedding(jnp.asarray(dist), self.d_model, dtype))
-            pos = position_scores(q_head, self.r(enc), b["r_r_bias"], klen=klen, offset=ai.shift * qlen,
-                                  stride=ai.shift)
+            pos = position_scores(
+                q_head, self.r(enc), b["r_r_bias"], klen=klen, offset=ai.shift * qlen, stride=ai.shift
+            )
         seg = segment_scores(q_head, self.seg_embed[...], b["r_s_bias"], ai.segment_same())
         if self.separate_cls:  # func_mask: no position / segment bias on scores involving <cls>
             keep = np.pad(np.ones((qlen - 1, klen - 1), bool), ((1, 0), (1, 0)))
             pos = jnp.where(keep, pos, 0)
             seg = jnp.where(keep, seg, 0)
         mask = (ai.key_real == 0)[:, None, None, :]
-        attn_vec = relative_attention(q_head, k_head, v_head, r_w_bias=b["r_w_bias"], position_term=pos,
-                                      segment_term=seg, mask=mask, dropatt=self.dropatt)
+        attn_vec = relative_attention(
+            q_head,
+            k_head,
+            v_head,
+            r_w_bias=b["r_w_bias"],
+            position_term=pos,
+            segment_term=seg,
+            mask=mask,
+            dropatt=self.dropatt,
+        )
         return self.layer_norm(query + self.drop(self.o(attn_vec)))
 
 
@@ -337,9 +383,16 @@ class FunnelLayer(nnx.Module):
 
     def __init__(self, cfg: FunnelConfig, *, rngs: nnx.Rngs):
         self.attention = FunnelAttention(cfg, rngs=rngs)
-        self.ffn = PositionwiseFF(cfg.d_model, cfg.d_inner, act=cfg.hidden_act, dropout=cfg.dropout,
-                                  dropact=cfg.dropact, layer_norm_eps=cfg.layer_norm_eps, init_std=cfg.init_std,
-                                  rngs=rngs)
+        self.ffn = PositionwiseFF(
+            cfg.d_model,
+            cfg.d_inner,
+            act=cfg.hidden_act,
+            dropout=cfg.dropout,
+            dropact=cfg.dropact,
+            layer_norm_eps=cfg.layer_norm_eps,
+            init_std=cfg.init_std,
+            rngs=rngs,
+        )
         self.remat = cfg.remat
 
     def __call__(self, query: jax.Array, kv: jax.Array, ai: AttentionInputs) -> jax.Array:
@@ -378,15 +431,16 @@ class FunnelEncoder(nnx.Module):
     def __init__(self, cfg: FunnelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         if cfg.d_embed is not None and cfg.d_embed != cfg.d_model:
-            self.input_projection = Dense((cfg.d_embed,), (cfg.d_model,), ("embed",), ("embed",),
-                                          init_std=cfg.init_std, rngs=rngs)
+            self.input_projection = Dense(
+                (cfg.d_embed,), (cfg.d_model,), ("embed",), ("embed",), init_std=cfg.init_std, rngs=rngs
+            )
         else:
             self.input_projection = None
-        self.blocks = nnx.List([nnx.List([FunnelLayer(cfg, rngs=rngs) for _ in range(n)])
-                                for n in cfg.block_sizes])
+        self.blocks = nnx.List([nnx.List([FunnelLayer(cfg, rngs=rngs) for _ in range(n)]) for n in cfg.block_sizes])
 
-    def __call__(self, h: jax.Array, token_type_ids: jax.Array, attention_mask: jax.Array
-                 ) -> Tuple[jax.Array, jax.Array]:
+    def __call__(
+        self, h: jax.Array, token_type_ids: jax.Array, attention_mask: jax.Array
+    ) -> Tuple[jax.Array, jax.Array]:
         """h `[b, T, d]` -> (last hidden `[b, T_M, d]`, block-1 output `[b, T, d]` for the decoder residual)."""
         cfg = self.cfg
         if self.input_projection is not None:
@@ -415,7 +469,7 @@ class FunnelEncoder(nnx.Module):
         pooled = pool_sequence(h, cfg.pooling_type, cfg)
         q_pos = pool_positions(ai.q_pos, m, cfg)
         q_type = stride_select(ai.q_type, 1, cfg)
-        stride = 2 ** m
+        stride = 2**m
         if cfg.pool_q_only:
             ai_q = AttentionInputs(q_pos, ai.k_pos, stride // 2, 2, q_type, ai.k_type, ai.key_real)
             out = layer(pooled, h, ai_q)
@@ -446,9 +500,11 @@ class FunnelDecoder(nnx.Module):
 # Models
 # ----------------------------------------------------------------------------------------------------------------
 
+
 @struct.dataclass
 class FunnelOutput:
     """HF-style output: whichever fields the model produces are set."""
+
     last_hidden_state: Optional[jax.Array] = None
     logits: Optional[jax.Array] = None
     start_logits: Optional[jax.Array] = None
@@ -506,8 +562,9 @@ class MLMHead(nnx.Module):
 
     def __init__(self, cfg: FunnelConfig, *, rngs: nnx.Rngs):
         if cfg.mlm_transform or cfg.embed_dim != cfg.d_model:
-            self.transform = Dense((cfg.d_model,), (cfg.embed_dim,), ("embed",), ("embed",),
-                                   init_std=cfg.init_std, rngs=rngs)
+            self.transform = Dense(
+                (cfg.d_model,), (cfg.embed_dim,), ("embed",), ("embed",), init_std=cfg.init_std, rngs=rngs
+            )
             self.transform_norm = LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps, rngs=rngs)
         else:
             self.transform = None
@@ -543,6 +600,7 @@ class FunnelForMaskedLM(nnx.Module):
 # ----------------------------------------------------------------------------------------------------------------
 # Hugging Face loading (see funnel_heads for the head classes)
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def from_hf(hf_config: dict, weights: dict, kwargs: dict):
     """Build the xlgen model for a HF Funnel directory (`xlgen.from_pretrained`). See `funnel_heads.from_hf`."""

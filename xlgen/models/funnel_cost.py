@@ -44,7 +44,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from xlgen.models.funnel import FunnelConfig, pool_positions, pooled_lengths
+from xlgen.models.funnel import FunnelConfig, pooled_lengths
 
 PAPER_VOCAB = 30522
 
@@ -52,13 +52,21 @@ PAPER_VOCAB = 30522
 def paper_config(layout: str, d_model: int, **kw) -> FunnelConfig:
     """A paper-sized config: "B6-3x2-3x2" / "L12" (one block) at width d_model, d_head 64, d_inner 4d."""
     blocks = layout[1:] if layout[0] in "BL" else layout
-    return FunnelConfig(vocab_size=kw.pop("vocab_size", PAPER_VOCAB), block_sizes=blocks, d_model=d_model,
-                        n_head=d_model // 64, d_head=64, d_inner=4 * d_model, **kw)
+    return FunnelConfig(
+        vocab_size=kw.pop("vocab_size", PAPER_VOCAB),
+        block_sizes=blocks,
+        d_model=d_model,
+        n_head=d_model // 64,
+        d_head=64,
+        d_inner=4 * d_model,
+        **kw,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Exact counts
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def param_count(cfg: FunnelConfig, head: str = "base") -> int:
     """Exact parameter count of our module via `jax.eval_shape` (no allocation). head: "base" (embeddings +
@@ -69,9 +77,13 @@ def param_count(cfg: FunnelConfig, head: str = "base") -> int:
 
     from xlgen.models import funnel, funnel_heads
 
-    ctor = {"base": funnel.FunnelBaseModel, "model": funnel.FunnelModel, "mlm": funnel.FunnelForMaskedLM,
-            "electra": funnel_heads.FunnelElectra,
-            "classification": funnel_heads.FunnelForSequenceClassification}[head]
+    ctor = {
+        "base": funnel.FunnelBaseModel,
+        "model": funnel.FunnelModel,
+        "mlm": funnel.FunnelForMaskedLM,
+        "electra": funnel_heads.FunnelElectra,
+        "classification": funnel_heads.FunnelForSequenceClassification,
+    }[head]
     abstract = nnx.eval_shape(lambda: ctor(cfg, rngs=nnx.Rngs(0)))
     leaves = jax.tree.leaves(nnx.state(abstract, nnx.Param))
     return int(sum(np.prod(x.shape) for x in leaves))
@@ -90,8 +102,9 @@ def _layer_flops(cfg: FunnelConfig, q: int, k: int, r: int, form: str) -> Dict[s
     return out
 
 
-def flops_per_sequence(cfg: FunnelConfig, seq_len: int, *, decoder: bool = False, lm_head: bool = False,
-                       form: Optional[str] = None) -> Dict[str, float]:
+def flops_per_sequence(
+    cfg: FunnelConfig, seq_len: int, *, decoder: bool = False, lm_head: bool = False, form: Optional[str] = None
+) -> Dict[str, float]:
     """Exact matmul FLOPs of one forward pass on one sequence: {"linear", "quadratic", "lm_head", "total"}.
 
     `decoder`: include upsampling + decoder layers (pretraining / token-level tasks); `lm_head`: the MLM softmax
@@ -134,8 +147,9 @@ def config_from_model_section(model_section) -> FunnelConfig:
     return FunnelConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in fields})
 
 
-def forward_flops_per_sequence(cfg: FunnelConfig, seq_len: int, objective: str = "funnel_mlm",
-                               generator_width: float = 0.25) -> float:
+def forward_flops_per_sequence(
+    cfg: FunnelConfig, seq_len: int, objective: str = "funnel_mlm", generator_width: float = 0.25
+) -> float:
     """Forward matmul FLOPs of one pretraining sequence: MLM = encoder + decoder + softmax at every position;
     ELECTRA = generator (same, at `generator_width`) + discriminator (encoder + decoder + per-token head)."""
     if objective == "funnel_electra":
@@ -144,7 +158,7 @@ def forward_flops_per_sequence(cfg: FunnelConfig, seq_len: int, objective: str =
         gen = generator_config(cfg, generator_width)
         gen_f = flops_per_sequence(gen, seq_len, decoder=True, lm_head=True)["total"]
         gen_f += 2.0 * seq_len * gen.d_model * gen.embed_dim * 2  # input projection + MLM transform
-        disc = flops_per_sequence(cfg, seq_len, decoder=True)["total"] + 2.0 * seq_len * (cfg.d_model ** 2 + cfg.d_model)
+        disc = flops_per_sequence(cfg, seq_len, decoder=True)["total"] + 2.0 * seq_len * (cfg.d_model**2 + cfg.d_model)
         return gen_f + disc
     extra = 2.0 * seq_len * cfg.d_model * cfg.embed_dim if (cfg.mlm_transform or cfg.embed_dim != cfg.d_model) else 0
     return flops_per_sequence(cfg, seq_len, decoder=True, lm_head=True)["total"] + extra
@@ -163,13 +177,14 @@ def train_flops_per_step(config) -> float:
 # The paper's counting rule
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def paper_flops(cfg: FunnelConfig, seq_len: int = 512, *, decoder: bool = False) -> float:
     """Linear-in-length rule: sum over layer applications of 2·12·d²·(block length), decoder layers at full
     length. Embeddings/heads not counted."""
-    per_token = 2.0 * 12 * cfg.d_model ** 2
+    per_token = 2.0 * 12 * cfg.d_model**2
     flops = 0.0
     for m, (n_layers, reps) in enumerate(zip(cfg.block_sizes, cfg.block_repeats)):
-        flops += n_layers * reps * per_token * seq_len / 2 ** m
+        flops += n_layers * reps * per_token * seq_len / 2**m
     if decoder:
         flops += cfg.num_decoder_layers * per_token * seq_len
     return flops
@@ -189,7 +204,7 @@ PAPER_ROWS = [
     ("B6-3x2-3x2", "L12", 768, 0.88, 1.00, False),
     ("B4-4-4", "L12", 768, 0.58, 1.00, False),
     ("B3-4-4", "L6", 768, 1.00, 1.53, False),
-    ("B6-6-6", "L12", 768, 1.04, None, True),      # Table 5.10 (pretraining, "D2")
+    ("B6-6-6", "L12", 768, 1.04, None, True),  # Table 5.10 (pretraining, "D2")
     ("B6-3x2-3x2", "L12", 768, 1.04, None, True),
     ("B4-4-4", "L12", 768, 0.75, None, True),
     ("B10-10-10", "L24", 1024, 0.81, None, True),
@@ -202,10 +217,14 @@ def ratio_table(seq_len: int = 512, exact_params: bool = True) -> List[dict]:
     rows = []
     for model, base, d, paper_f, paper_p, dec in PAPER_ROWS:
         f, b = paper_config(model, d), paper_config(base, d)
-        row = {"model": f"{model}H{d}" + ("D2" if dec else ""), "baseline": f"{base}H{d}",
-               "paper_flops": paper_f, "rule_flops": paper_flops(f, seq_len, decoder=dec) / paper_flops(b, seq_len),
-               "exact_flops": flops_per_sequence(f, seq_len, decoder=dec)["total"]
-               / flops_per_sequence(b, seq_len)["total"]}
+        row = {
+            "model": f"{model}H{d}" + ("D2" if dec else ""),
+            "baseline": f"{base}H{d}",
+            "paper_flops": paper_f,
+            "rule_flops": paper_flops(f, seq_len, decoder=dec) / paper_flops(b, seq_len),
+            "exact_flops": flops_per_sequence(f, seq_len, decoder=dec)["total"]
+            / flops_per_sequence(b, seq_len)["total"],
+        }
         if paper_p is not None:
             row.update(paper_params=paper_p, rule_params=paper_params(f) / paper_params(b))
             if exact_params:
@@ -215,8 +234,16 @@ def ratio_table(seq_len: int = 512, exact_params: bool = True) -> List[dict]:
 
 
 def format_ratio_table(rows: List[dict]) -> str:
-    cols = ["model", "baseline", "paper_flops", "rule_flops", "exact_flops", "paper_params", "rule_params",
-            "exact_params"]
+    cols = [
+        "model",
+        "baseline",
+        "paper_flops",
+        "rule_flops",
+        "exact_flops",
+        "paper_params",
+        "rule_params",
+        "exact_params",
+    ]
     fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:

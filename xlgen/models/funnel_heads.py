@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional, Tuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -26,14 +26,23 @@ import numpy as np
 import optax
 from flax import nnx
 
-from xlgen.models.funnel import (FunnelBaseModel, FunnelConfig, FunnelDecoder, FunnelEncoder, FunnelForMaskedLM,
-                                 FunnelModel, FunnelOutput, MLMHead, _default_inputs)
-from xlgen.models.layers import Dense, LayerNorm, activation, normal, param, zeros
-
+from xlgen.models.funnel import (
+    FunnelBaseModel,
+    FunnelConfig,
+    FunnelDecoder,
+    FunnelEncoder,
+    FunnelForMaskedLM,
+    FunnelModel,
+    FunnelOutput,
+    MLMHead,
+    _default_inputs,
+)
+from xlgen.models.layers import Dense, activation
 
 # ----------------------------------------------------------------------------------------------------------------
 # Heads
 # ----------------------------------------------------------------------------------------------------------------
+
 
 class DiscriminatorHead(nnx.Module):
     """logit = w · act(W h + c) + b per position (HF FunnelDiscriminatorPredictions / original `binary_logits`)."""
@@ -51,8 +60,9 @@ class ClassificationHead(nnx.Module):
     """logits = W_out Dropout(tanh(W h_<cls> + c)) + b (HF FunnelClassificationHead / original summary + logit)."""
 
     def __init__(self, cfg: FunnelConfig, n_labels: int, *, rngs: nnx.Rngs):
-        self.linear_hidden = Dense((cfg.d_model,), (cfg.d_model,), ("embed",), ("embed",), init_std=cfg.init_std,
-                                   rngs=rngs)
+        self.linear_hidden = Dense(
+            (cfg.d_model,), (cfg.d_model,), ("embed",), ("embed",), init_std=cfg.init_std, rngs=rngs
+        )
         self.linear_out = Dense((cfg.d_model,), (n_labels,), ("embed",), (None,), init_std=cfg.init_std, rngs=rngs)
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
 
@@ -114,16 +124,19 @@ class FunnelForQuestionAnswering(nnx.Module):
         self.funnel = FunnelModel(cfg, rngs=rngs)
         self.qa_outputs = Dense((cfg.d_model,), (2,), ("embed",), (None,), init_std=cfg.init_std, rngs=rngs)
         if answerability:
-            self.answer_dense = Dense((2, cfg.d_model), (cfg.d_model,), (None, "embed"), ("embed",),
-                                      init_std=cfg.init_std, rngs=rngs)
-            self.answer_logit = Dense((cfg.d_model,), (), ("embed",), (), use_bias=False, init_std=cfg.init_std,
-                                      rngs=rngs)
+            self.answer_dense = Dense(
+                (2, cfg.d_model), (cfg.d_model,), (None, "embed"), ("embed",), init_std=cfg.init_std, rngs=rngs
+            )
+            self.answer_logit = Dense(
+                (cfg.d_model,), (), ("embed",), (), use_bias=False, init_std=cfg.init_std, rngs=rngs
+            )
             self.answer_drop = nnx.Dropout(cfg.dropout, rngs=rngs)
         else:
             self.answer_dense = None
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, *, p_mask=None, cls_index=None
-                 ) -> FunnelOutput:
+    def __call__(
+        self, input_ids, token_type_ids=None, attention_mask=None, *, p_mask=None, cls_index=None
+    ) -> FunnelOutput:
         input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
         out = self.funnel(input_ids, token_type_ids, attention_mask)
         h = out.last_hidden_state
@@ -144,6 +157,7 @@ class FunnelForQuestionAnswering(nnx.Module):
 # ----------------------------------------------------------------------------------------------------------------
 # MLM and ELECTRA objectives
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def _select_predictions(h: jax.Array, label_mask: jax.Array, max_predictions: Optional[int]):
     """Gather the (at most `max_predictions`) positions with label_mask = 1 -> (h `[b, k, d]`, idx `[b, k]`,
@@ -176,9 +190,16 @@ def generator_config(cfg: FunnelConfig, width_shrink: float = 0.25) -> FunnelCon
     block layout, embeddings shared with the discriminator (so d_embed = the discriminator's width)."""
     shrink = lambda v: max(1, int(v * width_shrink))
     d_model = shrink(cfg.d_model)
-    return dataclasses.replace(cfg, block_sizes=cfg.block_sizes, block_repeats=cfg.block_repeats,
-                               d_model=d_model + d_model % 2, d_inner=shrink(cfg.d_inner), n_head=shrink(cfg.n_head),
-                               d_embed=cfg.embed_dim, hf_block1_residual=False)
+    return dataclasses.replace(
+        cfg,
+        block_sizes=cfg.block_sizes,
+        block_repeats=cfg.block_repeats,
+        d_model=d_model + d_model % 2,
+        d_inner=shrink(cfg.d_inner),
+        n_head=shrink(cfg.n_head),
+        d_embed=cfg.embed_dim,
+        hf_block1_residual=False,
+    )
 
 
 class FunnelGenerator(nnx.Module):
@@ -199,8 +220,7 @@ class FunnelElectra(nnx.Module):
     """ELECTRA pretraining (thesis T:L1708): generator trained by MLM, discriminator (`FunnelForPreTraining`, the
     model that is finetuned) classifies every token of the sampled sequence as original / replaced."""
 
-    def __init__(self, cfg: FunnelConfig, *, width_shrink: float = 0.25, disc_coeff: float = 50.0,
-                 rngs: nnx.Rngs):
+    def __init__(self, cfg: FunnelConfig, *, width_shrink: float = 0.25, disc_coeff: float = 50.0, rngs: nnx.Rngs):
         self.config = cfg
         self.width_shrink, self.disc_coeff = width_shrink, disc_coeff
         self.discriminator = FunnelForPreTraining(cfg, rngs=rngs)
@@ -218,8 +238,9 @@ def electra_loss(model: FunnelElectra, batch: dict, rng: jax.Array, *, max_predi
     3. discriminator on x~ (original ids elsewhere): sigmoid cross-entropy of "replaced" (x~_i != labels_i) averaged
        over real tokens (`attention_mask`). A sampled token equal to the original counts as original.
     """
-    input_ids, token_type_ids, attention_mask = _default_inputs(batch["input_ids"], batch.get("token_type_ids"),
-                                                                batch.get("attention_mask"))
+    input_ids, token_type_ids, attention_mask = _default_inputs(
+        batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask")
+    )
     labels = jnp.asarray(batch["labels"])
     label_mask = jnp.asarray(batch["label_mask"])
     disc = model.discriminator
@@ -244,16 +265,27 @@ def electra_loss(model: FunnelElectra, batch: dict, rng: jax.Array, *, max_predi
     disc_loss = _masked_mean(optax.sigmoid_binary_cross_entropy(logits, replaced), real)
     disc_acc = _masked_mean(((logits > 0) == (replaced > 0)).astype(jnp.float32), real)
     total = gen_loss + model.disc_coeff * disc_loss
-    return total, {"gen_loss": gen_loss, "disc_loss": disc_loss, "disc_accuracy": disc_acc,
-                   "replaced_ratio": _masked_mean(replaced, real)}
+    return total, {
+        "gen_loss": gen_loss,
+        "disc_loss": disc_loss,
+        "disc_accuracy": disc_acc,
+        "replaced_ratio": _masked_mean(replaced, real),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Hugging Face loading
 # ----------------------------------------------------------------------------------------------------------------
 
-_HF_CLASSES = ("FunnelModel", "FunnelBaseModel", "FunnelForPreTraining", "FunnelForMaskedLM",
-               "FunnelForSequenceClassification", "FunnelForQuestionAnswering", "FunnelForMultipleChoice")
+_HF_CLASSES = (
+    "FunnelModel",
+    "FunnelBaseModel",
+    "FunnelForPreTraining",
+    "FunnelForMaskedLM",
+    "FunnelForSequenceClassification",
+    "FunnelForQuestionAnswering",
+    "FunnelForMultipleChoice",
+)
 
 
 def _linear(weights: dict, name: str, in_shape, out_shape, bias: bool = True) -> dict:
@@ -277,28 +309,41 @@ def _layer_state(weights: dict, prefix: str, cfg: FunnelConfig) -> dict:
             "v": _linear(weights, a + "v_head", (d,), (n, dh)),
             "r": {"kernel": weights[a + "r_kernel"]},
             "o": _linear(weights, a + "post_proj", (n, dh), (d,)),
-            "r_w_bias": weights[a + "r_w_bias"], "r_r_bias": weights[a + "r_r_bias"],
-            "r_s_bias": weights[a + "r_s_bias"], "seg_embed": weights[a + "seg_embed"],
+            "r_w_bias": weights[a + "r_w_bias"],
+            "r_r_bias": weights[a + "r_r_bias"],
+            "r_s_bias": weights[a + "r_s_bias"],
+            "seg_embed": weights[a + "seg_embed"],
             "layer_norm": ln(a + "layer_norm"),
         },
-        "ffn": {"layer_1": _linear(weights, f + "linear_1", (d,), (cfg.d_inner,)),
-                "layer_2": _linear(weights, f + "linear_2", (cfg.d_inner,), (d,)),
-                "layer_norm": ln(f + "layer_norm")},
+        "ffn": {
+            "layer_1": _linear(weights, f + "linear_1", (d,), (cfg.d_inner,)),
+            "layer_2": _linear(weights, f + "linear_2", (cfg.d_inner,), (d,)),
+            "layer_norm": ln(f + "layer_norm"),
+        },
     }
 
 
 def _funnel_state(weights: dict, prefix: str, cfg: FunnelConfig, decoder: bool) -> dict:
     p = prefix
     state = {
-        "embeddings": {"word_embeddings": weights[p + "embeddings.word_embeddings.weight"],
-                       "layer_norm": {"scale": weights[p + "embeddings.layer_norm.weight"],
-                                      "bias": weights[p + "embeddings.layer_norm.bias"]}},
-        "encoder": {"blocks": {m: {l: _layer_state(weights, f"{p}encoder.blocks.{m}.{l}.", cfg) for l in range(n)}
-                               for m, n in enumerate(cfg.block_sizes)}},
+        "embeddings": {
+            "word_embeddings": weights[p + "embeddings.word_embeddings.weight"],
+            "layer_norm": {
+                "scale": weights[p + "embeddings.layer_norm.weight"],
+                "bias": weights[p + "embeddings.layer_norm.bias"],
+            },
+        },
+        "encoder": {
+            "blocks": {
+                m: {l: _layer_state(weights, f"{p}encoder.blocks.{m}.{l}.", cfg) for l in range(n)}
+                for m, n in enumerate(cfg.block_sizes)
+            }
+        },
     }
     if decoder:
-        state["decoder"] = {"layers": {i: _layer_state(weights, f"{p}decoder.layers.{i}.", cfg)
-                                       for i in range(cfg.num_decoder_layers)}}
+        state["decoder"] = {
+            "layers": {i: _layer_state(weights, f"{p}decoder.layers.{i}.", cfg) for i in range(cfg.num_decoder_layers)}
+        }
     return state
 
 
@@ -320,8 +365,10 @@ def _assign(module: nnx.Module, tree: dict, where: str):
         if key not in flat:
             raise ValueError(f"{where}: no HF weight for parameter {'.'.join(map(str, key))}")
         if tuple(var.shape) != flat[key].shape:
-            raise ValueError(f"{where}: shape mismatch for {'.'.join(map(str, key))}: "
-                             f"ours {tuple(var.shape)} vs HF {flat[key].shape}")
+            raise ValueError(
+                f"{where}: shape mismatch for {'.'.join(map(str, key))}: "
+                f"ours {tuple(var.shape)} vs HF {flat[key].shape}"
+            )
         var.value = jnp.asarray(flat[key])
     nnx.update(module, state)
 
@@ -342,8 +389,7 @@ class HFFunnel:
 
         self._state, self._forward = state, forward
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, return_dict: bool = True
-                 ) -> FunnelOutput:
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, return_dict: bool = True) -> FunnelOutput:
         input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
         return self._forward(self._state, input_ids, token_type_ids, attention_mask)
 
@@ -363,8 +409,9 @@ def load_hf(hf_config: dict, weights: dict, kwargs: dict) -> HFFunnel:
     try:
         return _load_hf(hf_config, weights, kwargs, arch, compiler_options)
     except KeyError as e:
-        raise KeyError(f"HF {arch} weights: missing {e.args[0]} (does config.json 'architectures' match the "
-                       "saved model?)") from None
+        raise KeyError(
+            f"HF {arch} weights: missing {e.args[0]} (does config.json 'architectures' match the saved model?)"
+        ) from None
 
 
 def _load_hf(hf_config: dict, weights: dict, kwargs: dict, arch: str, compiler_options) -> HFFunnel:
@@ -381,18 +428,26 @@ def _load_hf(hf_config: dict, weights: dict, kwargs: dict, arch: str, compiler_o
     elif arch == "FunnelForMaskedLM":
         module = build(FunnelForMaskedLM)
         emb = weights[p + "embeddings.word_embeddings.weight"]
-        if "lm_head.weight" in weights and not np.array_equal(weights["lm_head.weight"], emb) \
-                and hf_config.get("tie_word_embeddings", True) is False:
-            raise ValueError("config.json: tie_word_embeddings=false is not supported (xlgen ties the MLM softmax "
-                             "to the input embeddings)")
+        if (
+            "lm_head.weight" in weights
+            and not np.array_equal(weights["lm_head.weight"], emb)
+            and hf_config.get("tie_word_embeddings", True) is False
+        ):
+            raise ValueError(
+                "config.json: tie_word_embeddings=false is not supported (xlgen ties the MLM softmax "
+                "to the input embeddings)"
+            )
         tree = {"funnel": _funnel_state(weights, p, cfg, decoder=True), "lm_head": {"bias": weights["lm_head.bias"]}}
     elif arch == "FunnelForPreTraining":
         module = build(FunnelForPreTraining)
         d = cfg.d_model
-        tree = {"funnel": _funnel_state(weights, p, cfg, decoder=True),
-                "discriminator_predictions": {
-                    "dense": _linear(weights, "discriminator_predictions.dense", (d,), (d,)),
-                    "dense_prediction": _linear(weights, "discriminator_predictions.dense_prediction", (d,), ())}}
+        tree = {
+            "funnel": _funnel_state(weights, p, cfg, decoder=True),
+            "discriminator_predictions": {
+                "dense": _linear(weights, "discriminator_predictions.dense", (d,), (d,)),
+                "dense_prediction": _linear(weights, "discriminator_predictions.dense_prediction", (d,), ()),
+            },
+        }
     elif arch in ("FunnelForSequenceClassification", "FunnelForMultipleChoice"):
         d = cfg.d_model
         if arch == "FunnelForSequenceClassification":
@@ -401,14 +456,20 @@ def _load_hf(hf_config: dict, weights: dict, kwargs: dict, arch: str, compiler_o
         else:
             n_labels = 1
             module = build(FunnelForMultipleChoice)
-        tree = {"funnel": _funnel_state(weights, p, cfg, decoder=False),
-                "classifier": {"linear_hidden": _linear(weights, "classifier.linear_hidden", (d,), (d,)),
-                               "linear_out": _linear(weights, "classifier.linear_out", (d,), (n_labels,))}}
+        tree = {
+            "funnel": _funnel_state(weights, p, cfg, decoder=False),
+            "classifier": {
+                "linear_hidden": _linear(weights, "classifier.linear_hidden", (d,), (d,)),
+                "linear_out": _linear(weights, "classifier.linear_out", (d,), (n_labels,)),
+            },
+        }
     else:  # FunnelForQuestionAnswering
         module = build(FunnelForQuestionAnswering)
         if weights["qa_outputs.weight"].shape[0] != 2:
             raise ValueError("config.json: FunnelForQuestionAnswering with num_labels != 2 is not supported")
-        tree = {"funnel": _funnel_state(weights, p, cfg, decoder=True),
-                "qa_outputs": _linear(weights, "qa_outputs", (cfg.d_model,), (2,))}
+        tree = {
+            "funnel": _funnel_state(weights, p, cfg, decoder=True),
+            "qa_outputs": _linear(weights, "qa_outputs", (cfg.d_model,), (2,)),
+        }
     _assign(module, tree, f"HF {arch}")
     return HFFunnel(module, arch, compiler_options)

@@ -23,8 +23,7 @@ from flax import nnx
 LogicalAxes = Sequence[Optional[str]]
 
 
-def param(rngs: nnx.Rngs, init: Callable, shape: Sequence[int], axes: LogicalAxes,
-          dtype=jnp.float32) -> nnx.Param:
+def param(rngs: nnx.Rngs, init: Callable, shape: Sequence[int], axes: LogicalAxes, dtype=jnp.float32) -> nnx.Param:
     """A parameter `init(key, shape, dtype)` annotated with logical axis names (len(axes) == len(shape))."""
     if len(axes) != len(shape):
         raise ValueError(f"logical axes {tuple(axes)} do not match shape {tuple(shape)}")
@@ -61,12 +60,22 @@ class Dense(nnx.Module):
     E.g. a head projection d_model -> (n_head, d_head): `Dense((d,), (n, dh), ("embed",), ("heads", "kv"))`.
     """
 
-    def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], in_axes: LogicalAxes,
-                 out_axes: LogicalAxes, *, use_bias: bool = True, init_std: float = 0.02,
-                 kernel_init: Optional[Callable] = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        in_shape: Sequence[int],
+        out_shape: Sequence[int],
+        in_axes: LogicalAxes,
+        out_axes: LogicalAxes,
+        *,
+        use_bias: bool = True,
+        init_std: float = 0.02,
+        kernel_init: Optional[Callable] = None,
+        rngs: nnx.Rngs,
+    ):
         self.n_in = len(in_shape)
-        self.kernel = param(rngs, kernel_init or normal(init_std), tuple(in_shape) + tuple(out_shape),
-                            tuple(in_axes) + tuple(out_axes))
+        self.kernel = param(
+            rngs, kernel_init or normal(init_std), tuple(in_shape) + tuple(out_shape), tuple(in_axes) + tuple(out_axes)
+        )
         self.bias = param(rngs, zeros, tuple(out_shape), tuple(out_axes)) if use_bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -94,9 +103,18 @@ class PositionwiseFF(nnx.Module):
     `dropact` is Funnel's dropout after the activation; TXL/XLNet apply `dropout` there (pass dropact=dropout).
     """
 
-    def __init__(self, d_model: int, d_inner: int, *, act: str = "relu", dropout: float = 0.0,
-                 dropact: Optional[float] = None, layer_norm_eps: float = 1e-12, init_std: float = 0.02,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        d_inner: int,
+        *,
+        act: str = "relu",
+        dropout: float = 0.0,
+        dropact: Optional[float] = None,
+        layer_norm_eps: float = 1e-12,
+        init_std: float = 0.02,
+        rngs: nnx.Rngs,
+    ):
         self.layer_1 = Dense((d_model,), (d_inner,), ("embed",), ("mlp",), init_std=init_std, rngs=rngs)
         self.layer_2 = Dense((d_inner,), (d_model,), ("mlp",), ("embed",), init_std=init_std, rngs=rngs)
         self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps, rngs=rngs)
@@ -109,8 +127,9 @@ class PositionwiseFF(nnx.Module):
         return self.layer_norm(x + self.drop_out(self.layer_2(h)))
 
 
-def stacked_layers(make_layer: Callable[[nnx.Rngs], nnx.Module], n_layer: int, rngs: nnx.Rngs, *,
-                   scan: bool) -> nnx.Module:
+def stacked_layers(
+    make_layer: Callable[[nnx.Rngs], nnx.Module], n_layer: int, rngs: nnx.Rngs, *, scan: bool
+) -> nnx.Module:
     """`n_layer` layers: a list, or (scan=True) one module whose parameters are stacked on a leading `layers`
     logical axis, for `nnx.scan`/`jax.lax.scan` over layers (fast compiles for deep models)."""
     if not scan:

@@ -32,9 +32,9 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
-
-from xlgen.models.layers import Dense, LayerNorm, param, normal, zeros
 from flax import nnx
+
+from xlgen.models.layers import Dense, LayerNorm, normal, param
 
 MASK_VALUE = -1e30  # added to masked scores (float32); equals the original implementations' convention
 
@@ -42,6 +42,7 @@ MASK_VALUE = -1e30  # added to masked scores (float32); equals the original impl
 # ----------------------------------------------------------------------------------------------------------------
 # Relative positions and sinusoid encodings
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def sinusoid_embedding(pos_seq: jax.Array, d_model: int, dtype=jnp.float32) -> jax.Array:
     """Sinusoid encodings `[..., d_model]` = concat(sin(p·f), cos(p·f)) with f_i = 1 / 10000^(2i/d_model)."""
@@ -76,6 +77,7 @@ def shift_offset(qlen: int, kind: str) -> int:
 # Gather-free shift
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def relative_shift(x: jax.Array, *, klen: int, offset: int, stride: int = 1) -> jax.Array:
     """out[..., i, j] = x[..., i, offset - stride*i + j] for i < q, j < klen, without a gather.
 
@@ -105,13 +107,15 @@ def relative_shift(x: jax.Array, *, klen: int, offset: int, stride: int = 1) -> 
 # Score terms and the attention itself
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def content_scores(q_head: jax.Array, k_head: jax.Array, r_w_bias: jax.Array) -> jax.Array:
     """(q + u)·k: q `[b,q,n,d]`, k `[b,k,n,d]`, u `[n,d]` -> `[b,n,q,k]`."""
     return jnp.einsum("bind,bjnd->bnij", q_head + r_w_bias.astype(q_head.dtype), k_head)
 
 
-def position_scores(q_head: jax.Array, k_head_r: jax.Array, r_r_bias: jax.Array, *, klen: int, offset: int,
-                    stride: int = 1) -> jax.Array:
+def position_scores(
+    q_head: jax.Array, k_head_r: jax.Array, r_r_bias: jax.Array, *, klen: int, offset: int, stride: int = 1
+) -> jax.Array:
     """shift((q + v)·W_r R): q `[b,q,n,d]`, position keys `[r,n,d]` or `[b,r,n,d]`, v `[n,d]` -> `[b,n,q,klen]`."""
     qv = q_head + r_r_bias.astype(q_head.dtype)
     if k_head_r.ndim == 3:
@@ -144,8 +148,7 @@ def factorized_position_encodings(q_pos: jax.Array, k_pos: jax.Array, d_model: i
     return (phi.astype(dtype), pi.astype(dtype)), (psi.astype(dtype), omega.astype(dtype))
 
 
-def factorized_position_scores(q_head: jax.Array, r_kernel: jax.Array, r_r_bias: jax.Array, q_enc, k_enc
-                               ) -> jax.Array:
+def factorized_position_scores(q_head: jax.Array, r_kernel: jax.Array, r_r_bias: jax.Array, q_enc, k_enc) -> jax.Array:
     """Position term ((q + v)·W_r^T) · sinusoid(q_pos_i - k_pos_j) without a shift or gather.
 
     q `[b,q,n,d]`, r_kernel `[d_model,n,d]` (the `r` projection), v `[n,d]`, `q_enc = (phi, pi)` `[q,d_model]`,
@@ -173,10 +176,19 @@ def segment_scores(q_head: jax.Array, seg_embed: jax.Array, r_s_bias: jax.Array,
     return jnp.where(diff, ef[..., 1:2], ef[..., 0:1])
 
 
-def relative_attention(q_head: jax.Array, k_head: jax.Array, v_head: jax.Array, *, r_w_bias: jax.Array,
-                       position_term: Optional[jax.Array] = None, segment_term: Optional[jax.Array] = None,
-                       mask: Optional[jax.Array] = None, dropatt: Optional[Callable] = None,
-                       scale: Optional[float] = None, return_probs: bool = False):
+def relative_attention(
+    q_head: jax.Array,
+    k_head: jax.Array,
+    v_head: jax.Array,
+    *,
+    r_w_bias: jax.Array,
+    position_term: Optional[jax.Array] = None,
+    segment_term: Optional[jax.Array] = None,
+    mask: Optional[jax.Array] = None,
+    dropatt: Optional[Callable] = None,
+    scale: Optional[float] = None,
+    return_probs: bool = False,
+):
     """Softmax((content + position + segment) * scale, masked) · V.
 
     q `[b,q,n,d]`, k/v `[b,k,n,d]`; position/segment terms `[b,n,q,k]` (already shifted); `mask` broadcastable
@@ -203,6 +215,7 @@ def relative_attention(q_head: jax.Array, k_head: jax.Array, v_head: jax.Array, 
 # The attention layer (projections + core + post-LN residual)
 # ----------------------------------------------------------------------------------------------------------------
 
+
 class RelativeMultiHeadAttention(nnx.Module):
     """Projections around `relative_attention`, with a post-LN residual:
 
@@ -214,10 +227,22 @@ class RelativeMultiHeadAttention(nnx.Module):
     checkpoint layout (HF/TF) onto these names.
     """
 
-    def __init__(self, d_model: int, n_head: int, d_head: int, *, dropout: float = 0.0, dropatt: float = 0.0,
-                 qkv_bias: tuple = (False, False, False), o_bias: bool = False, own_biases: bool = True,
-                 segments: bool = False, layer_norm_eps: float = 1e-12, init_std: float = 0.02,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        d_head: int,
+        *,
+        dropout: float = 0.0,
+        dropatt: float = 0.0,
+        qkv_bias: tuple = (False, False, False),
+        o_bias: bool = False,
+        own_biases: bool = True,
+        segments: bool = False,
+        layer_norm_eps: float = 1e-12,
+        init_std: float = 0.02,
+        rngs: nnx.Rngs,
+    ):
         hd = (n_head, d_head)
         ax_in, ax_out = ("embed",), ("heads", "kv")
         self.n_head, self.d_head = n_head, d_head
@@ -257,30 +282,67 @@ class RelativeMultiHeadAttention(nnx.Module):
         if mem is None or mem.shape[1] == 0:
             return self.k(h), self.v(h)
         mem = mem.astype(h.dtype)
-        return (jnp.concatenate([self.k(mem), self.k(h)], axis=1),
-                jnp.concatenate([self.v(mem), self.v(h)], axis=1))
+        return (jnp.concatenate([self.k(mem), self.k(h)], axis=1), jnp.concatenate([self.v(mem), self.v(h)], axis=1))
 
-    def attend(self, query_input: jax.Array, k_head: jax.Array, v_head: jax.Array, k_head_r: jax.Array, *,
-               klen: int, offset: int, stride: int = 1, mask=None, seg_mat=None, shared_biases=None,
-               position_term=None) -> jax.Array:
+    def attend(
+        self,
+        query_input: jax.Array,
+        k_head: jax.Array,
+        v_head: jax.Array,
+        k_head_r: jax.Array,
+        *,
+        klen: int,
+        offset: int,
+        stride: int = 1,
+        mask=None,
+        seg_mat=None,
+        shared_biases=None,
+        position_term=None,
+    ) -> jax.Array:
         """One attention + post-LN residual for `query_input [b,q,d]` against precomputed key/value/position
         heads (lets XLNet's query stream reuse the content stream's heads). `position_term` overrides the
         shifted position scores (Funnel's factorized form)."""
         b = self.biases(shared_biases)
         q_head = self.q(query_input)
         if position_term is None:
-            position_term = position_scores(q_head, k_head_r, b["r_r_bias"], klen=klen, offset=offset,
-                                            stride=stride)
+            position_term = position_scores(q_head, k_head_r, b["r_r_bias"], klen=klen, offset=offset, stride=stride)
         segment_term = None
         if self.segments and seg_mat is not None:
             segment_term = segment_scores(q_head, self.seg_embed[...], b["r_s_bias"], seg_mat)
-        attn_vec = relative_attention(q_head, k_head, v_head, r_w_bias=b["r_w_bias"], position_term=position_term,
-                                      segment_term=segment_term, mask=mask, dropatt=self.dropatt)
+        attn_vec = relative_attention(
+            q_head,
+            k_head,
+            v_head,
+            r_w_bias=b["r_w_bias"],
+            position_term=position_term,
+            segment_term=segment_term,
+            mask=mask,
+            dropatt=self.dropatt,
+        )
         return self.layer_norm(query_input + self.drop(self.o(attn_vec)))
 
-    def __call__(self, query_input: jax.Array, kv_input: jax.Array, pos_emb: jax.Array, *, offset: int,
-                 stride: int = 1, mask=None, seg_mat=None, shared_biases=None) -> jax.Array:
+    def __call__(
+        self,
+        query_input: jax.Array,
+        kv_input: jax.Array,
+        pos_emb: jax.Array,
+        *,
+        offset: int,
+        stride: int = 1,
+        mask=None,
+        seg_mat=None,
+        shared_biases=None,
+    ) -> jax.Array:
         """query_input `[b,q,d]`, kv_input `[b,k,d]` (e.g. concat(memory, h)), pos_emb `[r,d]` or `[b,r,d]`."""
-        return self.attend(query_input, self.k(kv_input), self.v(kv_input), self.r(pos_emb),
-                           klen=kv_input.shape[1], offset=offset, stride=stride, mask=mask, seg_mat=seg_mat,
-                           shared_biases=shared_biases)
+        return self.attend(
+            query_input,
+            self.k(kv_input),
+            self.v(kv_input),
+            self.r(pos_emb),
+            klen=kv_input.shape[1],
+            offset=offset,
+            stride=stride,
+            mask=mask,
+            seg_mat=seg_mat,
+            shared_biases=shared_biases,
+        )

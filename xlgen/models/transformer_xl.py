@@ -33,13 +33,17 @@ from flax import nnx
 
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
 from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
-from xlgen.models.relative_attention import (RelativeMultiHeadAttention, relative_position_sequence, shift_offset,
-                                             sinusoid_embedding)
-
+from xlgen.models.relative_attention import (
+    RelativeMultiHeadAttention,
+    relative_position_sequence,
+    shift_offset,
+    sinusoid_embedding,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config
 # ----------------------------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerXLConfig:
@@ -121,9 +125,11 @@ class TransformerXLConfig:
     @classmethod
     def from_hf(cls, hf: Dict[str, Any], **overrides) -> "TransformerXLConfig":
         """From a HF `config.json` dict (TransfoXLConfig). Unsupported variants raise naming the key."""
-        for key, ok, why in (("pre_lnorm", lambda v: not v, "pre-LN blocks are not supported (post-LN only)"),
-                             ("attn_type", lambda v: v == 0, "only attn_type=0 (relative attention) exists"),
-                             ("sample_softmax", lambda v: v is None or v <= 0, "sampled softmax not supported")):
+        for key, ok, why in (
+            ("pre_lnorm", lambda v: not v, "pre-LN blocks are not supported (post-LN only)"),
+            ("attn_type", lambda v: v == 0, "only attn_type=0 (relative attention) exists"),
+            ("sample_softmax", lambda v: v is None or v <= 0, "sampled softmax not supported"),
+        ):
             if key in hf and not ok(hf[key]):
                 raise ValueError(f"config.json: {key}={hf[key]!r}: {why}")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -131,7 +137,7 @@ class TransformerXLConfig:
         if "vocab_size" not in hf and "n_token" in hf:
             kw["vocab_size"] = hf["n_token"]
         if "tie_projs" in hf and hf["tie_projs"] is not None:
-            kw["tie_projs"] = tuple(hf["tie_projs"])[:len(kw.get("cutoffs", cls.cutoffs)) + 1]
+            kw["tie_projs"] = tuple(hf["tie_projs"])[: len(kw.get("cutoffs", cls.cutoffs)) + 1]
         for k in ("scan_layers", "remat", "dtype", "softmax_block_size", "softmax_chunk_size"):
             kw.pop(k, None)
         bad = sorted(set(overrides) - names)
@@ -144,6 +150,7 @@ class TransformerXLConfig:
 # ----------------------------------------------------------------------------------------------------------------
 # Pieces
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def attention_mask(qlen: int, mlen: int, *, same_length: bool = False, mem_len: int = 0) -> np.ndarray:
     """Causal mask with memory `[qlen, mlen + qlen]`, True where query i may NOT attend key j.
@@ -174,19 +181,43 @@ class TransformerXLBlock(nnx.Module):
 
     def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
         c = config
-        self.attn = RelativeMultiHeadAttention(c.d_model, c.n_head, c.d_head, dropout=c.dropout, dropatt=c.dropatt,
-                                               own_biases=c.untie_r, layer_norm_eps=c.layer_norm_epsilon,
-                                               init_std=c.init_std, rngs=rngs)
-        self.ff = PositionwiseFF(c.d_model, c.d_inner, act="relu", dropout=c.dropout,
-                                 layer_norm_eps=c.layer_norm_epsilon, init_std=c.init_std, rngs=rngs)
+        self.attn = RelativeMultiHeadAttention(
+            c.d_model,
+            c.n_head,
+            c.d_head,
+            dropout=c.dropout,
+            dropatt=c.dropatt,
+            own_biases=c.untie_r,
+            layer_norm_eps=c.layer_norm_epsilon,
+            init_std=c.init_std,
+            rngs=rngs,
+        )
+        self.ff = PositionwiseFF(
+            c.d_model,
+            c.d_inner,
+            act="relu",
+            dropout=c.dropout,
+            layer_norm_eps=c.layer_norm_epsilon,
+            init_std=c.init_std,
+            rngs=rngs,
+        )
 
-    def __call__(self, h: jax.Array, mem: jax.Array, pos_emb: jax.Array, mask: jax.Array,
-                 shared_biases: Optional[dict]) -> jax.Array:
+    def __call__(
+        self, h: jax.Array, mem: jax.Array, pos_emb: jax.Array, mask: jax.Array, shared_biases: Optional[dict]
+    ) -> jax.Array:
         """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[l,m+l]` -> `[b,l,d]`."""
         attn = self.attn
         k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
-        out = attn.attend(h, k_head, v_head, attn.r(pos_emb), klen=k_head.shape[1],
-                          offset=shift_offset(h.shape[1], "txl"), mask=mask[None, None], shared_biases=shared_biases)
+        out = attn.attend(
+            h,
+            k_head,
+            v_head,
+            attn.r(pos_emb),
+            klen=k_head.shape[1],
+            offset=shift_offset(h.shape[1], "txl"),
+            mask=mask[None, None],
+            shared_biases=shared_biases,
+        )
         return self.ff(out)
 
 
@@ -198,18 +229,36 @@ def _apply_block(block, h, mem, pos_emb, mask, shared):
 # The language model
 # ----------------------------------------------------------------------------------------------------------------
 
+
 class TransformerXLLM(nnx.Module):
     """Transformer-XL LM: adaptive input -> N relative-attention blocks with memory -> adaptive log-softmax."""
 
     def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
         c = self.config = config
-        self.embedding = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
-                                           init_std=c.init_std, proj_init_std=c.proj_init_std, rngs=rngs)
-        self.softmax = AdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
-                                          tie_weights=c.tie_word_embeddings, tie_projs=c.resolved_tie_projs,
-                                          init_std=c.init_std, proj_init_std=c.proj_init_std,
-                                          block_size=c.softmax_block_size, chunk_size=c.softmax_chunk_size,
-                                          rngs=rngs)
+        self.embedding = AdaptiveEmbedding(
+            c.vocab_size,
+            c.embed_dim,
+            c.d_model,
+            c.cutoffs,
+            c.div_val,
+            init_std=c.init_std,
+            proj_init_std=c.proj_init_std,
+            rngs=rngs,
+        )
+        self.softmax = AdaptiveLogSoftmax(
+            c.vocab_size,
+            c.embed_dim,
+            c.d_model,
+            c.cutoffs,
+            c.div_val,
+            tie_weights=c.tie_word_embeddings,
+            tie_projs=c.resolved_tie_projs,
+            init_std=c.init_std,
+            proj_init_std=c.proj_init_std,
+            block_size=c.softmax_block_size,
+            chunk_size=c.softmax_chunk_size,
+            rngs=rngs,
+        )
         if not c.untie_r:  # one u, v shared by all layers
             self.r_w_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
             self.r_r_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
@@ -222,8 +271,7 @@ class TransformerXLLM(nnx.Module):
         m = c.mem_len if mem_len is None else mem_len
         return jnp.zeros((c.n_layer, batch_size, m, c.d_model), jnp.dtype(c.dtype))
 
-    def hidden_states(self, input_ids: jax.Array, mems: Optional[jax.Array] = None, *,
-                      mem_len: Optional[int] = None):
+    def hidden_states(self, input_ids: jax.Array, mems: Optional[jax.Array] = None, *, mem_len: Optional[int] = None):
         """Last-layer states `[b,l,d_model]` (after the final dropout) and the new memory (see module doc)."""
         c = self.config
         dtype = jnp.dtype(c.dtype)
@@ -243,6 +291,7 @@ class TransformerXLLM(nnx.Module):
         shared = None if c.untie_r else {"r_w_bias": self.r_w_bias[...], "r_r_bias": self.r_r_bias[...]}
         apply = nnx.remat(_apply_block) if c.remat else _apply_block
         if c.scan_layers:
+
             @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None, None), out_axes=(nnx.Carry, 0))
             def body(h, block, mem, pos_emb, mask, shared):
                 return apply(block, h, mem, pos_emb, mask, shared), h
@@ -257,8 +306,14 @@ class TransformerXLLM(nnx.Module):
         new_mems = update_mems(mems, hids, mem_len) if mem_len > 0 else mems[:, :, :0]
         return self.drop(h), new_mems
 
-    def __call__(self, input_ids: jax.Array, mems: Optional[jax.Array] = None, *,
-                 labels: Optional[jax.Array] = None, mem_len: Optional[int] = None):
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        mems: Optional[jax.Array] = None,
+        *,
+        labels: Optional[jax.Array] = None,
+        mem_len: Optional[int] = None,
+    ):
         """input_ids `[b,l]` int, mems `[n_layer,b,m,d_model]` or None (no memory), labels `[b,l]` next tokens
         (negative = ignored) -> `(log_probs [b,l,V] | nll [b,l], new_mems [n_layer,b,min(m+l,mem_len),d])`.
         Log-probs / nll are float32; with labels the `[b,l,V]` tensor is never built."""
@@ -278,12 +333,14 @@ def count_params(model_or_state) -> int:
 # Hugging Face checkpoints: TransfoXLLMHeadModel / TransfoXLModel (transformers 4.34.1 names)
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def _path_str(path) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def hf_to_xlgen_params(config: TransformerXLConfig, weights: Dict[str, np.ndarray], *, prefix: str,
-                       head: bool) -> Dict[str, np.ndarray]:
+def hf_to_xlgen_params(
+    config: TransformerXLConfig, weights: Dict[str, np.ndarray], *, prefix: str, head: bool
+) -> Dict[str, np.ndarray]:
     """Map HF state-dict arrays onto xlgen parameter paths ("layers/3/attn/q/kernel", unscanned layout).
 
     HF keeps q/k/v in one `qkv_net` [3·n·d_head, d_model] (torch Linear: out x in) and projections as
@@ -309,8 +366,11 @@ def hf_to_xlgen_params(config: TransformerXLConfig, weights: Dict[str, np.ndarra
         out[f"embedding/tables/{i}"] = get(f"{t}emb_layers.{i}.weight", *alt)
         needs_proj = c.div_val != 1 or c.embed_dim != d
         if needs_proj:
-            alt = [f"crit.out_projs.{k}" for k in range(len(tie_projs)) if head and tie_projs[k]
-                   and (k == i or c.div_val == 1)]
+            alt = [
+                f"crit.out_projs.{k}"
+                for k in range(len(tie_projs))
+                if head and tie_projs[k] and (k == i or c.div_val == 1)
+            ]
             out[f"embedding/projs/{i}"] = get(f"{t}emb_projs.{i}", *alt).T
     if not c.untie_r:
         out["r_w_bias"] = get(prefix + "r_w_bias")
@@ -321,7 +381,7 @@ def hf_to_xlgen_params(config: TransformerXLConfig, weights: Dict[str, np.ndarra
         if qkv.shape != (3 * n * dh, d):
             raise ValueError(f"{p}dec_attn.qkv_net.weight has shape {qkv.shape}; config implies {(3 * n * dh, d)}")
         for j, name in enumerate("qkv"):
-            out[q + f"attn/{name}/kernel"] = qkv[j * n * dh:(j + 1) * n * dh].T.reshape(d, n, dh)
+            out[q + f"attn/{name}/kernel"] = qkv[j * n * dh : (j + 1) * n * dh].T.reshape(d, n, dh)
         out[q + "attn/r/kernel"] = get(p + "dec_attn.r_net.weight").T.reshape(d, n, dh)
         out[q + "attn/o/kernel"] = get(p + "dec_attn.o_net.weight").T.reshape(n, dh, d)
         out[q + "attn/layer_norm/scale"] = get(p + "dec_attn.layer_norm.weight")
@@ -350,8 +410,9 @@ def hf_to_xlgen_params(config: TransformerXLConfig, weights: Dict[str, np.ndarra
     return out
 
 
-def load_params(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, strict: bool = True,
-                seed: int = 0) -> TransformerXLLM:
+def load_params(
+    config: TransformerXLConfig, params: Dict[str, np.ndarray], *, strict: bool = True, seed: int = 0
+) -> TransformerXLLM:
     """Build a `TransformerXLLM` whose parameters are `params` ({unscanned path: array}) without random init.
 
     Layers are stacked for `scan_layers` configs. Parameters absent from `params` are zero (allowed only with
@@ -371,8 +432,10 @@ def load_params(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, s
     # raw key data drawn on the host and wrapped in one tiny jitted call (no threefry kernels to compile)
     key_width = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape[-1]
     host_rng = np.random.default_rng(seed)
-    key_data = {name: host_rng.integers(0, 2 ** 32, size=tuple(shape) + (key_width,), dtype=np.uint32)
-                for name, shape in sorted(key_shapes.items())}
+    key_data = {
+        name: host_rng.integers(0, 2**32, size=tuple(shape) + (key_width,), dtype=np.uint32)
+        for name, shape in sorted(key_shapes.items())
+    }
     rng_keys = jax.jit(lambda d: {n: jax.random.wrap_key_data(v) for n, v in d.items()})(key_data)
 
     def fill(path, leaf):
@@ -382,7 +445,7 @@ def load_params(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, s
         if "/rngs/" in name or name.startswith("rngs/"):
             return jax.device_put(np.zeros(leaf.shape, leaf.dtype))
         if config.scan_layers and name.startswith("layers/"):
-            rest = name[len("layers/"):]
+            rest = name[len("layers/") :]
             names = [f"layers/{n}/{rest}" for n in range(config.n_layer)]
             if all(k in params for k in names):
                 used.update(names)
@@ -452,8 +515,9 @@ class TransfoXLPretrained:
         module.eval()
         self.module, self.config, self.has_head = module, module.config, has_head
         self._graphdef, self._state = nnx.split(module)
-        self._forward = jax.jit(functools.partial(self._pure_forward, self._graphdef),
-                                static_argnames=("mode", "mem_len", "layout"))
+        self._forward = jax.jit(
+            functools.partial(self._pure_forward, self._graphdef), static_argnames=("mode", "mem_len", "layout")
+        )
 
     @staticmethod
     def _pure_forward(graphdef, state, input_ids, mems, labels, *, mode: str, mem_len: int, layout: str):
@@ -493,20 +557,37 @@ class TransfoXLPretrained:
             mems = [m if isinstance(m, jax.Array) else np.asarray(m) for m in mems]
             for m in mems:
                 if m.ndim != 3 or m.shape[1] != batch or m.shape[2] != c.d_model:
-                    raise ValueError(f"mems: each layer must be [mem, batch={batch}, d_model={c.d_model}] "
-                                     f"(HF layout), got {m.shape}")
+                    raise ValueError(
+                        f"mems: each layer must be [mem, batch={batch}, d_model={c.d_model}] (HF layout), got {m.shape}"
+                    )
             return tuple(mems), "hf"
         arr = mems if isinstance(mems, jax.Array) else np.asarray(mems)
         if arr.ndim != 4 or arr.shape[0] != c.n_layer or arr.shape[1] != batch or arr.shape[3] != c.d_model:
-            raise ValueError(f"mems: expected a list of [mem, batch, d] (HF) or one [n_layer={c.n_layer}, "
-                             f"batch={batch}, mem, d={c.d_model}] array, got shape {arr.shape}")
+            raise ValueError(
+                f"mems: expected a list of [mem, batch, d] (HF) or one [n_layer={c.n_layer}, "
+                f"batch={batch}, mem, d={c.d_model}] array, got shape {arr.shape}"
+            )
         return arr, "xlgen"
 
-    def __call__(self, input_ids=None, mems=None, labels=None, *, mem_len: Optional[int] = None,
-                 head_mask=None, inputs_embeds=None, output_attentions=None, output_hidden_states=None,
-                 return_dict=None) -> TransfoXLOutput:
-        for name, v in (("head_mask", head_mask), ("inputs_embeds", inputs_embeds),
-                        ("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states)):
+    def __call__(
+        self,
+        input_ids=None,
+        mems=None,
+        labels=None,
+        *,
+        mem_len: Optional[int] = None,
+        head_mask=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ) -> TransfoXLOutput:
+        for name, v in (
+            ("head_mask", head_mask),
+            ("inputs_embeds", inputs_embeds),
+            ("output_attentions", output_attentions),
+            ("output_hidden_states", output_hidden_states),
+        ):
             if v is not None and v is not False:
                 raise NotImplementedError(f"{name} is not supported by xlgen's Transformer-XL")
         if input_ids is None:

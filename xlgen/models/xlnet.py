@@ -36,9 +36,14 @@ import numpy as np
 from flax import nnx
 
 from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
-from xlgen.models.relative_attention import (RelativeMultiHeadAttention, position_scores, relative_attention,
-                                             relative_position_sequence, segment_scores, shift_offset,
-                                             sinusoid_embedding)
+from xlgen.models.relative_attention import (
+    RelativeMultiHeadAttention,
+    relative_attention,
+    relative_position_sequence,
+    segment_scores,
+    shift_offset,
+    sinusoid_embedding,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config
@@ -126,8 +131,9 @@ def half_batch_is_forward(batch_size: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def attention_masks(qlen: int, mlen: int, *, attn_type: str, same_length: bool = False, input_mask=None,
-                    perm_mask=None):
+def attention_masks(
+    qlen: int, mlen: int, *, attn_type: str, same_length: bool = False, input_mask=None, perm_mask=None
+):
     """Query-stream mask M_g `[b or 1, qlen, mlen+qlen]` (True = may NOT attend) and content mask M_h = M_g & i!=j.
 
     input_mask `[b, qlen]` (1 = padding), perm_mask `[b, qlen, qlen]` (1 = i may not attend to j). Memory
@@ -165,8 +171,9 @@ def segment_matrix(token_type_ids: jax.Array, mlen: int) -> jax.Array:
     return token_type_ids[:, :, None] != cat[:, None, :]
 
 
-def position_encodings(qlen: int, klen: int, d_model: int, *, attn_type: str, clamp_len: int, bi: bool,
-                       dtype=jnp.float32) -> jax.Array:
+def position_encodings(
+    qlen: int, klen: int, d_model: int, *, attn_type: str, clamp_len: int, bi: bool, dtype=jnp.float32
+) -> jax.Array:
     """Sinusoid encodings of the relative distances: `[r, d]`, or `[2, r, d]` (forward, backward) when `bi`."""
     pos_seq = relative_position_sequence(qlen, klen, attn_type, clamp_len)
     fwd = sinusoid_embedding(pos_seq, d_model, dtype)
@@ -192,10 +199,26 @@ class XLNetLayer(nnx.Module):
 
     def __init__(self, cfg: XLNetConfig, *, rngs: nnx.Rngs):
         self.rel_attn = RelativeMultiHeadAttention(
-            cfg.d_model, cfg.n_head, cfg.d_head, dropout=cfg.dropout, dropatt=cfg.dropatt, own_biases=cfg.untie_r,
-            segments=True, layer_norm_eps=cfg.layer_norm_eps, init_std=cfg.initializer_range, rngs=rngs)
-        self.ff = PositionwiseFF(cfg.d_model, cfg.d_inner, act=cfg.ff_activation, dropout=cfg.dropout,
-                                 layer_norm_eps=cfg.layer_norm_eps, init_std=cfg.initializer_range, rngs=rngs)
+            cfg.d_model,
+            cfg.n_head,
+            cfg.d_head,
+            dropout=cfg.dropout,
+            dropatt=cfg.dropatt,
+            own_biases=cfg.untie_r,
+            segments=True,
+            layer_norm_eps=cfg.layer_norm_eps,
+            init_std=cfg.initializer_range,
+            rngs=rngs,
+        )
+        self.ff = PositionwiseFF(
+            cfg.d_model,
+            cfg.d_inner,
+            act=cfg.ff_activation,
+            dropout=cfg.dropout,
+            layer_norm_eps=cfg.layer_norm_eps,
+            init_std=cfg.initializer_range,
+            rngs=rngs,
+        )
 
     def __call__(self, h, g, mem, pos_emb, ctx: dict, shared_biases):
         """h `[b,l,d]`, g `[b,m,d]` or None, mem `[b,mlen,d]` or None, pos_emb `[r,d]` or `[2,r,d]`."""
@@ -207,18 +230,29 @@ class XLNetLayer(nnx.Module):
             k_head_r = jnp.where(ctx["is_forward"][:, None, None, None], k_head_r[0], k_head_r[1])
         offset = shift_offset(qlen, ctx["attn_type"])
         mask_h = None if ctx["mask_h"] is None else ctx["mask_h"][:, None]
-        h_out = attn.attend(h, k_head, v_head, k_head_r, klen=klen, offset=offset, mask=mask_h,
-                            seg_mat=ctx["seg_mat"], shared_biases=shared_biases)
+        h_out = attn.attend(
+            h,
+            k_head,
+            v_head,
+            k_head_r,
+            klen=klen,
+            offset=offset,
+            mask=mask_h,
+            seg_mat=ctx["seg_mat"],
+            shared_biases=shared_biases,
+        )
         g_out = None
         if g is not None:
-            g_out = query_stream_attention(attn, g, k_head, v_head, k_head_r, klen=klen, offset=offset, ctx=ctx,
-                                           shared_biases=shared_biases)
+            g_out = query_stream_attention(
+                attn, g, k_head, v_head, k_head_r, klen=klen, offset=offset, ctx=ctx, shared_biases=shared_biases
+            )
             g_out = self.ff(g_out)
         return self.ff(h_out), g_out
 
 
-def query_stream_attention(attn: RelativeMultiHeadAttention, g, k_head, v_head, k_head_r, *, klen: int, offset: int,
-                           ctx: dict, shared_biases) -> jax.Array:
+def query_stream_attention(
+    attn: RelativeMultiHeadAttention, g, k_head, v_head, k_head_r, *, klen: int, offset: int, ctx: dict, shared_biases
+) -> jax.Array:
     """Query-stream attention of g `[b,m,d]` (target t sits at position z_t = ctx["target_pos"][b,t]) against the
     content stream's k/v/position heads; computed for the m targets only. Rows of `target_mapping` that are all
     zero (padding targets) get a zero attention vector, as in the original's einsum formulation."""
@@ -238,8 +272,16 @@ def query_stream_attention(attn: RelativeMultiHeadAttention, g, k_head, v_head, 
     if ctx["seg_rows"] is not None:
         segment_term = segment_scores(q_head, attn.seg_embed[...], b["r_s_bias"], ctx["seg_rows"])
     mask = None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None]
-    attn_vec = relative_attention(q_head, k_head, v_head, r_w_bias=b["r_w_bias"], position_term=position_term,
-                                  segment_term=segment_term, mask=mask, dropatt=attn.dropatt)
+    attn_vec = relative_attention(
+        q_head,
+        k_head,
+        v_head,
+        r_w_bias=b["r_w_bias"],
+        position_term=position_term,
+        segment_term=segment_term,
+        mask=mask,
+        dropatt=attn.dropatt,
+    )
     attn_vec = attn_vec * ctx["target_weight"][:, :, None, None].astype(attn_vec.dtype)
     return attn.layer_norm(g + attn.drop(attn.o(attn_vec)))
 
@@ -281,12 +323,25 @@ class XLNetModel(nnx.Module):
     def init_mems(self, batch_size: int, mem_len: Optional[int] = None) -> jax.Array:
         """Zero memory `[n_layer, b, mem_len, d]` (the original starts pretraining from zeros)."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
-        return jnp.zeros((self.config.n_layer, batch_size, mem_len or 0, self.config.d_model),
-                         self.config.compute_dtype)
+        return jnp.zeros(
+            (self.config.n_layer, batch_size, mem_len or 0, self.config.d_model), self.config.compute_dtype
+        )
 
-    def __call__(self, input_ids=None, token_type_ids=None, *, input_mask=None, attention_mask=None, mems=None,
-                 perm_mask=None, target_mapping=None, is_forward=None, mem_len=None, reuse_len=None,
-                 inputs_embeds=None):
+    def __call__(
+        self,
+        input_ids=None,
+        token_type_ids=None,
+        *,
+        input_mask=None,
+        attention_mask=None,
+        mems=None,
+        perm_mask=None,
+        target_mapping=None,
+        is_forward=None,
+        mem_len=None,
+        reuse_len=None,
+        inputs_embeds=None,
+    ):
         """input_ids `[b,l]` int (or inputs_embeds `[b,l,d]`); token_type_ids `[b,l]` (any number of segment
         ids; None = no segment term);
         input_mask `[b,l]` (1 = pad, original) XOR attention_mask `[b,l]` (1 = real, HF); mems
@@ -313,8 +368,9 @@ class XLNetModel(nnx.Module):
             raise ValueError("XLNetModel: pass input_mask (1 = padding) or attention_mask (1 = real token), not both")
         if attention_mask is not None:
             input_mask = 1 - jnp.asarray(attention_mask)
-        mask_g, mask_h = attention_masks(qlen, mlen, attn_type=cfg.attn_type, same_length=cfg.same_length,
-                                         input_mask=input_mask, perm_mask=perm_mask)
+        mask_g, mask_h = attention_masks(
+            qlen, mlen, attn_type=cfg.attn_type, same_length=cfg.same_length, input_mask=input_mask, perm_mask=perm_mask
+        )
         seg_mat = None
         if token_type_ids is not None:
             seg_mat = segment_matrix(jnp.asarray(token_type_ids), mlen)
@@ -322,19 +378,27 @@ class XLNetModel(nnx.Module):
         if is_forward is None and cfg.bi_data:
             is_forward = half_batch_is_forward(bsz)
         bi = is_forward is not None
-        pos_emb = position_encodings(qlen, klen, cfg.d_model, attn_type=cfg.attn_type, clamp_len=cfg.clamp_len,
-                                     bi=bi, dtype=dtype)
+        pos_emb = position_encodings(
+            qlen, klen, cfg.d_model, attn_type=cfg.attn_type, clamp_len=cfg.clamp_len, bi=bi, dtype=dtype
+        )
         pos_emb = self.drop(pos_emb)
 
-        ctx = {"attn_type": cfg.attn_type, "is_forward": None if not bi else jnp.asarray(is_forward, bool),
-               "mask_h": mask_h, "seg_mat": seg_mat, "seg_rows": None, "mask_rows": None}
+        ctx = {
+            "attn_type": cfg.attn_type,
+            "is_forward": None if not bi else jnp.asarray(is_forward, bool),
+            "mask_h": mask_h,
+            "seg_mat": seg_mat,
+            "seg_rows": None,
+            "mask_rows": None,
+        }
         h = self.drop(inputs_embeds.astype(dtype))
         g = None
         if target_mapping is not None:
             tm = jnp.asarray(target_mapping)
             pos = jnp.argmax(tm, axis=-1).astype(jnp.int32)  # [b,m]
-            ctx.update(target_pos=pos, target_weight=tm.sum(-1), mask_rows=_rows(mask_g, pos),
-                       seg_rows=_rows(seg_mat, pos))
+            ctx.update(
+                target_pos=pos, target_weight=tm.sum(-1), mask_rows=_rows(mask_g, pos), seg_rows=_rows(seg_mat, pos)
+            )
             g = self.drop(jnp.broadcast_to(self.mask_emb[...].astype(dtype), (bsz, tm.shape[1], cfg.d_model)))
 
         shared = self.shared_biases()
@@ -349,6 +413,7 @@ class XLNetModel(nnx.Module):
             layer_fn = nnx.remat(layer_fn)
 
         if cfg.scan_layers:
+
             def body(carry, layer, mem):
                 h, g = carry
                 h, g, new_mem = layer_fn(layer, h, g, mem)
@@ -385,7 +450,7 @@ class XLNetLMHeadModel(nnx.Module):
 
     def logits(self, output: jax.Array) -> jax.Array:
         emb = self.transformer.word_embedding[...].astype(output.dtype)
-        return (jnp.einsum("bld,vd->blv", output, emb).astype(jnp.float32) + self.lm_bias[...])
+        return jnp.einsum("bld,vd->blv", output, emb).astype(jnp.float32) + self.lm_bias[...]
 
     def __call__(self, input_ids=None, token_type_ids=None, *, target_ids=None, **kwargs):
         output, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
@@ -457,7 +522,7 @@ def hf_to_xlgen(head: str, config: XLNetConfig, weights: Dict[str, np.ndarray]) 
     if head == "XLNetModel" and not any(k.startswith("transformer.") for k in weights):
         core, prefix = dict(weights), ""
     else:
-        core = {k[len("transformer."):]: v for k, v in weights.items() if k.startswith("transformer.")}
+        core = {k[len("transformer.") :]: v for k, v in weights.items() if k.startswith("transformer.")}
         prefix = "" if head == "XLNetModel" else "transformer."
         if not core:
             raise ValueError(f"{head}: no 'transformer.*' weights in the checkpoint")
@@ -488,8 +553,13 @@ def hf_to_xlgen(head: str, config: XLNetConfig, weights: Dict[str, np.ndarray]) 
     return out
 
 
-HF_HEADS = ("XLNetModel", "XLNetLMHeadModel", "XLNetForSequenceClassification", "XLNetForQuestionAnswering",
-            "XLNetForMultipleChoice")
+HF_HEADS = (
+    "XLNetModel",
+    "XLNetLMHeadModel",
+    "XLNetForSequenceClassification",
+    "XLNetForQuestionAnswering",
+    "XLNetForMultipleChoice",
+)
 
 
 def module_class(name: str):
@@ -549,26 +619,54 @@ class XLNetFromHF:
 
         self._run = jax.jit(run, static_argnums=2)
 
-    def __call__(self, input_ids=None, *, attention_mask=None, mems=None, perm_mask=None, target_mapping=None,
-                 token_type_ids=None, input_mask=None, use_mems=None, labels=None, start_positions=None,
-                 end_positions=None, is_impossible=None, cls_index=None, p_mask=None, is_forward=None,
-                 **unsupported):
+    def __call__(
+        self,
+        input_ids=None,
+        *,
+        attention_mask=None,
+        mems=None,
+        perm_mask=None,
+        target_mapping=None,
+        token_type_ids=None,
+        input_mask=None,
+        use_mems=None,
+        labels=None,
+        start_positions=None,
+        end_positions=None,
+        is_impossible=None,
+        cls_index=None,
+        p_mask=None,
+        is_forward=None,
+        **unsupported,
+    ):
         unsupported = {k: v for k, v in unsupported.items() if v is not None and k not in ("return_dict",)}
         if unsupported:
-            raise TypeError(f"{self.head}: unsupported arguments {sorted(unsupported)} (head_mask, inputs_embeds "
-                            "and output_* are not implemented)")
+            raise TypeError(
+                f"{self.head}: unsupported arguments {sorted(unsupported)} (head_mask, inputs_embeds "
+                "and output_* are not implemented)"
+            )
         if input_ids is None:
             raise ValueError(f"{self.head}: input_ids is required")
         cfg = self.config
-        arrays = {k: np.asarray(v) for k, v in dict(
-            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-            input_mask=input_mask, perm_mask=perm_mask, target_mapping=target_mapping, is_forward=is_forward).items()
-            if v is not None}
+        arrays = {
+            k: np.asarray(v)
+            for k, v in dict(
+                input_ids=input_ids,
+                token_type_ids=token_type_ids,
+                attention_mask=attention_mask,
+                input_mask=input_mask,
+                perm_mask=perm_mask,
+                target_mapping=target_mapping,
+                is_forward=is_forward,
+            ).items()
+            if v is not None
+        }
         for k in ("perm_mask", "target_mapping", "attention_mask", "input_mask"):
             if k in arrays:
                 arrays[k] = arrays[k].astype(np.float32)
-        training_qa = self.head == "XLNetForQuestionAnswering" and start_positions is not None \
-            and end_positions is not None
+        training_qa = (
+            self.head == "XLNetForQuestionAnswering" and start_positions is not None and end_positions is not None
+        )
         if self.head == "XLNetForQuestionAnswering":
             if p_mask is not None:
                 arrays["p_mask"] = np.asarray(p_mask, np.float32)
@@ -624,10 +722,12 @@ class XLNetFromHF:
                 b, s, e = out["end_top_index"].shape
                 result["start_top_log_probs"] = np.exp(np.asarray(out["start_top_log_probs"]))
                 result["start_top_index"] = np.asarray(out["start_top_index"]).astype(np.int64)
-                result["end_top_log_probs"] = np.exp(np.asarray(out["end_top_log_probs"])).transpose(0, 2, 1) \
-                    .reshape(b, e * s)
-                result["end_top_index"] = np.asarray(out["end_top_index"]).transpose(0, 2, 1).reshape(b, e * s) \
-                    .astype(np.int64)
+                result["end_top_log_probs"] = (
+                    np.exp(np.asarray(out["end_top_log_probs"])).transpose(0, 2, 1).reshape(b, e * s)
+                )
+                result["end_top_index"] = (
+                    np.asarray(out["end_top_index"]).transpose(0, 2, 1).reshape(b, e * s).astype(np.int64)
+                )
                 result["cls_logits"] = np.asarray(out["cls_logits"])
         else:
             logits = np.asarray(out, np.float32)
@@ -639,6 +739,7 @@ class XLNetFromHF:
 
 def _hf_loss(head, hf_config, logits, labels):
     """The losses HF computes from `labels` (mean over the batch)."""
+
     def ce(lg, y):
         lg = lg.reshape(-1, lg.shape[-1]).astype(np.float64)
         y = y.reshape(-1)
@@ -650,9 +751,15 @@ def _hf_loss(head, hf_config, logits, labels):
         problem = hf_config.get("problem_type")
         n = logits.shape[-1]
         if problem is None:
-            problem = "regression" if n == 1 else (
-                "single_label_classification" if np.issubdtype(labels.dtype, np.integer) else
-                "multi_label_classification")
+            problem = (
+                "regression"
+                if n == 1
+                else (
+                    "single_label_classification"
+                    if np.issubdtype(labels.dtype, np.integer)
+                    else "multi_label_classification"
+                )
+            )
         if problem == "regression":
             return np.mean((logits.reshape(labels.shape if n == 1 else logits.shape) - labels) ** 2)
         if problem == "multi_label_classification":
@@ -670,7 +777,8 @@ def from_hf(hf_config: Dict[str, Any], weights: Dict[str, np.ndarray], kwargs: D
     archs = hf_config.get("architectures") or ["XLNetModel"]
     head = kwargs.pop("head", None) or archs[0]
     if head not in HF_HEADS:
-        raise ValueError(f"config.json architectures={archs}: unsupported XLNet class {head!r}; "
-                         f"supported: {sorted(HF_HEADS)}")
+        raise ValueError(
+            f"config.json architectures={archs}: unsupported XLNet class {head!r}; supported: {sorted(HF_HEADS)}"
+        )
     config = XLNetConfig.from_hf(hf_config, **kwargs)
     return XLNetFromHF(load_hf(head, config, weights), head, hf_config)

@@ -25,8 +25,9 @@ P_MASK_VALUE = 1e30  # logits * (1 - p_mask) - 1e30 * p_mask, as the original an
 
 
 def _dense(cfg: XLNetConfig, d_in: int, d_out: int, rngs, use_bias: bool = True, out_axis="embed") -> Dense:
-    return Dense((d_in,), (d_out,), ("embed",), (out_axis,), use_bias=use_bias, init_std=cfg.initializer_range,
-                 rngs=rngs)
+    return Dense(
+        (d_in,), (d_out,), ("embed",), (out_axis,), use_bias=use_bias, init_std=cfg.initializer_range, rngs=rngs
+    )
 
 
 def _gather_positions(h: jax.Array, index: jax.Array) -> jax.Array:
@@ -98,8 +99,13 @@ class XLNetForMultipleChoice(nnx.Module):
         def flat(x):
             return None if x is None else jnp.asarray(x).reshape(b * c, l)
 
-        h, new_mems = self.transformer(flat(input_ids), flat(token_type_ids), input_mask=flat(input_mask),
-                                       attention_mask=flat(attention_mask), **kwargs)
+        h, new_mems = self.transformer(
+            flat(input_ids),
+            flat(token_type_ids),
+            input_mask=flat(input_mask),
+            attention_mask=flat(attention_mask),
+            **kwargs,
+        )
         logits = self.logits_proj(self.sequence_summary(h)).astype(jnp.float32)
         return logits.reshape(b, c), new_mems
 
@@ -122,8 +128,9 @@ class PoolerEndLogits(nnx.Module):
     """end logit of position i given start state s: dense_1(LN(tanh(dense_0([h_i; s]))))."""
 
     def __init__(self, cfg: XLNetConfig, *, rngs: nnx.Rngs):
-        self.dense_0 = Dense((2, cfg.d_model), (cfg.d_model,), (None, "embed"), ("embed",),
-                             init_std=cfg.initializer_range, rngs=rngs)
+        self.dense_0 = Dense(
+            (2, cfg.d_model), (cfg.d_model,), (None, "embed"), ("embed",), init_std=cfg.initializer_range, rngs=rngs
+        )
         self.layer_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, rngs=rngs)
         self.dense_1 = _dense(cfg, cfg.d_model, 1, rngs, out_axis=None)
 
@@ -138,8 +145,9 @@ class PoolerAnswerClass(nnx.Module):
     """Answerability logit: dense_1(tanh(dense_0([start_state; cls_state]))), dense_1 without bias."""
 
     def __init__(self, cfg: XLNetConfig, *, rngs: nnx.Rngs):
-        self.dense_0 = Dense((2, cfg.d_model), (cfg.d_model,), (None, "embed"), ("embed",),
-                             init_std=cfg.initializer_range, rngs=rngs)
+        self.dense_0 = Dense(
+            (2, cfg.d_model), (cfg.d_model,), (None, "embed"), ("embed",), init_std=cfg.initializer_range, rngs=rngs
+        )
         self.dense_1 = _dense(cfg, cfg.d_model, 1, rngs, use_bias=False, out_axis=None)
 
     def __call__(self, h, start_states, cls_index=None):
@@ -165,8 +173,18 @@ class XLNetForQuestionAnswering(nnx.Module):
         self.end_logits = PoolerEndLogits(config, rngs=rngs)
         self.answer_class = PoolerAnswerClass(config, rngs=rngs)
 
-    def __call__(self, input_ids, token_type_ids=None, *, p_mask=None, cls_index=None, start_positions=None,
-                 start_n_top=None, end_n_top=None, **kwargs):
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        *,
+        p_mask=None,
+        cls_index=None,
+        start_positions=None,
+        start_n_top=None,
+        end_n_top=None,
+        **kwargs,
+    ):
         h, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
         start_logits = self.start_logits(h, p_mask)
         start_probs = jax.nn.softmax(start_logits, axis=-1)
@@ -182,19 +200,26 @@ class XLNetForQuestionAnswering(nnx.Module):
         start_top_log_probs, start_top_index = jax.lax.top_k(start_log_probs, s_top)  # [b,S]
         start_states = jnp.take_along_axis(h, start_top_index[:, :, None], axis=1)  # [b,S,d]
         # end logits for every (start k, position i): [b,S,l]
-        end_logits = self.end_logits(h[:, None], start_states[:, :, None],
-                                     None if p_mask is None else jnp.asarray(p_mask)[:, None])
+        end_logits = self.end_logits(
+            h[:, None], start_states[:, :, None], None if p_mask is None else jnp.asarray(p_mask)[:, None]
+        )
         end_log_probs = jax.nn.log_softmax(end_logits, axis=-1)
         end_top_log_probs, end_top_index = jax.lax.top_k(end_log_probs, e_top)  # [b,S,E]
         weighted_start = jnp.einsum("bld,bl->bd", h.astype(jnp.float32), start_probs).astype(h.dtype)
         cls_logits = self.answer_class(h, weighted_start, cls_index)
-        return {"start_top_log_probs": start_top_log_probs, "start_top_index": start_top_index,
-                "end_top_log_probs": end_top_log_probs, "end_top_index": end_top_index,
-                "cls_logits": cls_logits, "start_logits": start_logits}, new_mems
+        return {
+            "start_top_log_probs": start_top_log_probs,
+            "start_top_index": start_top_index,
+            "end_top_log_probs": end_top_log_probs,
+            "end_top_index": end_top_index,
+            "cls_logits": cls_logits,
+            "start_logits": start_logits,
+        }, new_mems
 
 
 def squad_loss(outputs: dict, start_positions, end_positions, is_impossible=None) -> jax.Array:
     """Per-example SQuAD loss `[b]`: (CE(start) + CE(end)) / 2 + 0.5 * BCE(cls_logits, is_impossible)."""
+
     def ce(logits, pos):
         logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.take_along_axis(logp, jnp.asarray(pos, jnp.int32)[:, None], axis=-1)[:, 0]

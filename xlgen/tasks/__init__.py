@@ -20,15 +20,15 @@ from data_pipelines.tasks import squad as _squad
 @dataclasses.dataclass(frozen=True)
 class Task:
     name: str
-    kind: str                                 # "classification" | "regression" | "squad" | "multiple_choice"
-    num_labels: int                           # classes (1 for regression / span tasks, options for RACE)
-    label_names: Optional[Tuple[str, ...]]    # strings written to submission files
-    metrics: Tuple[str, ...]                  # metric names reported on dev
-    primary_metric: str                       # selects the best checkpoint (higher is better)
+    kind: str  # "classification" | "regression" | "squad" | "multiple_choice"
+    num_labels: int  # classes (1 for regression / span tasks, options for RACE)
+    label_names: Optional[Tuple[str, ...]]  # strings written to submission files
+    metrics: Tuple[str, ...]  # metric names reported on dev
+    primary_metric: str  # selects the best checkpoint (higher is better)
     eval_splits: Tuple[str, ...] = ("dev",)
     test_splits: Tuple[str, ...] = ("test",)
-    submission: str = ""                      # GLUE submission stem
-    version: str = ""                         # SQuAD version
+    submission: str = ""  # GLUE submission stem
+    version: str = ""  # SQuAD version
 
     def read(self, data_dir: str, split: str, *, skip_malformed: bool = False):
         """Examples of `split` from the official files in `data_dir`, or from a prepared TFDS dataset when
@@ -40,8 +40,11 @@ class Task:
         if self.name.startswith("glue/"):
             return _glue.read_glue(self.name[5:], data_dir, split, skip_malformed=skip_malformed)
         if self.kind == "squad":
-            names = {"train": f"train-{self.version}.json", "dev": f"dev-{self.version}.json",
-                     "test": f"test-{self.version}.json"}
+            names = {
+                "train": f"train-{self.version}.json",
+                "dev": f"dev-{self.version}.json",
+                "test": f"test-{self.version}.json",
+            }
             path = os.path.join(data_dir, names.get(split, split))
             return _squad.read_squad(path, version=self.version, require_answers=split in ("train", "dev"))
         if self.kind == "multiple_choice":
@@ -56,14 +59,26 @@ class Task:
 
 def _glue_task(name: str) -> Task:
     spec = _glue.GLUE_TASKS[name]
-    metrics = {"cola": ("mcc",), "mrpc": ("accuracy", "f1"), "qqp": ("accuracy", "f1"),
-               "stsb": ("pearson", "spearman")}.get(name, ("accuracy",))
+    metrics = {
+        "cola": ("mcc",),
+        "mrpc": ("accuracy", "f1"),
+        "qqp": ("accuracy", "f1"),
+        "stsb": ("pearson", "spearman"),
+    }.get(name, ("accuracy",))
     primary = {"cola": "mcc", "stsb": "pearson"}.get(name, "accuracy")
     eval_splits = ("dev", "dev_mismatched") if name == "mnli" else ("dev",)
     test_splits = ("test", "test_mismatched") if name == "mnli" else ("test",)
-    return Task(f"glue/{name}", "regression" if spec.labels is None else "classification",
-                1 if spec.labels is None else len(spec.labels), spec.labels, metrics, primary, eval_splits,
-                test_splits, submission=spec.submission)
+    return Task(
+        f"glue/{name}",
+        "regression" if spec.labels is None else "classification",
+        1 if spec.labels is None else len(spec.labels),
+        spec.labels,
+        metrics,
+        primary,
+        eval_splits,
+        test_splits,
+        submission=spec.submission,
+    )
 
 
 TASKS = {f"glue/{n}": _glue_task(n) for n in _glue.GLUE_TASKS if n != "ax"}
@@ -73,12 +88,13 @@ for _v in ("v1.1", "v2.0"):
 for _n in ("race", "race/high", "race/middle"):
     TASKS[_n] = Task(_n, "multiple_choice", 4, ("A", "B", "C", "D"), ("accuracy",), "accuracy")
 for _n, _k in _cls.NUM_CLASSES.items():
-    TASKS[_n] = Task(_n, "classification", _k, tuple(str(i + 1) for i in range(_k)), ("accuracy",), "accuracy",
-                     test_splits=())
+    TASKS[_n] = Task(
+        _n, "classification", _k, tuple(str(i + 1) for i in range(_k)), ("accuracy",), "accuracy", test_splits=()
+    )
 
 
 def get_task(name: str) -> Task:
-    key = name[len("classification/"):] if name.startswith("classification/") else name
+    key = name[len("classification/") :] if name.startswith("classification/") else name
     if key not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     return TASKS[key]

@@ -60,8 +60,12 @@ def make_model(config, rngs, train: bool):
     cfg = model_cfg(config)
     mod, _ = _family_module(config)
     if config.model.family == "xlnet":
-        name = {"classification": "XLNetForSequenceClassification", "regression": "XLNetForSequenceClassification",
-                "multiple_choice": "XLNetForMultipleChoice", "squad": "XLNetForQuestionAnswering"}[task.kind]
+        name = {
+            "classification": "XLNetForSequenceClassification",
+            "regression": "XLNetForSequenceClassification",
+            "multiple_choice": "XLNetForMultipleChoice",
+            "squad": "XLNetForQuestionAnswering",
+        }[task.kind]
         if not hasattr(mod, name):
             raise ValueError(f"xlgen.models.xlnet_heads has no {name} (needed for task {task.name})")
         return getattr(mod, name)(cfg, rngs=rngs)
@@ -80,12 +84,23 @@ def batch_spec(config, split: str):
     i32, f32 = jnp.int32, jnp.float32
     if task.kind == "multiple_choice":
         n = task.num_labels
-        return {"input_ids": ((b, n, L), i32), "token_type_ids": ((b, n, L), i32),
-                "attention_mask": ((b, n, L), i32), "labels": ((b,), i32)}
+        return {
+            "input_ids": ((b, n, L), i32),
+            "token_type_ids": ((b, n, L), i32),
+            "attention_mask": ((b, n, L), i32),
+            "labels": ((b,), i32),
+        }
     spec = {"input_ids": ((b, L), i32), "token_type_ids": ((b, L), i32), "attention_mask": ((b, L), i32)}
     if task.kind == "squad":
-        spec.update({"p_mask": ((b, L), f32), "cls_index": ((b,), i32), "start_positions": ((b,), i32),
-                     "end_positions": ((b,), i32), "is_impossible": ((b,), f32)})
+        spec.update(
+            {
+                "p_mask": ((b, L), f32),
+                "cls_index": ((b,), i32),
+                "start_positions": ((b,), i32),
+                "end_positions": ((b,), i32),
+                "is_impossible": ((b,), f32),
+            }
+        )
     else:
         spec["labels"] = ((b,), f32 if task.kind == "regression" else i32)
     return spec
@@ -115,9 +130,13 @@ def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
     if train:
         return {n: out[n] for n in ("start_logits", "end_logits", "cls_logits")}
     b = out["start_top_index"].shape[0]
-    return {"start_top_log_probs": out["start_top_log_probs"], "start_top_index": out["start_top_index"],
-            "end_top_log_probs": out["end_top_log_probs"].reshape(b, -1),  # [b, S, E] -> [b, S*E], row k*E + j
-            "end_top_index": out["end_top_index"].reshape(b, -1), "cls_logits": out["cls_logits"]}
+    return {
+        "start_top_log_probs": out["start_top_log_probs"],
+        "start_top_index": out["start_top_index"],
+        "end_top_log_probs": out["end_top_log_probs"].reshape(b, -1),  # [b, S, E] -> [b, S*E], row k*E + j
+        "end_top_index": out["end_top_index"].reshape(b, -1),
+        "cls_logits": out["cls_logits"],
+    }
 
 
 def _masked_log_softmax(logits, p_mask):
@@ -163,6 +182,14 @@ def _tokens(config):
     return n
 
 
-FINETUNE = obj_lib.register_objective(obj_lib.Objective(
-    name="finetune", family="any", make_model=make_model, batch_spec=batch_spec, loss=_loss, eval_loss=_eval_loss,
-    tokens_per_step=_tokens))
+FINETUNE = obj_lib.register_objective(
+    obj_lib.Objective(
+        name="finetune",
+        family="any",
+        make_model=make_model,
+        batch_spec=batch_spec,
+        loss=_loss,
+        eval_loss=_eval_loss,
+        tokens_per_step=_tokens,
+    )
+)

@@ -23,22 +23,33 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def logits_to_beam(start_logits: np.ndarray, end_logits: np.ndarray, p_mask: np.ndarray, *, start_n_top: int = 5,
-                   end_n_top: int = 5) -> Dict[str, np.ndarray]:
+def logits_to_beam(
+    start_logits: np.ndarray, end_logits: np.ndarray, p_mask: np.ndarray, *, start_n_top: int = 5, end_n_top: int = 5
+) -> Dict[str, np.ndarray]:
     """Independent start/end logits [N, L] -> the beam format (end candidates do not depend on the start)."""
     big = 1e30
     slp = _log_softmax(np.where(p_mask > 0, -big, start_logits.astype(np.float64)))
     elp = _log_softmax(np.where(p_mask > 0, -big, end_logits.astype(np.float64)))
     s_idx = np.argsort(-slp, axis=-1, kind="stable")[:, :start_n_top]
     e_idx = np.argsort(-elp, axis=-1, kind="stable")[:, :end_n_top]
-    return {"start_top_log_probs": np.take_along_axis(slp, s_idx, -1), "start_top_index": s_idx,
-            "end_top_log_probs": np.tile(np.take_along_axis(elp, e_idx, -1), (1, start_n_top)),
-            "end_top_index": np.tile(e_idx, (1, start_n_top))}
+    return {
+        "start_top_log_probs": np.take_along_axis(slp, s_idx, -1),
+        "start_top_index": s_idx,
+        "end_top_log_probs": np.tile(np.take_along_axis(elp, e_idx, -1), (1, start_n_top)),
+        "end_top_index": np.tile(e_idx, (1, start_n_top)),
+    }
 
 
-def decode(examples: Sequence, features: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], *,
-           start_n_top: int = 5, end_n_top: int = 5, max_answer_length: int = 64, n_best_size: int = 5
-           ) -> Tuple[Dict[str, str], Dict[str, float], Dict[str, List[dict]]]:
+def decode(
+    examples: Sequence,
+    features: Mapping[str, np.ndarray],
+    outputs: Mapping[str, np.ndarray],
+    *,
+    start_n_top: int = 5,
+    end_n_top: int = 5,
+    max_answer_length: int = 64,
+    n_best_size: int = 5,
+) -> Tuple[Dict[str, str], Dict[str, float], Dict[str, List[dict]]]:
     """Returns (predictions qid -> best non-null text, null_odds qid -> null score, nbest qid -> candidates).
 
     `features`: example_index [N], tok_start_char / tok_end_char / max_context [N, L]. `outputs`: the beam arrays
@@ -66,7 +77,7 @@ def decode(examples: Sequence, features: Mapping[str, np.ndarray], outputs: Mapp
         cands.sort(key=lambda c: -c[0])
         seen, best = set(), []
         for score, f, s, e in cands:
-            text = ex.context[int(tsc[f, s]):int(tec[f, e])].strip()
+            text = ex.context[int(tsc[f, s]) : int(tec[f, e])].strip()
             if text in seen:
                 continue
             seen.add(text)
@@ -79,8 +90,9 @@ def decode(examples: Sequence, features: Mapping[str, np.ndarray], outputs: Mapp
     return preds, null_odds, nbest
 
 
-def apply_null_threshold(preds: Mapping[str, str], null_odds: Mapping[str, float], thresh: Optional[float]
-                         ) -> Dict[str, str]:
+def apply_null_threshold(
+    preds: Mapping[str, str], null_odds: Mapping[str, float], thresh: Optional[float]
+) -> Dict[str, str]:
     """SQuAD 2.0 submission predictions: "" where the null score exceeds `thresh` (None = never)."""
     if thresh is None:
         return dict(preds)

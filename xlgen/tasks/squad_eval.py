@@ -91,8 +91,12 @@ def _find_best_thresh(preds, scores, na_probs, has_ans, initial_thresh: float = 
     return 100.0 * best / len(scores), best_thresh
 
 
-def evaluate_v2(gold: Mapping[str, List[str]], preds: Mapping[str, str],
-                na_probs: Optional[Mapping[str, float]] = None, na_prob_thresh: float = 1.0) -> Dict[str, float]:
+def evaluate_v2(
+    gold: Mapping[str, List[str]],
+    preds: Mapping[str, str],
+    na_probs: Optional[Mapping[str, float]] = None,
+    na_prob_thresh: float = 1.0,
+) -> Dict[str, float]:
     """`gold`: qid -> list of answer texts (empty for unanswerable); `preds`: qid -> text ("" = no answer);
     `na_probs`: qid -> no-answer score (defaults to 0 for every question, as the script does)."""
     has_ans = {qid: bool(answers) for qid, answers in gold.items()}
@@ -113,8 +117,11 @@ def evaluate_v2(gold: Mapping[str, List[str]], preds: Mapping[str, str],
 
     def block(qids):
         n = len(qids)
-        return {"exact": 100.0 * sum(exact[k] for k in qids) / n, "f1": 100.0 * sum(f1[k] for k in qids) / n,
-                "total": n}
+        return {
+            "exact": 100.0 * sum(exact[k] for k in qids) / n,
+            "f1": 100.0 * sum(f1[k] for k in qids) / n,
+            "total": n,
+        }
 
     out = block(list(gold))
     for name, sel in (("HasAns", True), ("NoAns", False)):
@@ -127,8 +134,9 @@ def evaluate_v2(gold: Mapping[str, List[str]], preds: Mapping[str, str],
     return out
 
 
-def best_f1_null_threshold(gold: Mapping[str, List[str]], preds: Mapping[str, str],
-                           na_probs: Mapping[str, float]) -> float:
+def best_f1_null_threshold(
+    gold: Mapping[str, List[str]], preds: Mapping[str, str], na_probs: Mapping[str, float]
+) -> float:
     """The no-answer threshold maximising the F1 actually obtained by `preds` with "" where na_prob > threshold.
 
     Same sweep as the official `find_best_thresh`, but over groups of equal scores: the official sweep may stop

@@ -1,7 +1,8 @@
 """Pretraining: the sharded program (`build_program`), objectives registry, loop, eval, metrics.
 
-    from xlgen.train import build_program, train, evaluate, register_objective
+from xlgen.train import build_program, train, evaluate, register_objective
 """
+
 from xlgen.train.objectives import OBJECTIVES, Objective, get_objective, register_objective
 from xlgen.train.program import Program, build_program, make_eval_step
 
@@ -18,5 +19,14 @@ def evaluate(config, workdir):
     return _evaluate(config, workdir)
 
 
-__all__ = ["OBJECTIVES", "Objective", "Program", "build_program", "evaluate", "get_objective", "make_eval_step",
-           "register_objective", "train"]
+__all__ = [
+    "OBJECTIVES",
+    "Objective",
+    "Program",
+    "build_program",
+    "evaluate",
+    "get_objective",
+    "make_eval_step",
+    "register_objective",
+    "train",
+]

@@ -15,10 +15,8 @@ with status 143).
 
 from __future__ import annotations
 
-import copy
 import logging
 import signal
-import sys
 import time
 from typing import Any, Dict, Optional
 
@@ -47,6 +45,7 @@ class Preempted(SystemExit):
 # ----------------------------------------------------------------------------------------------------------------
 # Workdir checks
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def _shapes(config) -> Dict[str, Any]:
     from xlgen.train.objectives import get_objective
@@ -80,12 +79,14 @@ def check_workdir_compatible(config, workdir: str) -> None:
         raise ValueError(
             f"{workdir} holds checkpoints of a model with different shapes; the config changes "
             f"{', '.join('model.' + c for c in changed) or 'the batch/memory layout'}:\n  {detail}\n"
-            f"Use a new --workdir, or the same model settings to resume.")
+            f"Use a new --workdir, or the same model settings to resume."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Data
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def eval_data_config(config):
     """The eval pipeline reads its layout from config.data itself (eval_batch_size, eval_tgt_len)."""
@@ -95,8 +96,9 @@ def eval_data_config(config):
 def make_pipeline(data_config, split: str):
     import data_pipelines
 
-    return data_pipelines.make_pipeline(data_config, split=split, process_index=jax.process_index(),
-                                        process_count=jax.process_count())
+    return data_pipelines.make_pipeline(
+        data_config, split=split, process_index=jax.process_index(), process_count=jax.process_count()
+    )
 
 
 def global_batch(local: Dict[str, np.ndarray], shardings: Dict[str, Any], spec: Dict[str, Any]) -> Dict[str, jax.Array]:
@@ -112,6 +114,7 @@ def global_batch(local: Dict[str, np.ndarray], shardings: Dict[str, Any], spec: 
 # ----------------------------------------------------------------------------------------------------------------
 # Evaluation
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def run_eval(program: Program, params, pipeline, steps: int) -> Dict[str, float]:
     """Mean eval loss over `steps` batches, carrying (eval-length) memory across them; family metrics."""
@@ -142,6 +145,7 @@ def _eval_steps(config, pipeline) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------------------------
+
 
 class _StopFlag:
     """SIGTERM/SIGINT -> finish the current step, save it, exit. Multi-process runs agree on the step through
@@ -203,30 +207,39 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
     data_vocab = getattr(train_pipe, "vocab_size", None)
     model_vocab = config.model.get("vocab_size")
     if data_vocab and model_vocab and int(model_vocab) < int(data_vocab):
-        raise ValueError(f"config.model.vocab_size={model_vocab} is smaller than the data's vocabulary "
-                         f"({data_vocab} symbols, data.source={config.data.get('source')!r})")
+        raise ValueError(
+            f"config.model.vocab_size={model_vocab} is smaller than the data's vocabulary "
+            f"({data_vocab} symbols, data.source={config.data.get('source')!r})"
+        )
     bspec = program.objective.batch_spec(config, "train")
     gb = next(iter(bspec.values()))[0][0]
     row0, row1 = sharding.process_rows(mesh, gb)
     if getattr(train_pipe, "local_batch_size", row1 - row0) != row1 - row0:
-        raise ValueError(f"the data pipeline gives {train_pipe.local_batch_size} rows per process but the mesh "
-                         f"places {row1 - row0} rows on process {jax.process_index()}")
+        raise ValueError(
+            f"the data pipeline gives {train_pipe.local_batch_size} rows per process but the mesh "
+            f"places {row1 - row0} rows on process {jax.process_index()}"
+        )
 
-    ckpt = Checkpointer(paths.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep),
-                        async_save=bool(ckpt_cfg.async_save))
+    ckpt = Checkpointer(
+        paths.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep), async_save=bool(ckpt_cfg.async_save)
+    )
     writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
     with jax.set_mesh(mesh):
         restored = ckpt.restore_latest(program.abstract_state(), program.abstract_mems() if save_mems else None)
         if restored is not None:
             state, mems, meta, start = restored
             if program.mems_shape is not None and mems is None:
-                log.warning("checkpoint %d has no memory (checkpoint.save_mems=False): streams restart with "
-                            "empty memory", start)
+                log.warning(
+                    "checkpoint %d has no memory (checkpoint.save_mems=False): streams restart with empty memory", start
+                )
                 mems = jnp.zeros(program.mems_shape, program.mems_dtype, device=program.mems_sharding)
             if is_main:
                 dropped = metrics_lib.truncate_after(writer.path, start)
-                print(f"resumed from {ckpt.directory}/{start}" + (f" (dropped {dropped} metric records logged after "
-                      "it)" if dropped else ""), flush=True)
+                print(
+                    f"resumed from {ckpt.directory}/{start}"
+                    + (f" (dropped {dropped} metric records logged after it)" if dropped else ""),
+                    flush=True,
+                )
         else:
             state, mems = program.init_state()
             start = 0
@@ -246,8 +259,11 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
             summary["eval"] = rec
 
         def save(step):
-            meta = {"step": step, "mems_shape": list(program.mems_shape) if program.mems_shape else None,
-                    "family": config.model.family}
+            meta = {
+                "step": step,
+                "mems_shape": list(program.mems_shape) if program.mems_shape else None,
+                "family": config.model.family,
+            }
             writer.flush()  # records up to `step` are durable before its checkpoint can exist (gs://: no append)
             ckpt.save(step, state, mems if save_mems else None, meta)
 
@@ -271,8 +287,10 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
                     t_last, s_last = time.time(), step
                     progress.reset_clock(step)
                     if is_main:
-                        progress.message(f"compiled; first step done ({program.tokens_per_step} tokens/step, "
-                                         f"{program.analytic_flops_per_step:.3g} FLOPs/step)")
+                        progress.message(
+                            f"compiled; first step done ({program.tokens_per_step} tokens/step, "
+                            f"{program.analytic_flops_per_step:.3g} FLOPs/step)"
+                        )
                 if step % log_every == 0 or step == total:
                     vals = {k: float(v) for k, v in jax.device_get(m).items()}
                     now = time.time()
@@ -318,7 +336,9 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
     workdir = paths.display(workdir)
     ckpt_dir = paths.join(workdir, "checkpoints")
     if not paths.as_path(ckpt_dir).is_dir():
-        raise FileNotFoundError(f"{workdir}: no checkpoints/ directory (train first: xlgen train ... --workdir={workdir})")
+        raise FileNotFoundError(
+            f"{workdir}: no checkpoints/ directory (train first: xlgen train ... --workdir={workdir})"
+        )
     check_workdir_compatible(config, workdir)
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)

@@ -63,8 +63,12 @@ def _summary_writer(logdir: str):
 
         return SummaryWriter(logdir)
     except Exception as e:  # noqa: BLE001  (missing backend / credentials: metrics.jsonl still has everything)
-        log.warning("TensorBoard disabled: cannot write events to %s (%s: %s)", logdir, type(e).__name__,
-                    str(e).splitlines()[0] if str(e) else "")
+        log.warning(
+            "TensorBoard disabled: cannot write events to %s (%s: %s)",
+            logdir,
+            type(e).__name__,
+            str(e).splitlines()[0] if str(e) else "",
+        )
         return None
 
 
@@ -164,8 +168,11 @@ class Progress:
             done = step - self.start_step
             elapsed = time.time() - self.start_time
             eta = elapsed / max(done, 1) * (self.total - step)
-            print(f"step {step}/{self.total}  loss {record['loss']:.4f}  lr {record['learning_rate']:.3g}  "
-                  f"tokens/s {record.get('tokens_per_sec', 0):.0f}  eta {eta:.0f}s", flush=True)
+            print(
+                f"step {step}/{self.total}  loss {record['loss']:.4f}  lr {record['learning_rate']:.3g}  "
+                f"tokens/s {record.get('tokens_per_sec', 0):.0f}  eta {eta:.0f}s",
+                flush=True,
+            )
 
     def message(self, text: str) -> None:
         if not self.enabled:

@@ -24,7 +24,6 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 Batch = Dict[str, jax.Array]
@@ -98,6 +97,7 @@ def _reset_rows(mems: jax.Array, stream_reset: jax.Array) -> jax.Array:
 # Transformer-XL language modelling
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def _txl_cfg(config, train: bool):
     if train:
         return model_config(config, "xlgen.models.transformer_xl", "TransformerXLConfig")
@@ -121,8 +121,12 @@ def _batch_size(config, split):
 def _lm_batch_spec(config, split):
     b = _batch_size(config, split)
     t = int(config.data.tgt_len) if split == "train" else int(config.data.eval_tgt_len)
-    return {"input_ids": ((b, t), jnp.int32), "labels": ((b, t), jnp.int32), "label_mask": ((b, t), jnp.float32),
-            "stream_reset": ((b,), jnp.bool_)}
+    return {
+        "input_ids": ((b, t), jnp.int32),
+        "labels": ((b, t), jnp.int32),
+        "label_mask": ((b, t), jnp.float32),
+        "stream_reset": ((b,), jnp.bool_),
+    }
 
 
 def _txl_mem_len(config, split):
@@ -146,10 +150,12 @@ def _txl_loss(model, batch, mems, rng, config):
     nll, new_mems = model(batch["input_ids"], mems, labels=batch["labels"], mem_len=_txl_mem_len(config, "train"))
     w = batch["label_mask"].astype(jnp.float32)
     if config.objective_options.loss_positions == "later_half":
-        nll, w = nll[:, nll.shape[1] // 2:], w[:, w.shape[1] // 2:]
+        nll, w = nll[:, nll.shape[1] // 2 :], w[:, w.shape[1] // 2 :]
     elif config.objective_options.loss_positions != "all":
-        raise ValueError(f"objective_options.loss_positions={config.objective_options.loss_positions!r}: "
-                         "expected 'all' or 'later_half'")
+        raise ValueError(
+            f"objective_options.loss_positions={config.objective_options.loss_positions!r}: "
+            "expected 'all' or 'later_half'"
+        )
     loss = (nll.astype(jnp.float32) * w).sum() / jnp.maximum(w.sum(), 1.0)
     return loss, {}, new_mems
 
@@ -157,7 +163,7 @@ def _txl_loss(model, batch, mems, rng, config):
 def _txl_loss_weight(batch, config):
     w = batch["label_mask"].astype(jnp.float32)
     if config.objective_options.loss_positions == "later_half":
-        w = w[:, w.shape[1] // 2:]
+        w = w[:, w.shape[1] // 2 :]
     return w.sum()
 
 
@@ -176,17 +182,27 @@ def _lm_eval_metrics(loss, config):
     return out
 
 
-register_objective(Objective(
-    name="txl_lm", family="transformer_xl", make_model=_txl_model, batch_spec=_lm_batch_spec,
-    loss=_txl_loss, eval_loss=_txl_eval_loss, mems_shape=_txl_mems_shape,
-    mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
-    tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.tgt_len),
-    eval_metrics=_lm_eval_metrics, loss_weight=_txl_loss_weight))
+register_objective(
+    Objective(
+        name="txl_lm",
+        family="transformer_xl",
+        make_model=_txl_model,
+        batch_spec=_lm_batch_spec,
+        loss=_txl_loss,
+        eval_loss=_txl_eval_loss,
+        mems_shape=_txl_mems_shape,
+        mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
+        tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.tgt_len),
+        eval_metrics=_lm_eval_metrics,
+        loss_weight=_txl_loss_weight,
+    )
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # XLNet permutation language modelling
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def _xlnet_model(config, rngs, train):
     mod = importlib.import_module("xlgen.models.xlnet")
@@ -196,10 +212,16 @@ def _xlnet_model(config, rngs, train):
 def _xlnet_batch_spec(config, split):
     b = _batch_size(config, split)
     l, m = int(config.data.seq_len), int(config.data.num_predict)
-    return {"input_ids": ((b, l), jnp.int32), "token_type_ids": ((b, l), jnp.int32),
-            "perm_mask": ((b, l, l), jnp.float32), "target_mapping": ((b, m, l), jnp.float32),
-            "target_ids": ((b, m), jnp.int32), "target_mask": ((b, m), jnp.float32),
-            "is_forward": ((b,), jnp.bool_), "stream_reset": ((b,), jnp.bool_)}
+    return {
+        "input_ids": ((b, l), jnp.int32),
+        "token_type_ids": ((b, l), jnp.int32),
+        "perm_mask": ((b, l, l), jnp.float32),
+        "target_mapping": ((b, m, l), jnp.float32),
+        "target_ids": ((b, m), jnp.int32),
+        "target_mask": ((b, m), jnp.float32),
+        "is_forward": ((b,), jnp.bool_),
+        "stream_reset": ((b,), jnp.bool_),
+    }
 
 
 def _xlnet_mems_shape(config, split):
@@ -212,9 +234,15 @@ def _xlnet_mems_shape(config, split):
 def _xlnet_forward(model, batch, mems):
     if mems is not None:
         mems = _reset_rows(mems, batch["stream_reset"])
-    nll, new_mems = model(batch["input_ids"], batch["token_type_ids"], target_ids=batch["target_ids"], mems=mems,
-                          perm_mask=batch["perm_mask"], target_mapping=batch["target_mapping"],
-                          is_forward=batch["is_forward"])
+    nll, new_mems = model(
+        batch["input_ids"],
+        batch["token_type_ids"],
+        target_ids=batch["target_ids"],
+        mems=mems,
+        perm_mask=batch["perm_mask"],
+        target_mapping=batch["target_mapping"],
+        is_forward=batch["is_forward"],
+    )
     w = batch["target_mask"].astype(jnp.float32)
     return (nll.astype(jnp.float32) * w).sum(), w.sum(), new_mems
 
@@ -225,18 +253,26 @@ def _xlnet_loss(model, batch, mems, rng, config):
     return total / jnp.maximum(count, 1.0), {}, new_mems
 
 
-register_objective(Objective(
-    name="xlnet_plm", family="xlnet", make_model=_xlnet_model, batch_spec=_xlnet_batch_spec,
-    loss=_xlnet_loss, eval_loss=lambda model, batch, mems, config: _xlnet_forward(model, batch, mems),
-    mems_shape=_xlnet_mems_shape,
-    mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
-    tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.seq_len),
-    loss_weight=lambda batch, config: batch["target_mask"].astype(jnp.float32).sum()))
+register_objective(
+    Objective(
+        name="xlnet_plm",
+        family="xlnet",
+        make_model=_xlnet_model,
+        batch_spec=_xlnet_batch_spec,
+        loss=_xlnet_loss,
+        eval_loss=lambda model, batch, mems, config: _xlnet_forward(model, batch, mems),
+        mems_shape=_xlnet_mems_shape,
+        mems_dtype=lambda config: jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32,
+        tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.seq_len),
+        loss_weight=lambda batch, config: batch["target_mask"].astype(jnp.float32).sum(),
+    )
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Funnel-Transformer MLM and ELECTRA
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def _funnel_cfg(config):
     return model_config(config, "xlgen.models.funnel", "FunnelConfig")
@@ -250,15 +286,20 @@ def _funnel_mlm_model(config, rngs, train):
 def _funnel_electra_model(config, rngs, train):
     heads = importlib.import_module("xlgen.models.funnel_heads")
     o = config.objective_options
-    return heads.FunnelElectra(_funnel_cfg(config), width_shrink=float(o.generator_width),
-                               disc_coeff=float(o.disc_coeff), rngs=rngs)
+    return heads.FunnelElectra(
+        _funnel_cfg(config), width_shrink=float(o.generator_width), disc_coeff=float(o.disc_coeff), rngs=rngs
+    )
 
 
 def _mlm_batch_spec(config, split):
     b, l = _batch_size(config, split), int(config.data.seq_len)
-    return {"input_ids": ((b, l), jnp.int32), "token_type_ids": ((b, l), jnp.int32),
-            "attention_mask": ((b, l), jnp.int32), "labels": ((b, l), jnp.int32),
-            "label_mask": ((b, l), jnp.float32)}
+    return {
+        "input_ids": ((b, l), jnp.int32),
+        "token_type_ids": ((b, l), jnp.int32),
+        "attention_mask": ((b, l), jnp.int32),
+        "labels": ((b, l), jnp.int32),
+        "label_mask": ((b, l), jnp.float32),
+    }
 
 
 def _max_predictions(config):
@@ -290,8 +331,9 @@ def _funnel_mlm_eval(model, batch, mems, config):
 
 def _funnel_electra_loss(model, batch, mems, rng, config):
     heads = importlib.import_module("xlgen.models.funnel_heads")
-    loss, parts = heads.electra_loss(model, batch, jax.random.fold_in(rng, 0x5A3),
-                                     max_predictions=_max_predictions(config))
+    loss, parts = heads.electra_loss(
+        model, batch, jax.random.fold_in(rng, 0x5A3), max_predictions=_max_predictions(config)
+    )
     return loss, parts, None
 
 
@@ -306,11 +348,28 @@ def _funnel_tokens(config):
     return int(config.data.batch_size) * int(config.data.seq_len)
 
 
-register_objective(Objective(
-    name="funnel_mlm", family="funnel", make_model=_funnel_mlm_model, batch_spec=_mlm_batch_spec,
-    loss=_funnel_mlm_loss, eval_loss=_funnel_mlm_eval, tokens_per_step=_funnel_tokens, loss_weight=_funnel_mlm_weight))
+register_objective(
+    Objective(
+        name="funnel_mlm",
+        family="funnel",
+        make_model=_funnel_mlm_model,
+        batch_spec=_mlm_batch_spec,
+        loss=_funnel_mlm_loss,
+        eval_loss=_funnel_mlm_eval,
+        tokens_per_step=_funnel_tokens,
+        loss_weight=_funnel_mlm_weight,
+    )
+)
 # ELECTRA: generator loss (per masked token) + disc_coeff * discriminator loss (per real token) has two normalisers;
 # gradient accumulation averages its micro-batches with equal weights.
-register_objective(Objective(
-    name="funnel_electra", family="funnel", make_model=_funnel_electra_model, batch_spec=_mlm_batch_spec,
-    loss=_funnel_electra_loss, eval_loss=_funnel_electra_eval, tokens_per_step=_funnel_tokens))
+register_objective(
+    Objective(
+        name="funnel_electra",
+        family="funnel",
+        make_model=_funnel_electra_model,
+        batch_spec=_mlm_batch_spec,
+        loss=_funnel_electra_loss,
+        eval_loss=_funnel_electra_eval,
+        tokens_per_step=_funnel_tokens,
+    )
+)

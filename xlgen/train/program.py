@@ -25,10 +25,10 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from xlgen import optim, sharding
 from xlgen.train.objectives import Objective, get_objective
@@ -41,10 +41,11 @@ def _name(path) -> str:
 @dataclasses.dataclass
 class ModelSpec:
     """Abstract model split into graph + flat parameter metadata (no arrays allocated)."""
+
     graphdef: Any
-    param_paths: Dict[str, Tuple]          # name -> nnx path
-    param_vars: Dict[str, Any]             # name -> abstract nnx.Param (carries metadata)
-    rest: Any                              # non-parameter state (RNG streams), abstract
+    param_paths: Dict[str, Tuple]  # name -> nnx path
+    param_vars: Dict[str, Any]  # name -> abstract nnx.Param (carries metadata)
+    rest: Any  # non-parameter state (RNG streams), abstract
     shapes: Dict[str, Tuple[int, ...]]
     dtypes: Dict[str, Any]
     logical: Dict[str, Tuple]
@@ -125,8 +126,8 @@ class Program:
     mems_sharding: Optional[NamedSharding]
     mems_shape: Optional[Tuple[int, ...]]
     mems_dtype: Any
-    train_step: Any                    # jitted (state, batch, mems) -> (state, mems, metrics)
-    init_state: Any                    # jitted () -> (state, mems)
+    train_step: Any  # jitted (state, batch, mems) -> (state, mems, metrics)
+    init_state: Any  # jitted () -> (state, mems)
     analytic_flops_per_step: float
     tokens_per_step: int
     _abstract_state: Any = None
@@ -143,8 +144,10 @@ class Program:
 
     def abstract_batch(self, split: str = "train") -> Dict[str, jax.ShapeDtypeStruct]:
         spec = self.objective.batch_spec(self.config, split)
-        return {k: jax.ShapeDtypeStruct(s, d, sharding=sharding.batch_sharding(self.mesh, len(s)))
-                for k, (s, d) in spec.items()}
+        return {
+            k: jax.ShapeDtypeStruct(s, d, sharding=sharding.batch_sharding(self.mesh, len(s)))
+            for k, (s, d) in spec.items()
+        }
 
     def abstract_args(self):
         return self.abstract_state(), self.abstract_batch("train"), self.abstract_mems()
@@ -181,8 +184,12 @@ def program_key(config, mesh: Mesh) -> Tuple:
 
     d = {k: v for k, v in config.to_dict().items() if k not in _NOT_PROGRAM}
     d.get("eval", {}).pop("steps", None)
-    return (json.dumps(d, sort_keys=True, default=str), mesh.axis_names, mesh.devices.shape,
-            tuple(int(x.id) for x in mesh.devices.flat))
+    return (
+        json.dumps(d, sort_keys=True, default=str),
+        mesh.axis_names,
+        mesh.devices.shape,
+        tuple(int(x.id) for x in mesh.devices.flat),
+    )
 
 
 def build_program(config, mesh: Mesh) -> Program:
@@ -202,11 +209,13 @@ def _build_program(config, mesh: Mesh) -> Program:
     eval_spec = abstract_model(lambda r: objective.make_model(config, r, False), train=False)
 
     rules = sharding.rules_for(config.mesh.rules)
-    param_specs = {n: sharding.logical_to_spec(train_spec.logical[n], train_spec.shapes[n], rules, mesh)
-                   for n in train_spec.shapes}
+    param_specs = {
+        n: sharding.logical_to_spec(train_spec.logical[n], train_spec.shapes[n], rules, mesh) for n in train_spec.shapes
+    }
     param_shardings = {n: NamedSharding(mesh, s) for n, s in param_specs.items()}
-    tx, schedule = optim.make_optimizer(config.optimizer, int(config.total_steps), train_spec.meta(),
-                                        family=config.model.get("family"))
+    tx, schedule = optim.make_optimizer(
+        config.optimizer, int(config.total_steps), train_spec.meta(), family=config.model.get("family")
+    )
 
     abstract_params = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
@@ -225,8 +234,10 @@ def _build_program(config, mesh: Mesh) -> Program:
     global_batch = next(iter(bspec.values()))[0][0]
     dp = sharding.data_parallel_size(mesh)
     if global_batch % dp:
-        raise ValueError(f"global batch size {global_batch} is not divisible by the data-parallel mesh size "
-                         f"{dp} (mesh.data * mesh.fsdp)")
+        raise ValueError(
+            f"global batch size {global_batch} is not divisible by the data-parallel mesh size "
+            f"{dp} (mesh.data * mesh.fsdp)"
+        )
 
     seed = int(config.seed)
     graphdef_train, rest_train = train_spec, train_spec.rest
@@ -235,8 +246,12 @@ def _build_program(config, mesh: Mesh) -> Program:
         model = objective.make_model(config, nnx.Rngs(params=seed, dropout=seed + 1, sample=seed + 2), True)
         _, params, _ = nnx.split(model, nnx.Param, ...)
         flat = {_name(p): v.get_value() if hasattr(v, "get_value") else v.value for p, v in nnx.to_flat_state(params)}
-        state = {"params": flat, "opt_state": tx.init(flat), "step": jnp.zeros((), jnp.int32),
-                 "rng": jax.random.key_data(jax.random.key(seed + 3))}
+        state = {
+            "params": flat,
+            "opt_state": tx.init(flat),
+            "step": jnp.zeros((), jnp.int32),
+            "rng": jax.random.key_data(jax.random.key(seed + 3)),
+        }
         mems = jnp.zeros(mems_shape, mems_dtype) if mems_shape is not None else None
         return state, mems
 
@@ -254,9 +269,11 @@ def _build_program(config, mesh: Mesh) -> Program:
     if accum < 1:
         raise ValueError(f"optimizer.grad_accum_steps={accum}: must be >= 1")
     if global_batch % (accum * dp):
-        raise ValueError(f"data.batch_size={global_batch} is not divisible by optimizer.grad_accum_steps * "
-                         f"data-parallel size = {accum} * {dp}: every micro-batch must split evenly over the "
-                         f"data-parallel devices")
+        raise ValueError(
+            f"data.batch_size={global_batch} is not divisible by optimizer.grad_accum_steps * "
+            f"data-parallel size = {accum} * {dp}: every micro-batch must split evenly over the "
+            f"data-parallel devices"
+        )
     weight_fn = objective.loss_weight
 
     def loss_fn(params, batch, mems, key):
@@ -277,7 +294,7 @@ def _build_program(config, mesh: Mesh) -> Program:
             # Microbatch a = rows a, a+A, a+2A, ... (strided, so each microbatch stays evenly sharded).
             def split(x, axis):
                 shp = x.shape
-                x = x.reshape(shp[:axis] + (shp[axis] // accum, accum) + shp[axis + 1:])
+                x = x.reshape(shp[:axis] + (shp[axis] // accum, accum) + shp[axis + 1 :])
                 return jnp.moveaxis(x, axis + 1, 0)
 
             micro = jax.tree.map(lambda x: split(x, 0), batch)
@@ -288,18 +305,26 @@ def _build_program(config, mesh: Mesh) -> Program:
                 # gradient are those of the global batch, whatever the padding / target masks of each micro-batch
                 i, mb, mm = xs
                 (l, (a, nm)), g = grad_fn(params, mb, mm, jax.random.fold_in(key, i))
-                w = (jnp.asarray(weight_fn(mb, config), jnp.float32) if weight_fn is not None
-                     else jnp.ones((), jnp.float32))
+                w = (
+                    jnp.asarray(weight_fn(mb, config), jnp.float32)
+                    if weight_fn is not None
+                    else jnp.ones((), jnp.float32)
+                )
                 acc = jax.tree.map(lambda s, x: s + w * x, acc, (l, a, g, 1.0))
                 return acc, nm
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            aux0 = jax.eval_shape(lambda: loss_fn(params, jax.tree.map(lambda x: x[0], micro),
-                                                  None if micro_mems is None else micro_mems[0], key)[1][0])
+            aux0 = jax.eval_shape(
+                lambda: loss_fn(
+                    params, jax.tree.map(lambda x: x[0], micro), None if micro_mems is None else micro_mems[0], key
+                )[1][0]
+            )
             aux0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux0)
             (loss, aux, grads, total_w), new_micro = jax.lax.scan(
-                body, (jnp.zeros((), jnp.float32), aux0, zeros, jnp.zeros((), jnp.float32)),
-                (jnp.arange(accum), micro, micro_mems))
+                body,
+                (jnp.zeros((), jnp.float32), aux0, zeros, jnp.zeros((), jnp.float32)),
+                (jnp.arange(accum), micro, micro_mems),
+            )
             total_w = jnp.where(total_w > 0, total_w, 1.0)
             loss, aux, grads = jax.tree.map(lambda x: (x / total_w).astype(x.dtype), (loss, aux, grads))
             if new_micro is not None:
@@ -324,17 +349,37 @@ def _build_program(config, mesh: Mesh) -> Program:
 
     abstract_state = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        {"params": abstract_params, "opt_state": abstract_opt,
-         "step": jax.ShapeDtypeStruct((), jnp.int32), "rng": jax.ShapeDtypeStruct((2,), jnp.uint32)},
-        state_shardings)
+        {
+            "params": abstract_params,
+            "opt_state": abstract_opt,
+            "step": jax.ShapeDtypeStruct((), jnp.int32),
+            "rng": jax.ShapeDtypeStruct((2,), jnp.uint32),
+        },
+        state_shardings,
+    )
 
     from xlgen import flops as flops_lib
-    return Program(config=config, mesh=mesh, objective=objective, train_spec=train_spec, eval_spec=eval_spec, tx=tx,
-                   schedule=schedule, param_specs=param_specs, state_shardings=state_shardings,
-                   batch_shardings=batch_shardings, mems_sharding=mems_sharding, mems_shape=mems_shape,
-                   mems_dtype=mems_dtype, train_step=train_step_jit, init_state=init_state,
-                   analytic_flops_per_step=flops_lib.train_flops_per_step(config, train_spec.shapes),
-                   tokens_per_step=objective.tokens_per_step(config), _abstract_state=abstract_state)
+
+    return Program(
+        config=config,
+        mesh=mesh,
+        objective=objective,
+        train_spec=train_spec,
+        eval_spec=eval_spec,
+        tx=tx,
+        schedule=schedule,
+        param_specs=param_specs,
+        state_shardings=state_shardings,
+        batch_shardings=batch_shardings,
+        mems_sharding=mems_sharding,
+        mems_shape=mems_shape,
+        mems_dtype=mems_dtype,
+        train_step=train_step_jit,
+        init_state=init_state,
+        analytic_flops_per_step=flops_lib.train_flops_per_step(config, train_spec.shapes),
+        tokens_per_step=objective.tokens_per_step(config),
+        _abstract_state=abstract_state,
+    )
 
 
 def make_eval_step(program: Program):
@@ -360,8 +405,15 @@ def _make_eval_step(program: Program):
             new_mems = new_mems.astype(mems.dtype)
         return total, count, new_mems
 
-    step = jax.jit(eval_step, in_shardings=(program.state_shardings["params"], bsh, mems_sh),
-                   out_shardings=(rep, rep, mems_sh), donate_argnums=(2,))
-    zeros = jax.jit(lambda: jnp.zeros(mems_shape, program.mems_dtype), out_shardings=mems_sh) \
-        if mems_shape is not None else (lambda: None)
+    step = jax.jit(
+        eval_step,
+        in_shardings=(program.state_shardings["params"], bsh, mems_sh),
+        out_shardings=(rep, rep, mems_sh),
+        donate_argnums=(2,),
+    )
+    zeros = (
+        jax.jit(lambda: jnp.zeros(mems_shape, program.mems_dtype), out_shardings=mems_sh)
+        if mems_shape is not None
+        else (lambda: None)
+    )
     return step, zeros, bsh

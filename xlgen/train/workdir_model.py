@@ -17,12 +17,11 @@ import jax
 
 def load_params(workdir: str, step: Optional[int] = None):
     """(config, {param name: array}, step) of a workdir's checkpoint, restored onto one device."""
+    from data_pipelines import paths
     from xlgen import config as config_lib
+    from xlgen import sharding
     from xlgen.checkpointing import Checkpointer
     from xlgen.train.program import build_program
-    from xlgen import sharding
-
-    from data_pipelines import paths
 
     wd = paths.as_path(workdir)  # local (absolute) or gs://
     if wd.name.isdigit() and wd.parent.name == "checkpoints":
