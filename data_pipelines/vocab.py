@@ -66,19 +66,26 @@ def preprocess_text(text: str, lower: bool = False, remove_space: bool = True, k
     return out
 
 
+def split_digit_comma(sp, piece: str) -> list[str] | None:
+    """XLNet's `prepro_utils.encode_pieces` rule for one piece: a piece "<digits>," (e.g. "▁1," or "00,") is
+    re-encoded without the comma, the comma becoming its own piece; the re-encoding loses its leading "▁" when the
+    original piece had none. Returns None for every other piece (kept as is)."""
+    if not (len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit()):
+        return None
+    cur = list(sp.EncodeAsPieces(piece[:-1].replace(SPIECE_UNDERLINE, "")))
+    if piece[0] != SPIECE_UNDERLINE and cur and cur[0][0] == SPIECE_UNDERLINE:
+        cur = cur[1:] if len(cur[0]) == 1 else [cur[0][1:]] + cur[1:]
+    return cur + [piece[-1]]
+
+
 def encode_pieces(sp, text: str, sample: bool = False) -> list[str]:
-    """XLNet's `encode_pieces`: SentencePiece pieces, with "<digits>," re-split so the comma is its own piece."""
+    """XLNet's `encode_pieces`: SentencePiece pieces, with "<digits>," re-split so the comma is its own piece
+    (`split_digit_comma`). Pretraining and finetuning (`data_pipelines.tasks.tokenization`) both tokenise this way."""
     pieces = sp.SampleEncodeAsPieces(text, 64, 0.1) if sample else sp.EncodeAsPieces(text)
     out = []
     for piece in pieces:
-        if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
-            cur = sp.EncodeAsPieces(piece[:-1].replace(SPIECE_UNDERLINE, ""))
-            if piece[0] != SPIECE_UNDERLINE and cur and cur[0][0] == SPIECE_UNDERLINE:
-                cur = cur[1:] if len(cur[0]) == 1 else [cur[0][1:]] + cur[1:]
-            out.extend(cur)
-            out.append(piece[-1])
-        else:
-            out.append(piece)
+        split = split_digit_comma(sp, piece)
+        out.extend([piece] if split is None else split)
     return out
 
 

@@ -4,11 +4,13 @@ Finetuning needs two things the pretraining tokenizers do not: the ids of the sp
 (`<cls>`, `<sep>`, `<pad>`), and, for SQuAD, where each piece came from in the original text so that a predicted
 piece span maps back to the exact original characters.
 
-* `SentencePieceTaskTokenizer` (XLNet, `spiece.model`): XLNet's `preprocess_text` (``/'' -> ", optional accent
-  stripping and lower-casing) is applied character by character while remembering the source index of every output
-  character; SentencePiece then reports byte offsets of every piece in the preprocessed text; composing the two gives
-  exact original character spans. This replaces the original's approximate LCS alignment (`squad_utils.py`) with an
-  exact one: same pieces, same spans whenever the LCS succeeds.
+* `SentencePieceTaskTokenizer` (XLNet, `spiece.model`): the ids are exactly pretraining's
+  (`data_pipelines.vocab.SentencePieceTokenizer`, the original `prepro_utils.encode_ids`: `preprocess_text`, then
+  SentencePiece, then "<digits>," pieces re-split so the comma is its own piece). For offsets, `preprocess_text` is
+  applied character by character while remembering the source index of every output character; SentencePiece
+  reports byte offsets of every piece in the preprocessed text (re-split pieces: of their re-encoding); composing the
+  two gives exact original character spans. This replaces the original's approximate LCS alignment
+  (`squad_utils.py`) with an exact one: same pieces, same spans whenever the LCS succeeds.
 * `WordPieceTaskTokenizer` (Funnel/BERT, `vocab.txt`): the `tokenizers` library reports original offsets itself.
 
 Both expose `encode(text) -> list[int]` and `encode_with_offsets(text) -> (ids, starts, ends)` where
@@ -27,18 +29,33 @@ Offsets = Tuple[List[int], List[int], List[int]]
 
 
 def preprocess_with_map(
-    text: str, *, lower: bool = False, keep_accents: bool = False
+    text: str, *, lower: bool = False, keep_accents: bool = False, remove_space: bool = True
 ) -> Tuple[str, List[int], List[int]]:
-    """XLNet `prepro_utils.preprocess_text` (`data_pipelines.vocab.preprocess_text`, applied character by character)
-    without whitespace collapsing (SentencePiece collapses whitespace itself and reports offsets through it).
-    Returns (new_text, src, src_end): new_text[k] comes from text[src[k]:src_end[k]] (two characters for `` and '')."""
+    """XLNet `prepro_utils.preprocess_text` (`data_pipelines.vocab.preprocess_text`) applied character by character,
+    remembering where every output character came from: new_text equals `preprocess_text(text, ...)` (whitespace
+    stripped and runs collapsed to one space, `` and '' -> ", accents stripped unless keep_accents, optional
+    lower-casing; the one exception is Python's context-dependent final sigma under `lower`).
+    Returns (new_text, src, src_end): new_text[k] comes from text[src[k]:src_end[k]] (two characters for `` and '',
+    the first character of a collapsed whitespace run)."""
     from data_pipelines.vocab import LATEX_QUOTES, preprocess_text
 
     out: List[str] = []
     src: List[int] = []
     src_end: List[int] = []
     i, n = 0, len(text)
+    if remove_space:  # " ".join(text.strip().split()): drop the ends, one space per interior whitespace run
+        while i < n and text[i].isspace():
+            i += 1
+        while n > i and text[n - 1].isspace():
+            n -= 1
     while i < n:
+        if remove_space and text[i].isspace():
+            out.append(" ")
+            src.append(i)
+            src_end.append(i + 1)
+            while i < n and text[i].isspace():
+                i += 1
+            continue
         if text[i : i + 2] in LATEX_QUOTES:  # LaTeX-style quotes -> "
             out.append('"')
             src.append(i)
@@ -97,16 +114,44 @@ class SentencePieceTaskTokenizer:
 
         self.cls_id, self.sep_id, self.pad_id = special("<cls>"), special("<sep>"), special("<pad>")
 
-    def encode_with_offsets(self, text: str) -> Offsets:
-        pre, src, src_end = preprocess_with_map(text, lower=self.lower, keep_accents=self.keep_accents)
-        proto = self.sp.encode(pre, return_type="proto")
+    def _pieces_with_spans(self, pre: str) -> List[Tuple[int, int, int]]:
+        """(id, begin, end) per piece of `encode_pieces(sp, pre)`; begin/end are character offsets into `pre`."""
+        from data_pipelines.vocab import SPIECE_UNDERLINE, split_digit_comma
+
         b2c = _byte_to_char(pre)
-        ids, starts, ends = [], [], []
-        for p in proto.pieces:
+        out = []
+        for p in self.sp.encode(pre, return_type="proto").pieces:
             b, e = int(b2c[p.begin]), int(b2c[p.end])
+            split = split_digit_comma(self.sp, p.piece)
+            if split is None:
+                out.append((p.id, b, e))
+                continue
+            # "<digits>," -> the digits re-encoded, then ","; the comma is the last character of the surface.
+            ids = [self.sp.PieceToId(q) for q in split]
+            bd = b
+            while bd < e - 1 and pre[bd].isspace():
+                bd += 1
+            sub = [
+                (q.piece, int(q.begin), int(q.end)) for q in self.sp.encode(pre[bd : e - 1], return_type="proto").pieces
+            ]
+            if p.piece[0] != SPIECE_UNDERLINE and sub and sub[0][0][0] == SPIECE_UNDERLINE:  # as split_digit_comma
+                sub = sub[1:] if len(sub[0][0]) == 1 else [(sub[0][0][1:],) + sub[0][1:]] + sub[1:]
+            if [q for q, _, _ in sub] == split[:-1]:
+                s2c = _byte_to_char(pre[bd : e - 1])
+                spans = [(bd + int(s2c[qb]), bd + int(s2c[qe])) for _, qb, qe in sub]
+            else:  # normalisation made the re-encoding differ: the first piece covers all digits
+                spans = [(bd, e - 1)] + [(e - 1, e - 1)] * (len(split) - 2)
+            out.extend((i, sb, se) for i, (sb, se) in zip(ids, spans + [(e - 1, e)]))
+        return out
+
+    def encode_with_offsets(self, text: str) -> Offsets:
+        """ids exactly as `encode` (= pretraining's `encode_pieces`), with original-character spans."""
+        pre, src, src_end = preprocess_with_map(text, lower=self.lower, keep_accents=self.keep_accents)
+        ids, starts, ends = [], [], []
+        for i, b, e in self._pieces_with_spans(pre):
             while b < e and pre[b].isspace():  # "▁word" covers the space before the word
                 b += 1
-            ids.append(p.id)
+            ids.append(i)
             if b >= e:  # whitespace-only or empty surface: zero width at its end
                 o = src[e] if e < len(src) else len(text)
                 starts.append(o)
@@ -121,8 +166,12 @@ class SentencePieceTaskTokenizer:
         return ids, starts, ends
 
     def encode(self, text: str) -> List[int]:
-        pre, _, _ = preprocess_with_map(text, lower=self.lower, keep_accents=self.keep_accents)
-        return list(self.sp.EncodeAsIds(pre))
+        """XLNet `prepro_utils.encode_ids(sp, preprocess_text(text))`: the same ids as pretraining's tokenizer
+        (`data_pipelines.vocab.SentencePieceTokenizer.encode`), "<digits>," split included."""
+        from data_pipelines.vocab import encode_pieces, preprocess_text
+
+        pre = preprocess_text(text, lower=self.lower, keep_accents=self.keep_accents)
+        return [self.sp.PieceToId(q) for q in encode_pieces(self.sp, pre)]
 
 
 class WordPieceTaskTokenizer:
