@@ -19,12 +19,12 @@ Subcommands import their modules lazily so `xlgen --help` is instant.
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib
-import logging
-import os
 import sys
 from typing import List, Optional
+
+from xlgen.runtime import default_platform as _default_platform
+from xlgen.runtime import setup_runtime
 
 DELEGATED = {
     "prepare": "data_pipelines.prepare:main",
@@ -32,65 +32,6 @@ DELEGATED = {
     "plan": "xlgen.plan:main",
 }
 USAGE = __doc__
-
-
-def _default_platform() -> str:
-    if os.environ.get("JAX_PLATFORMS"):
-        return os.environ["JAX_PLATFORMS"]
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
-        return "tpu"
-    if os.path.exists("/dev/nvidia0"):
-        return "gpu"
-    return "cpu"
-
-
-def _want_distributed(mode: str) -> bool:
-    if mode == "on":
-        return True
-    if mode == "off":
-        return False
-    if os.environ.get("XLGEN_NUM_PROCESSES") and int(os.environ["XLGEN_NUM_PROCESSES"]) > 1:
-        return True
-    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    if "," in hosts:
-        return True
-    return int(os.environ.get("SLURM_NTASKS", "1")) > 1
-
-
-def setup_runtime(platform: str, distributed: str) -> None:
-    """Platform, CPU collectives and jax.distributed — before anything touches a device."""
-    os.environ["JAX_PLATFORMS"] = platform
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
-    )
-    try:
-        from absl import logging as absl_logging
-
-        absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax is chatty at INFO
-    except ImportError:  # pragma: no cover
-        pass
-    import jax
-
-    cache = os.environ.get("XLGEN_COMPILATION_CACHE", os.path.expanduser("~/.cache/xlgen/jax_cache"))
-    if cache and cache.lower() not in ("0", "off", "none"):
-        # Re-running a job (resume after preemption, eval) loads its executables instead of recompiling.
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update(
-            "jax_persistent_cache_min_compile_time_secs",
-            float(os.environ.get("XLGEN_COMPILATION_CACHE_MIN_SECS", "1.0")),
-        )
-
-    if _want_distributed(distributed):
-        if platform == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        if os.environ.get("XLGEN_COORDINATOR"):
-            jax.distributed.initialize(
-                coordinator_address=os.environ["XLGEN_COORDINATOR"],
-                num_processes=int(os.environ["XLGEN_NUM_PROCESSES"]),
-                process_id=int(os.environ["XLGEN_PROCESS_ID"]),
-            )
-        else:
-            jax.distributed.initialize()
 
 
 def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
@@ -119,12 +60,18 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         return 2
     args = _train_eval_parser(cmd).parse_args(rest)
     if cmd == "eval":
-        from xlgen import finetune
+        from xlgen.finetune import cli as finetune_cli
+        from xlgen.finetune import is_finetune_workdir
 
-        if finetune.is_finetune_workdir(args.workdir):  # a finetune workdir: re-evaluate its best checkpoint
-            return finetune.main(
-                ["--eval_only", "--workdir", args.workdir, f"--config={args.config}"]
-                + [f"--config.{k}={v}" for k, v in overrides.items()]
+        if is_finetune_workdir(args.workdir):  # a finetune workdir: re-evaluate its best checkpoint
+            return finetune_cli.run(
+                args.config,
+                overrides,
+                args.workdir,
+                eval_only=True,
+                platform=args.platform,
+                distributed=args.distributed,
+                prog="xlgen eval",
             )
     try:
         config = config_lib.load_config(args.config, overrides)

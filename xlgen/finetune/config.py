@@ -1,0 +1,128 @@
+"""Finetuning config: the architecture resolved from `init_from` (a Hugging Face directory or an xlgen workdir),
+command-line overrides, the stored `config.json` of a finetune workdir."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Optional, Tuple
+
+
+def _is_hf_dir(path: str) -> Optional[dict]:
+    from data_pipelines import paths
+
+    cfg = paths.as_path(path) / "config.json"
+    if not cfg.exists():
+        return None
+    try:
+        d = json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg}: invalid JSON ({e})") from e
+    return d if ("model_type" in d and "xlgen" not in d) else None
+
+
+def _split_checkpoint_path(path: str) -> Tuple[str, Optional[int]]:
+    """`workdir` -> (workdir, None = best/latest); `workdir/checkpoints/<step>` -> (workdir, step)."""
+    from data_pipelines import paths
+
+    p = paths.as_path(path)  # local (absolute) or gs://
+    if p.name.isdigit() and p.parent.name in ("checkpoints", "best"):
+        return str(p.parent.parent), int(p.name)
+    return str(p), None
+
+
+def pretrained_model_section(init_from: str) -> Dict[str, Any]:
+    """The `config.model` dict (with `family`) of the model stored at `init_from`."""
+    from data_pipelines import paths
+    from xlgen import config as config_lib
+
+    if not paths.as_path(init_from).is_dir():
+        raise FileNotFoundError(f"init_from={init_from}: not a directory (a HF model directory or an xlgen workdir)")
+    hf = _is_hf_dir(init_from)
+    if hf is not None:
+        import dataclasses
+
+        mt = hf["model_type"]
+        if mt == "xlnet":
+            from xlgen.models.xlnet import XLNetConfig
+
+            cfg, fam = XLNetConfig.from_hf(hf), "xlnet"
+        elif mt == "funnel":
+            from xlgen.models.funnel import FunnelConfig
+
+            cfg, fam = FunnelConfig.from_hf(hf), "funnel"
+        else:
+            raise ValueError(
+                f"{init_from}/config.json: model_type={mt!r} cannot be finetuned here (supported: xlnet, funnel)"
+            )
+        d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+        return {"family": fam, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}}
+    workdir, _ = _split_checkpoint_path(init_from)
+    old = config_lib.read_workdir_config(workdir)
+    if old is None:
+        raise FileNotFoundError(f"init_from={init_from}: no config.json (neither a HF directory nor an xlgen workdir)")
+    return old.model.to_dict()
+
+
+def resolve_config(config, model_overrides: Dict[str, str] = ()):
+    """Fill derived keys and take the architecture from `init_from` (command-line model.* overrides re-applied)."""
+    from ml_collections import ConfigDict
+
+    import xlgen.tasks.objective  # noqa: F401  (registers the "finetune" objective with the trainer)
+    from xlgen import config as config_lib
+    from xlgen.tasks import get_task
+
+    task = get_task(config.task)  # unknown task -> error listing the known ones
+    if config.init_from:
+        section = pretrained_model_section(config.init_from)
+        with config.unlocked():
+            config.model = ConfigDict(config_lib._tuplify(section), type_safe=True)
+    for k, v in dict(model_overrides).items():
+        config_lib.apply_override(config, f"model.{k}", v)
+    with config.unlocked():
+        config.objective = "finetune"
+        L = int(config.data.max_seq_length)
+        config.data.seq_len = L * (task.num_labels if task.kind == "multiple_choice" else 1)  # FLOPs accounting
+        config.data.num_predict = 0
+    return config
+
+
+def is_finetune_workdir(workdir: str) -> bool:
+    """True if `workdir/config.json` was written by `xlgen finetune` (hook for `xlgen eval`)."""
+    from data_pipelines import paths
+
+    p = paths.as_path(workdir) / "config.json"
+    try:
+        if not p.exists():
+            return False
+        return json.loads(p.read_text()).get("xlgen", {}).get("kind") == "finetune"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def load_finetune_config(config_path: Optional[str], overrides: Dict[str, str], workdir: str):
+    """The config file with overrides (model.* overrides applied on top of the architecture read from
+    init_from); with no config file, the workdir's stored config.json (re-evaluation)."""
+    from xlgen import config as config_lib
+
+    model_over = {k[len("model.") :]: v for k, v in overrides.items() if k.startswith("model.")}
+    other = {k: v for k, v in overrides.items() if not k.startswith("model.")}
+    if config_path:
+        config = config_lib.load_config(config_path, other)
+        return resolve_config(config, model_over)
+    config = config_lib.read_workdir_config(workdir)
+    if config is None:
+        raise config_lib.ConfigError(f"{workdir}: no config.json; pass --config=configs/finetune/<task>.py")
+    for k, v in overrides.items():
+        config_lib.apply_override(config, k, v)
+    return config
+
+
+def write_finetune_config(config, workdir: str) -> None:
+    from data_pipelines import paths
+    from xlgen import __version__
+    from xlgen import config as config_lib
+
+    paths.makedirs(workdir)
+    d = config_lib.to_json_dict(config)
+    d["xlgen"] = {"version": __version__, "kind": "finetune"}
+    config_lib.write_json_atomic(paths.join(workdir, "config.json"), d)

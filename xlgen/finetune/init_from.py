@@ -1,0 +1,117 @@
+"""Initialisation from a pretrained model: its parameters (HF directory or xlgen workdir) restored by name where the
+shapes agree (partial restore); task heads that do not exist in the pretrained model start fresh."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from xlgen.finetune.config import _is_hf_dir, _split_checkpoint_path
+
+
+def _module_params(module) -> Dict[str, np.ndarray]:
+    from flax import nnx
+
+    _, params, _ = nnx.split(module, nnx.Param, ...)
+    return {
+        ".".join(str(getattr(p, "key", p)) for p in path): np.asarray(
+            v.get_value() if hasattr(v, "get_value") else v.value
+        )
+        for path, v in nnx.to_flat_state(params)
+    }
+
+
+def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
+    """Flat {name: array} of the pretrained model (HF directory via `xlgen.from_pretrained`, or the best/latest
+    checkpoint of an xlgen workdir)."""
+    if _is_hf_dir(init_from) is not None:
+        import xlgen
+
+        loaded = xlgen.from_pretrained(init_from)
+        module = getattr(loaded, "module", None) or getattr(loaded, "model", None) or loaded  # Funnel / XLNet
+        return _module_params(module)
+    import jax
+
+    from xlgen import config as config_lib
+    from xlgen import sharding
+    from xlgen.checkpointing import Checkpointer
+    from xlgen.train.program import build_program
+
+    workdir, step = _split_checkpoint_path(init_from)
+    old = config_lib.read_workdir_config(workdir)
+    if old.get("objective") == "finetune":
+        import xlgen.tasks.objective  # noqa: F401  (registers the objective)
+    mesh = sharding.make_mesh(old.mesh)
+    program = build_program(old, mesh)
+    from data_pipelines import paths
+
+    sub = "best" if step is None and paths.as_path(workdir).joinpath("best").is_dir() else "checkpoints"
+    ckpt = Checkpointer(paths.join(workdir, sub), keep=0, async_save=False)
+    with jax.set_mesh(mesh):
+        if step is None:
+            restored = ckpt.restore_latest(program.abstract_state(), None)
+            if restored is None:
+                raise FileNotFoundError(f"{workdir}/{sub}: no checkpoint to initialise from")
+            state = restored[0]
+        else:
+            state = ckpt.restore(step, program.abstract_state(), None)[0]
+    ckpt.close()
+    return {k: np.asarray(jax.device_get(v)) for k, v in state["params"].items()}
+
+
+def match_pretrained(
+    target_shapes: Dict[str, Tuple[int, ...]], source: Dict[str, np.ndarray]
+) -> Tuple[Dict[str, str], List[str], List[str]]:
+    """Map task-model parameter names to pretrained names with equal shapes: the same name, else the same name
+    below its top-level module on either side (`transformer.x` <-> `x`, `funnel.x` <-> `discriminator.funnel.x` of
+    an ELECTRA workdir). Among several candidates the one with the fewest dropped components wins, then the
+    alphabetically first (ELECTRA: discriminator before generator). Returns (target->source, fresh, unused)."""
+
+    def suffixes(n, max_drop=3):
+        parts = n.split(".")
+        return [".".join(parts[k:]) for k in range(min(max_drop, len(parts) - 1) + 1)]
+
+    index: Dict[str, List[Tuple[int, str]]] = {}
+    for n in sorted(source):
+        for k, suf in enumerate(suffixes(n)):
+            index.setdefault(suf, []).append((k, n))
+    mapping, fresh, used = {}, [], set()
+    for t, shape in target_shapes.items():
+        best = None
+        for kt, suf in enumerate(suffixes(t, 1)):
+            for ks, n in index.get(suf, []):
+                if n in used or tuple(source[n].shape) != tuple(shape):
+                    continue
+                key = (kt + ks, n)
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            fresh.append(t)
+        else:
+            mapping[t] = best[1]
+            used.add(best[1])
+    unused = [n for n in source if n not in used]
+    return mapping, fresh, unused
+
+
+def load_pretrained_into(state, program, source: Dict[str, np.ndarray], init_from: str = "init_from"):
+    """Overwrite `state["params"]` with the pretrained values `source` (`pretrained_params(init_from)`, read
+    outside any `jax.set_mesh` context) resharded like the current parameters. Returns (state, report)."""
+    import jax
+
+    shapes = program.train_spec.shapes
+    mapping, fresh, unused = match_pretrained(shapes, source)
+    if not mapping:
+        raise ValueError(
+            f"init_from={init_from}: no parameter matches the task model by name and shape "
+            f"(pretrained has e.g. {sorted(source)[:5]}, the task model {sorted(shapes)[:5]})"
+        )
+    shardings = program.state_shardings["params"]
+    params = dict(state["params"])
+    for t, s in mapping.items():
+        params[t] = jax.device_put(source[s].astype(np.dtype(program.train_spec.dtypes[t])), shardings[t])
+    state = dict(state)
+    state["params"] = params
+    report = {"loaded": len(mapping), "fresh": fresh, "unused": unused}
+    return state, report

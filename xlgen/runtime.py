@@ -1,0 +1,74 @@
+"""Runtime set-up shared by every command, before anything touches a device: the JAX platform, logging, the
+persistent XLA compilation cache and `jax.distributed` (multi-process / multi-host runs).
+
+    --platform=cpu|tpu|gpu   default: JAX_PLATFORMS if set, else `tpu`/`gpu` when such a device node exists
+                             (/dev/accel*, /dev/vfio/*, /dev/nvidia0), else `cpu`.
+    XLGEN_COMPILATION_CACHE=DIR  persistent XLA compilation cache (default ~/.cache/xlgen/jax_cache; "off")
+    --distributed=auto|on|off  `auto`: when launched by launch/local_multiprocess.sh (XLGEN_COORDINATOR,
+                             XLGEN_NUM_PROCESSES, XLGEN_PROCESS_ID), or on a multi-host TPU slice / SLURM job.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+
+
+def default_platform() -> str:
+    if os.environ.get("JAX_PLATFORMS"):
+        return os.environ["JAX_PLATFORMS"]
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return "tpu"
+    if os.path.exists("/dev/nvidia0"):
+        return "gpu"
+    return "cpu"
+
+
+def want_distributed(mode: str) -> bool:
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    if os.environ.get("XLGEN_NUM_PROCESSES") and int(os.environ["XLGEN_NUM_PROCESSES"]) > 1:
+        return True
+    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    if "," in hosts:
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1
+
+
+def setup_runtime(platform: str, distributed: str) -> None:
+    """Platform, CPU collectives and jax.distributed — before anything touches a device."""
+    os.environ["JAX_PLATFORMS"] = platform
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax is chatty at INFO
+    except ImportError:  # pragma: no cover
+        pass
+    import jax
+
+    cache = os.environ.get("XLGEN_COMPILATION_CACHE", os.path.expanduser("~/.cache/xlgen/jax_cache"))
+    if cache and cache.lower() not in ("0", "off", "none"):
+        # Re-running a job (resume after preemption, eval) loads its executables instead of recompiling.
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs",
+            float(os.environ.get("XLGEN_COMPILATION_CACHE_MIN_SECS", "1.0")),
+        )
+
+    if want_distributed(distributed):
+        if platform == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if os.environ.get("XLGEN_COORDINATOR"):
+            jax.distributed.initialize(
+                coordinator_address=os.environ["XLGEN_COORDINATOR"],
+                num_processes=int(os.environ["XLGEN_NUM_PROCESSES"]),
+                process_id=int(os.environ["XLGEN_PROCESS_ID"]),
+            )
+        else:
+            jax.distributed.initialize()
