@@ -88,3 +88,27 @@ def test_shape_changing_config_on_existing_workdir_is_an_error(tmp_path, capsys,
     assert cli.main(["train", f"--config={TXL}", "--config.model.n_layer=3", f"--workdir={wd}"]) == 2
     err = capsys.readouterr().err
     assert "different shapes" in err and "model.n_layer" in err and "param layers.2" in err
+
+
+def test_parameterised_configs_and_their_file_aliases():
+    """`configs/pretrain/funnel.py:B..H.._{mlm,electra}` and `configs/finetune/glue.py:<task>` (config_flags syntax
+    `path:arg` -> get_config(arg)); every old file name is an alias giving the identical config."""
+    import glob
+
+    aliases = [
+        (p, "configs/pretrain/funnel.py:" + os.path.basename(p)[len("funnel_") : -3])
+        for p in glob.glob(os.path.join(REPO, "configs/pretrain/funnel_B*H*_*.py"))
+    ]
+    glue_tasks = ("cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb", "wnli")
+    aliases += [(os.path.join(REPO, f"configs/finetune/{t}.py"), f"configs/finetune/glue.py:{t}") for t in glue_tasks]
+    assert len(aliases) == 10 + 9
+    for old, new in aliases:
+        assert load_config(old).to_dict() == load_config(os.path.join(REPO, new)).to_dict(), (old, new)
+    c = load_config(os.path.join(REPO, "configs/pretrain/funnel.py:B6-3x2-3x2H768_electra"), ["--config.seed=3"])
+    assert (c.model.block_sizes, c.model.d_model, c.objective, c.seed) == ("6-3x2-3x2", 768, "funnel_electra", 3)
+    assert load_config(os.path.join(REPO, "configs/finetune/glue.py")).task == "glue/mrpc"  # no arg: the default
+    assert load_config(os.path.join(REPO, "configs/finetune/glue.py:cola")).data.batch_size == 16  # paper preset
+    with pytest.raises(ConfigError, match=r"funnel.py:B6H7: get_config: 'B6H7': expected B<blocks>H<d_model>"):
+        load_config(os.path.join(REPO, "configs/pretrain/funnel.py:B6H7"))
+    with pytest.raises(ConfigError, match=r"glue.py:foo: get_config: unknown GLUE task 'foo'"):
+        load_config(os.path.join(REPO, "configs/finetune/glue.py:foo"))

@@ -30,8 +30,18 @@ class ConfigError(ValueError):
     """A bad config file, key or value (the message names the file or key)."""
 
 
+def split_config_arg(path: str) -> Tuple[str, str | None]:
+    """`configs/x.py:ARG` -> (`configs/x.py`, `ARG`) (the `ml_collections.config_flags` syntax: `get_config(ARG)`);
+    a plain path -> (path, None)."""
+    if os.path.exists(path) or ".py:" not in path:
+        return path, None
+    head, _, arg = path.partition(".py:")
+    return head + ".py", arg
+
+
 def load_config_file(path: str) -> ConfigDict:
-    """Import `path` and return its `get_config()` (unlocked copy)."""
+    """Import `path` and return its `get_config()` (unlocked copy); `path:ARG` returns `get_config(ARG)`."""
+    path, arg = split_config_arg(path)
     if not os.path.exists(path):
         raise ConfigError(f"{path}: config file not found")
     spec = importlib.util.spec_from_file_location(f"xlgen_config_{abs(hash(os.path.abspath(path)))}", path)
@@ -42,7 +52,11 @@ def load_config_file(path: str) -> ConfigDict:
         raise ConfigError(f"{path}: cannot import config file: {type(e).__name__}: {e}") from e
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path}: no get_config() function")
-    config = module.get_config()
+    try:
+        config = module.get_config() if arg is None else module.get_config(arg)
+    except (TypeError, ValueError) as e:
+        where = path if arg is None else f"{path}:{arg}"
+        raise ConfigError(f"{where}: get_config: {e}") from e
     if not isinstance(config, ConfigDict):
         raise ConfigError(f"{path}: get_config() must return an ml_collections.ConfigDict, got {type(config).__name__}")
     return ConfigDict(config.to_dict(), type_safe=True)

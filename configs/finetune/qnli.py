@@ -1,13 +1,13 @@
-"""GLUE QNLI with the generic GLUE setting of `glue.py` (seq 128, batch 32, lr 2e-5); override any key.
+"""GLUE QNLI with the generic GLUE setting (seq 128, batch 32, lr 2e-5); override any key.
 
     xlgen finetune --config=configs/finetune/qnli.py --config.data_dir=glue_data/QNLI \
         --config.init_from=xlnet-large-cased --workdir=runs/qnli
+
+An alias of `configs/finetune/glue.py:qnli`.
 """
 
 from configs.finetune import glue
 
 
 def get_config():
-    c = glue.get_config()
-    c.task = "glue/qnli"
-    return c
+    return glue.get_config("qnli")

@@ -1,13 +1,13 @@
-"""GLUE RTE with the generic GLUE setting of `glue.py` (seq 128, batch 32, lr 2e-5); override any key.
+"""GLUE RTE with the generic GLUE setting (seq 128, batch 32, lr 2e-5); override any key.
 
     xlgen finetune --config=configs/finetune/rte.py --config.data_dir=glue_data/RTE \
         --config.init_from=xlnet-large-cased --workdir=runs/rte
+
+An alias of `configs/finetune/glue.py:rte`.
 """
 
 from configs.finetune import glue
 
 
 def get_config():
-    c = glue.get_config()
-    c.task = "glue/rte"
-    return c
+    return glue.get_config("rte")

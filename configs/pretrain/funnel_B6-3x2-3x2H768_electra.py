@@ -1,20 +1,13 @@
 """Funnel-Transformer B6-3x2-3x2H768 (decoder D2), ELECTRA pretraining;
 base scale: batch 256, 1M steps.
 
-Settings shared by all paper-sized Funnel configs (and their sources) are in `funnel_common.py`.
+An alias of `configs/pretrain/funnel.py:B6-3x2-3x2H768_electra` (the settings and their sources are there).
 
     xlgen plan --config=configs/pretrain/funnel_B6-3x2-3x2H768_electra.py --topology=v3:4x4
 """
 
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "funnel_common", os.path.join(os.path.dirname(__file__), "funnel_common.py")
-)
-_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_common)
+from configs.pretrain import funnel
 
 
 def get_config():
-    return _common.funnel_config("6-3x2-3x2", 768, "electra")
+    return funnel.get_config("B6-3x2-3x2H768_electra")

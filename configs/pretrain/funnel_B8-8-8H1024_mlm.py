@@ -1,20 +1,13 @@
 """Funnel-Transformer B8-8-8H1024 (decoder D2), MLM pretraining;
 large scale: batch 8K, 500K steps.
 
-Settings shared by all paper-sized Funnel configs (and their sources) are in `funnel_common.py`.
+An alias of `configs/pretrain/funnel.py:B8-8-8H1024_mlm` (the settings and their sources are there).
 
     xlgen plan --config=configs/pretrain/funnel_B8-8-8H1024_mlm.py --topology=v3:16x32
 """
 
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "funnel_common", os.path.join(os.path.dirname(__file__), "funnel_common.py")
-)
-_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_common)
+from configs.pretrain import funnel
 
 
 def get_config():
-    return _common.funnel_config("8-8-8", 1024, "mlm")
+    return funnel.get_config("B8-8-8H1024_mlm")

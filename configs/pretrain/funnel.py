@@ -1,4 +1,11 @@
-"""Shared body of the paper-sized Funnel-Transformer configs (`funnel_B*H*_{mlm,electra}.py`); not a config itself.
+"""Funnel-Transformer, paper-sized pretraining: one config parameterised by `B<blocks>H<d_model>_<objective>`.
+
+    xlgen plan  --config=configs/pretrain/funnel.py:B10-10-10H1024_electra --topology=v3:16x32
+    xlgen train --config=configs/pretrain/funnel.py:B6-6-6H768_mlm --workdir=runs/funnel
+
+`<blocks>` like `6-6-6` or `6-3x2-3x2` (`3x2` = 3 parameter sets, each
+applied twice), `<d_model>` 768 (base scale) or 1024 (large scale), `<objective>` `mlm` or `electra`. The ten paper
+configs `funnel_B*H*_{mlm,electra}.py` are two-line aliases of this file. Default: B6-6-6H768_mlm.
 
 Thesis §3.5 / Table 5.10, reference notes §3.9 / §A3:
   * base scale (H768: B4-4-4, B6-6-6, B6-3x2-3x2): Wikipedia + BookCorpus, batch 256, 1M steps;
@@ -12,8 +19,24 @@ Execution (not architecture): on TPU the factorized (gather-free) relative atten
 bfloat16 compute with float32 parameters, rematerialised layers for the large scale.
 """
 
+import re
+
 import data_pipelines
 from xlgen.config import base_config
+
+DEFAULT = "B6-6-6H768_mlm"
+_NAME = re.compile(r"B(?P<blocks>\d+(?:x\d+)?(?:-\d+(?:x\d+)?)*)H(?P<d_model>\d+)_(?P<objective>mlm|electra)")
+
+
+def get_config(arg: str = DEFAULT):
+    """`arg` = `B<blocks>H<d_model>_<objective>`, e.g. `B10-10-10H1024_electra`."""
+    m = _NAME.fullmatch(arg or DEFAULT)
+    if m is None:
+        raise ValueError(
+            f"{arg!r}: expected B<blocks>H<d_model>_<mlm|electra>, e.g. B6-6-6H768_mlm "
+            "or B6-3x2-3x2H768_electra"
+        )
+    return funnel_config(m["blocks"], int(m["d_model"]), m["objective"])
 
 
 def funnel_config(block_sizes: str, d_model: int, objective: str):
