@@ -33,8 +33,7 @@ def get_config(arg: str = DEFAULT):
     m = _NAME.fullmatch(arg or DEFAULT)
     if m is None:
         raise ValueError(
-            f"{arg!r}: expected B<blocks>H<d_model>_<mlm|electra>, e.g. B6-6-6H768_mlm "
-            "or B6-3x2-3x2H768_electra"
+            f"{arg!r}: expected B<blocks>H<d_model>_<mlm|electra>, e.g. B6-6-6H768_mlm or B6-3x2-3x2H768_electra"
         )
     return funnel_config(m["blocks"], int(m["d_model"]), m["objective"])
 
