@@ -6,6 +6,11 @@ Public Python API:
 
 __version__ = "0.1.0"
 
+from xlgen import platforms as _platforms
+
+# No TPU probe (libtpu noise) on a machine without one unless the user asks for it (JAX_PLATFORMS / --platform).
+_platforms.quiet_default()
+
 
 def from_pretrained(path, **kwargs):
     """Load an xlgen workdir/checkpoint or a Hugging Face model directory. See `xlgen.pretrained`."""

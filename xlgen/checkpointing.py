@@ -7,8 +7,8 @@ A checkpoint `workdir/checkpoints/<step>/` holds Composite items:
 The data position is the step itself: batches are pure functions of (seed, step).
 
 Orbax writes a step into a temporary directory and renames it when complete, so a killed process never leaves a
-checkpoint that `all_steps()` reports; `restore_latest` additionally falls back to the previous checkpoint, with a
-warning, if the newest one cannot be read. Restoring takes an abstract target whose leaves carry the *current*
+checkpoint that `all_steps()` reports; `restore_latest` additionally falls back to the previous checkpoint if the newest
+one cannot be read, moving the unreadable one aside to `checkpoints/corrupt-<step>/` (one warning line). Restoring takes an abstract target whose leaves carry the *current*
 shardings, so a checkpoint written on one mesh restores onto another.
 
 `directory` may be a URL (`gs://bucket/run/checkpoints`): Orbax (through etils.epath and TensorStore's own GCS
@@ -17,7 +17,9 @@ driver) reads and writes it directly; the finalize-by-rename above is Orbax's co
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -82,23 +84,96 @@ class Checkpointer:
         return out["state"], mems, out["meta"]
 
     def restore_latest(self, abstract_state: Any, abstract_mems: Optional[jax.ShapeDtypeStruct]):
-        """Restore the newest readable checkpoint: (state, mems or None, meta, step) or None if there is none."""
+        """Restore the newest readable checkpoint: (state, mems or None, meta, step) or None if there is none.
+
+        A checkpoint that fails to restore is moved aside to `checkpoints/corrupt-<step>` (no longer a step: it is
+        not counted toward `keep` and never tried again) with a one-line warning, and the previous one is used."""
         steps = self.all_steps()
         errors = []
         for step in reversed(steps):
             try:
-                state, mems, meta = self.restore(step, abstract_state, abstract_mems)
+                with _quiet_async_failures():
+                    state, mems, meta = self.restore(step, abstract_state, abstract_mems)
             except Exception as e:  # unreadable (truncated files, wrong structure): try the previous one
-                errors.append(f"step {step}: {type(e).__name__}: {e}")
+                reason = short_error(e)
+                errors.append(f"step {step}: {reason}")
+                moved = self._move_aside(step)
                 log.warning(
-                    "checkpoint %s/%d is unreadable (%s: %s); falling back to the previous checkpoint",
+                    "checkpoint %s/%d is unreadable (%s); %s",
                     self.directory,
                     step,
-                    type(e).__name__,
-                    str(e)[:300],
+                    reason,
+                    f"moved it to {moved}" if moved else "left in place (could not move it)",
                 )
                 continue
             return state, mems, meta, step
         if steps:
             raise RuntimeError(f"{self.directory}: no readable checkpoint among steps {steps}:\n" + "\n".join(errors))
         return None
+
+    def _move_aside(self, step: int) -> Optional[str]:
+        """Rename `<step>/` to `corrupt-<step>[-N]/` (process 0) and forget it; returns the new path or None."""
+        src = self.path / str(step)
+        dst = self.path / f"corrupt-{step}"
+        n = 1
+        while dst.exists():
+            n += 1
+            dst = self.path / f"corrupt-{step}-{n}"
+        moved = None
+        if jax.process_index() == 0:
+            try:
+                src.rename(dst)
+                moved = str(dst)
+            except Exception as e:  # read-only workdir, remote store without rename: keep going with the previous
+                log.warning("could not move %s aside (%s)", src, short_error(e))
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"xlgen_corrupt_checkpoint_{step}")
+            moved = str(dst) if not src.exists() else None
+        self.manager.reload()
+        return moved
+
+
+def short_error(e: BaseException, limit: int = 200) -> str:
+    """`Type: first line of the message`, without TensorStore's spec dumps, at most `limit` characters."""
+    text = str(e).split("See full TensorStore details")[0].strip().splitlines()
+    text = text[0].rstrip(" .") if text else ""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class _DropAsyncNoise(logging.Filter):
+    """asyncio's "Task/Future exception was never retrieved" records of Orbax's cancelled reads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "exception was never retrieved" not in str(record.msg)
+
+
+_async_filter = _DropAsyncNoise()
+_previous_unraisablehook = None
+
+
+def _unraisablehook(unraisable) -> None:
+    # TensorStore reads that finish after Orbax closed the event loop of a failed restore report
+    # `RuntimeError: Event loop is closed` through sys.unraisablehook (~100 tracebacks per failure): drop those only.
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and "Event loop is closed" in str(exc):
+        return
+    (_previous_unraisablehook or sys.__unraisablehook__)(unraisable)
+
+
+@contextlib.contextmanager
+def _quiet_async_failures():
+    """Silence the asyncio noise of a failing restore (for the rest of the process: some arrives late, from
+    TensorStore's threads); the error itself still raises from `restore`."""
+    global _previous_unraisablehook
+    if sys.unraisablehook is not _unraisablehook:  # also during the restore: the first reports come before it raises
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _unraisablehook
+    try:
+        yield
+    except Exception:
+        logging.getLogger("asyncio").addFilter(_async_filter)
+        raise

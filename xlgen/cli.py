@@ -36,7 +36,12 @@ USAGE = __doc__
 
 def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"xlgen {cmd}", description=f"xlgen {cmd} (config overrides: --config.KEY=VALUE)")
-    p.add_argument("--config", required=True, help="config file with get_config(), e.g. configs/pretrain/txl_tiny.py")
+    p.add_argument(
+        "--config",
+        required=cmd == "train",
+        help="config file with get_config(), e.g. configs/pretrain/txl_tiny.py"
+        + (" (default: the workdir's config.json)" if cmd == "eval" else ""),
+    )
     p.add_argument("--workdir", required=True, help="run directory (checkpoints/, metrics.jsonl, tensorboard/)")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect, else cpu)")
     p.add_argument("--distributed", default="auto", choices=("auto", "on", "off"))
@@ -74,7 +79,14 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
                 prog="xlgen eval",
             )
     try:
-        config = config_lib.load_config(args.config, overrides)
+        if args.config:
+            config = config_lib.load_config(args.config, overrides)
+        else:  # eval: the workdir's resolved config.json
+            config = config_lib.read_workdir_config(args.workdir)
+            if config is None:
+                raise config_lib.ConfigError(f"{args.workdir}: no config.json (not an xlgen workdir); pass --config")
+            for k, v in overrides.items():
+                config_lib.apply_override(config, k, v)
     except config_lib.ConfigError as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2

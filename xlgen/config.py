@@ -44,6 +44,12 @@ def load_config_file(path: str) -> ConfigDict:
     path, arg = split_config_arg(path)
     if not os.path.exists(path):
         raise ConfigError(f"{path}: config file not found")
+    if path.endswith(".json"):  # a workdir's resolved config.json
+        try:
+            with open(path) as f:
+                return from_json_dict(json.load(f))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: invalid JSON ({e})") from e
     spec = importlib.util.spec_from_file_location(f"xlgen_config_{abs(hash(os.path.abspath(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     try:

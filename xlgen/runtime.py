@@ -10,19 +10,16 @@ persistent XLA compilation cache and `jax.distributed` (multi-process / multi-ho
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 
+from xlgen import platforms
+
 
 def default_platform() -> str:
-    if os.environ.get("JAX_PLATFORMS"):
-        return os.environ["JAX_PLATFORMS"]
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
-        return "tpu"
-    if os.path.exists("/dev/nvidia0"):
-        return "gpu"
-    return "cpu"
+    """JAX_PLATFORMS if set, else the platform of the accelerator device nodes present, else `cpu`
+    (xlgen/platforms.py)."""
+    return platforms.default_platform()
 
 
 def want_distributed(mode: str) -> bool:
@@ -40,7 +37,7 @@ def want_distributed(mode: str) -> bool:
 
 def setup_runtime(platform: str, distributed: str) -> None:
     """Platform, CPU collectives and jax.distributed — before anything touches a device."""
-    os.environ["JAX_PLATFORMS"] = platform
+    platforms.select(platform)  # env var AND jax.config: the env var alone is ignored once jax is imported
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
