@@ -255,8 +255,43 @@ def plan(
     tokens = getattr(program, "tokens_per_step", None)
     if tokens:
         report["tokens_per_step"] = int(tokens)
+    report["ici_bytes_per_s_per_device"] = topo.ici_bytes_per_s_per_device(t, devices)
+    found = report.pop("_collectives", None)
+    if found is not None:
+        add_communication(report, found, program, config)
     derive_timing(report)
     report["suggestions"] = [] if report["fits"] else suggestions(config, report)
+    return report
+
+
+def add_communication(report: Dict[str, Any], found: Dict[str, Any], program, config) -> Dict[str, Any]:
+    """Fill the report's communication fields from the compiled step's collectives (`xlgen.comm.collectives`) and
+    the FSDP ideal of the program's parameters (`xlgen.comm.ideal_fsdp_bytes`); in place, returns the report."""
+    from xlgen import comm
+
+    shapes = program.train_spec.shapes
+    ideal = comm.ideal_fsdp_bytes(
+        shapes,
+        program.param_specs,
+        dict(program.mesh.shape),
+        remat=bool(config.model.get("remat", False)),
+        grad_accum_steps=int(config.optimizer.get("grad_accum_steps", 1)) if "optimizer" in config else 1,
+    )
+    report["collectives"] = comm.summary(found)
+    report["comm_bytes_per_device"] = float(found["bytes_per_device"])
+    report["ideal_comm_bytes_per_device"] = float(ideal["total"])
+    report["ideal_comm_breakdown"] = {k: float(v) for k, v in ideal.items() if k != "total"}
+    report["top_collectives"] = comm.top(found, 8)
+    in_loop = [c for c in found["list"] if c.in_loop]
+    if in_loop:  # activations moved inside the layer loop show here (batch x length x d_model elements or more)
+        big = max(in_loop, key=lambda c: c.largest_elements)
+        report["largest_in_loop_collective"] = {
+            "kind": big.kind,
+            "elements": int(big.largest_elements),
+            "trips": big.trips,
+            "op_name": big.op_name[-160:],
+        }
+    report["collective_loops_unknown_trip_count"] = int(found["unknown_trip_counts"])
     return report
 
 
@@ -281,6 +316,18 @@ def derive_timing(report: Dict[str, Any]) -> Dict[str, Any]:
     report["mfu"] = fl["analytic_model"] / (n * peak * step) if step > 0 else 0.0
     if report.get("tokens_per_step"):
         report["tokens_per_sec"] = report["tokens_per_step"] / step
+    bw = report.get("ici_bytes_per_s_per_device")
+    if "comm_bytes_per_device" in report and bw:
+        # communication at the ICI bandwidth of one axis ring; the step needs at least max(compute, comm) (perfect
+        # overlap) and at most about compute + comm (no overlap)
+        comm_s = report["comm_bytes_per_device"] / bw
+        report["comm_time_s"] = comm_s
+        report["ideal_comm_time_s"] = report["ideal_comm_bytes_per_device"] / bw
+        report["step_time_bound_s"] = max(step, comm_s)
+        report["step_time_no_overlap_s"] = step + comm_s
+        bound = report["step_time_bound_s"]
+        report["mfu_with_comm"] = fl["analytic_model"] / (n * peak * bound) if bound > 0 else 0.0
+        report["mfu_no_overlap"] = fl["analytic_model"] / (n * peak * report["step_time_no_overlap_s"])
     return report
 
 
@@ -390,6 +437,14 @@ def compile_and_measure(jitted, args, mesh, hbm: int, *, label: str = "") -> Dic
     out["flops_per_step"]["xla_cost_analysis"] = float(cost.get("flops", 0.0)) * n
     out["flops_per_step"]["xla_counts_loop_bodies_once"] = bool(has_while or _has_while(compiled))
     out["xla_optimal_seconds"] = float(cost.get("optimal_seconds", 0.0) or 0.0)
+    try:
+        hlo = compiled.as_text()
+    except Exception:  # pragma: no cover - as_text is available for TPU and CPU executables
+        hlo = None
+    if hlo:
+        from xlgen import comm
+
+        out["_collectives"] = comm.collectives(hlo, n)
     return out
 
 
@@ -500,8 +555,21 @@ def render_text(r: Dict[str, Any]) -> str:
         f"step time         >= {r['step_time_s'] * 1e3:.1f} ms (peak {r['peak_bf16_flops_per_device'] / 1e12:.1f}"
         f" TFLOP/s bf16 per device), MFU <= {100 * r['mfu']:.1f}%"
         + (f", {r['tokens_per_sec']:.3g} tokens/s" if "tokens_per_sec" in r else ""),
-        f"compile           {r['compile_time_s']:.1f} s (trace+lower {r['trace_lower_time_s']:.1f} s)",
     ]
+    if "comm_bytes_per_device" in r:
+        kinds = ", ".join(f"{k} {v['count']}x {_bytes(v['bytes'])}" for k, v in r["collectives"].items() if v["count"])
+        lines += [
+            f"communication     {_bytes(r['comm_bytes_per_device'])} / device / step ({kinds}); FSDP ideal "
+            f"{_bytes(r['ideal_comm_bytes_per_device'])} ({_ratio(r)} of ideal)",
+        ]
+        if "comm_time_s" in r:
+            lines.append(
+                f"comm time         >= {r['comm_time_s'] * 1e3:.1f} ms at {r['ici_bytes_per_s_per_device'] / 1e9:.0f} GB/s"
+                f" ICI per device; step >= {r['step_time_bound_s'] * 1e3:.1f} ms (overlapped), "
+                f"{r['step_time_no_overlap_s'] * 1e3:.1f} ms (no overlap); MFU with comm <= "
+                f"{100 * r['mfu_with_comm']:.1f}% ({100 * r['mfu_no_overlap']:.1f}% no overlap)"
+            )
+    lines.append(f"compile           {r['compile_time_s']:.1f} s (trace+lower {r['trace_lower_time_s']:.1f} s)")
     for s in r.get("suggestions", []):
         lines.append(f"suggestion        {s}")
     return "\n".join(lines)
@@ -509,9 +577,34 @@ def render_text(r: Dict[str, Any]) -> str:
 
 TABLE_HEADER = (
     "| config | topology (devices) | mesh data×fsdp×tensor | rules | execution | batch | params | "
-    "state / device | HBM / device (of) | fits | model FLOPs / step | step time ≥ | MFU ≤ | compile |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "state / device | HBM / device (of) | fits | model FLOPs / step | compute ≥ | comm / device (× FSDP ideal) | "
+    "comm ≥ | step ≥ (no overlap) | MFU ≤ (with comm) | compile |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
+
+
+def _bytes(b: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+def _ratio(r: Dict[str, Any]) -> str:
+    ideal = r.get("ideal_comm_bytes_per_device") or 0.0
+    return f"{r['comm_bytes_per_device'] / ideal:.2f}×" if ideal else "-"
+
+
+def _comm_cells(r: Dict[str, Any]) -> str:
+    """comm / device, comm ≥, step ≥ (no overlap), MFU ≤ (with comm); '-' for plans compiled before comm was
+    measured."""
+    if "comm_time_s" not in r:
+        return f"- | - | {r['step_time_s'] * 1e3:.0f} ms | {100 * r['mfu']:.0f}% (-)"
+    return (
+        f"{_bytes(r['comm_bytes_per_device'])} ({_ratio(r)}) | {r['comm_time_s'] * 1e3:.0f} ms | "
+        f"{r['step_time_bound_s'] * 1e3:.0f} ms ({r['step_time_no_overlap_s'] * 1e3:.0f} ms) | "
+        f"{100 * r['mfu']:.0f}% ({100 * r['mfu_with_comm']:.0f}%)"
+    )
 
 
 def _execution(model: Dict[str, Any]) -> str:
@@ -536,7 +629,7 @@ def render_row(r: Dict[str, Any]) -> str:
         f"{_gib(r['state_bytes_per_device']['total'])} | "
         f"{_gib(r['memory_per_device']['total'])} ({_gib(r['hbm_per_device'])}) | {fits} | "
         f"{_flops(r['flops_per_step']['analytic_model'])} | {r['step_time_s'] * 1e3:.0f} ms | "
-        f"{100 * r['mfu']:.0f}% | {r['compile_time_s']:.0f} s |"
+        f"{_comm_cells(r)} | {r['compile_time_s']:.0f} s |"
     )
 
 

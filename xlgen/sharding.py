@@ -9,6 +9,19 @@ logical name to a mesh axis (or None = replicated along that dimension):
     fsdp      -       fsdp   -       -     -       -      | (data, fsdp)
     fsdp_tp   tensor  fsdp   tensor  -     tensor  -      | (data, fsdp)
 
+Activations are constrained the same way, MaxText-style: a model names an activation's dimensions with logical
+activation axes (`constrain(x, ("activation_batch", "activation_length", "activation_embed"))`) and the preset
+maps them (the rules, never the model files, name mesh axes):
+
+    preset    activation_batch  _length  _kv_length  _embed  _heads  _kv   _mlp    _vocab
+    dp        (data, fsdp)      -        -           -       -       -     -       -
+    fsdp      (data, fsdp)      -        -           -       -       -     -       -
+    fsdp_tp   (data, fsdp)      -        -           -       tensor  -     tensor  tensor
+
+`constrain` is a no-op outside a mesh (one CPU device, `xlgen.from_pretrained`); under a mesh it uses the rules of
+the enclosing `activation_rules(preset)` (the trainer sets the config's preset around its step) or, without one,
+the batch-only mapping of `dp`.
+
 A dimension is left unsharded when its mesh axis is already used by an earlier dimension of the same parameter or
 when the dimension is not divisible by the axis size (e.g. 10 heads on 4-way tensor), so every preset is valid for
 every model; `describe_param_shardings` reports what happened.
@@ -23,8 +36,10 @@ shardings don't already give.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import jax
 import numpy as np
@@ -34,11 +49,38 @@ from jax.sharding import PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch (and memory rows) are split over both data-parallel axes
 
-RULE_PRESETS: Dict[str, Dict[str, Optional[str]]] = {
-    "dp": {"vocab": None, "embed": None, "heads": None, "kv": None, "mlp": None, "layers": None},
-    "fsdp": {"vocab": None, "embed": "fsdp", "heads": None, "kv": None, "mlp": None, "layers": None},
-    "fsdp_tp": {"vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv": None, "mlp": "tensor", "layers": None},
+_ACT_BATCH_ONLY = {
+    "activation_batch": BATCH_AXES,
+    "activation_length": None,
+    "activation_kv_length": None,
+    "activation_embed": None,
+    "activation_heads": None,
+    "activation_kv": None,
+    "activation_mlp": None,
+    "activation_vocab": None,
 }
+_ACT_TENSOR = {
+    **_ACT_BATCH_ONLY,
+    "activation_heads": "tensor",
+    "activation_mlp": "tensor",
+    "activation_vocab": "tensor",
+}
+
+RULE_PRESETS: Dict[str, Dict[str, Union[None, str, Tuple[str, ...]]]] = {
+    "dp": {"vocab": None, "embed": None, "heads": None, "kv": None, "mlp": None, "layers": None, **_ACT_BATCH_ONLY},
+    "fsdp": {"vocab": None, "embed": "fsdp", "heads": None, "kv": None, "mlp": None, "layers": None, **_ACT_BATCH_ONLY},
+    "fsdp_tp": {
+        "vocab": "tensor",
+        "embed": "fsdp",
+        "heads": "tensor",
+        "kv": None,
+        "mlp": "tensor",
+        "layers": None,
+        **_ACT_TENSOR,
+    },
+}
+UNCONSTRAINED = "unconstrained"  # a logical name for `constrain`: leave this dimension to the partitioner
+_ACTIVE_RULES: contextvars.ContextVar = contextvars.ContextVar("xlgen_activation_rules", default=None)
 
 
 def mesh_shape(sizes: Sequence[int], num_devices: int) -> Tuple[int, ...]:
@@ -95,6 +137,53 @@ def rules_for(preset: str) -> Dict[str, Optional[str]]:
     if preset not in RULE_PRESETS:
         raise ValueError(f"mesh.rules={preset!r}: unknown preset; choose one of {sorted(RULE_PRESETS)}")
     return RULE_PRESETS[preset]
+
+
+@contextlib.contextmanager
+def activation_rules(preset: Union[str, Dict[str, object], None]):
+    """Within this context (at trace time), `constrain` maps logical activation names with `preset`'s rules."""
+    token = _ACTIVE_RULES.set(rules_for(preset) if isinstance(preset, str) else preset)
+    try:
+        yield
+    finally:
+        _ACTIVE_RULES.reset(token)
+
+
+def activation_spec(logical: Sequence[Optional[str]], shape: Sequence[int], rules: Dict[str, object], mesh) -> P:
+    """PartitionSpec of an activation with logical names: each name's mesh axes (one or a tuple), keeping only axes
+    of this mesh with size > 1 not used by an earlier dimension, dropping trailing axes until the dimension divides;
+    `None` = replicated dimension, `UNCONSTRAINED` = left to the partitioner."""
+    used, out = set(), []
+    for name, dim in zip(logical, shape):
+        if name is None:
+            out.append(None)
+            continue
+        if name == UNCONSTRAINED:
+            out.append(P.UNCONSTRAINED)
+            continue
+        if name not in rules:
+            raise ValueError(f"logical axis {name!r} has no sharding rule; known: {sorted(rules)}")
+        axes = rules[name]
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        axes = [a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1 and a not in used]
+        while axes and dim % math.prod(mesh.shape[a] for a in axes):
+            axes.pop()
+        used.update(axes)
+        out.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+    return P(*out)
+
+
+def constrain(x: jax.Array, logical: Sequence[Optional[str]]) -> jax.Array:
+    """`x` constrained to the sharding its logical axis names get under the active rules (`activation_rules`, else
+    the batch-only `dp` mapping); a no-op outside a mesh. E.g. the residual stream of a layer:
+    `constrain(h, ("activation_batch", "activation_length", "activation_embed"))`."""
+    if len(logical) != x.ndim:
+        raise ValueError(f"logical axes {tuple(logical)} do not match the shape {tuple(x.shape)}")
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    rules = _ACTIVE_RULES.get() or RULE_PRESETS["dp"]
+    return jax.lax.with_sharding_constraint(x, activation_spec(logical, x.shape, rules, mesh))
 
 
 def batch_spec(ndim: int) -> P:

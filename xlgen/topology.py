@@ -28,15 +28,27 @@ class Chip:
     accelerator_prefix: str  # as in `gcloud ... --accelerator-type=<prefix>-<cores or chips>`
     chip_config: str = "default"  # "megacore": both TensorCores of a chip form one JAX device (v4, v5p)
     chips_per_host: tuple[int, ...] | None = None
+    # ICI bandwidth one chip has for a collective along ONE mesh axis laid on a torus ring: one link each way
+    # (the bidirectional bandwidth of one link), bytes/s. Conservative: an axis spanning several torus dimensions
+    # gets more links, and DCN between slices is slower (not modelled).
+    ici_axis_bytes_per_s: float = 0.0
+
+
+# ICI bandwidth per link, bidirectional, bytes/s (`ici_axis_bytes_per_s`), from "How to Scale Your Model", part
+# "How to Think About TPUs" (jax-ml.github.io/scaling-book/tpus), table "ICI BW/link (one-way)/(bidi)": v3 1e11/2e11,
+# v4p 4.5e10/9e10, v5p 9e10/1.8e11, v5e 4.5e10/9e10, v6e 9e10/1.8e11. For scale, Cloud TPU's pages give per chip
+# (all ports): v5p 1200 GB/s bidirectional over 6 ports (cloud.google.com/tpu/docs/v5p), v5e 1600 Gbps and v6e
+# 3584 Gbps over 4 ports (cloud.google.com/tpu/docs/v6e). v2 is not listed there: taken as v3's (same ICI
+# generation). These are peak link rates; achieved collective bandwidth is lower, so comm times are lower bounds.
 
 
 CHIPS = {
-    "v2": Chip("v2", 16 * GiB, 45e12, "v2"),
-    "v3": Chip("v3", 32 * GiB, 123e12, "v3"),  # 2 TensorCores x 16 GiB
-    "v4": Chip("v4", 32 * GiB, 275e12, "v4", "megacore", (2, 2, 1)),
-    "v5e": Chip("v5e", 16 * GiB, 197e12, "v5litepod", "default", (2, 2, 1)),
-    "v5p": Chip("v5p", 95 * GiB, 459e12, "v5p", "megacore", (2, 2, 1)),
-    "v6e": Chip("v6e", 32 * GiB, 918e12, "v6e", "default", (2, 2, 1)),
+    "v2": Chip("v2", 16 * GiB, 45e12, "v2", ici_axis_bytes_per_s=2e11),
+    "v3": Chip("v3", 32 * GiB, 123e12, "v3", ici_axis_bytes_per_s=2e11),  # 2 TensorCores x 16 GiB
+    "v4": Chip("v4", 32 * GiB, 275e12, "v4", "megacore", (2, 2, 1), ici_axis_bytes_per_s=9e10),
+    "v5e": Chip("v5e", 16 * GiB, 197e12, "v5litepod", "default", (2, 2, 1), ici_axis_bytes_per_s=9e10),
+    "v5p": Chip("v5p", 95 * GiB, 459e12, "v5p", "megacore", (2, 2, 1), ici_axis_bytes_per_s=1.8e11),
+    "v6e": Chip("v6e", 32 * GiB, 918e12, "v6e", "default", (2, 2, 1), ici_axis_bytes_per_s=1.8e11),
 }
 _ALIASES = {"v5lite": "v5e", "v5litepod": "v5e", "trillium": "v6e"}
 _TOPOLOGY_RE = re.compile(r"^(?P<gen>[a-zA-Z0-9]+)[:=_](?P<dims>\d+(?:x\d+)*)$")
@@ -133,6 +145,12 @@ def per_device(topology: Topology, devices: Sequence) -> tuple[int, float]:
     """(HBM bytes, peak bf16 FLOP/s) of ONE JAX device of this topology."""
     k = devices_per_chip(devices)
     return topology.chip.hbm_bytes // k, topology.chip.peak_bf16_flops / k
+
+
+def ici_bytes_per_s_per_device(topology: Topology, devices: Sequence) -> float:
+    """ICI bandwidth (bytes/s) one JAX device has for a collective along one mesh axis: the chip's
+    (`Chip.ici_axis_bytes_per_s`) shared by the devices on the chip (the two v2/v3 TensorCores)."""
+    return topology.chip.ici_axis_bytes_per_s / devices_per_chip(devices)
 
 
 def slice_index(device) -> int:

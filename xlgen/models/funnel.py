@@ -30,7 +30,6 @@ Heads, the ELECTRA objective and losses live in `xlgen.models.funnel_heads`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -49,6 +48,7 @@ from xlgen.models.relative_attention import (
     segment_scores,
     sinusoid_embedding,
 )
+from xlgen.sharding import constrain
 
 CLS_TOKEN_TYPE = 2  # token type id marking <cls> (treated as "same segment" as everything)
 
@@ -299,16 +299,15 @@ def _unsharded_embed(kernel: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(kernel, spec)
 
 
+_STREAM = ("activation_batch", "activation_length", "activation_embed")
+
+
 def _batch_sharded(x: jax.Array) -> jax.Array:
-    """The residual stream `[b, t, d]` split over the batch axes only (rows over data x fsdp, d whole) when a mesh
-    with those axes is set. Without it the partitioner may carry the stream sharded like the fsdp-sharded `embed` of
-    the weights: every projection then all-reduces partial sums of the global batch and every LayerNorm reduces
-    across devices."""
-    mesh = jax.sharding.get_abstract_mesh()
-    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
-    if mesh.empty or not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
-        return x
-    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(axes, *([None] * (x.ndim - 1))))
+    """The residual stream `[b, t, d]` constrained by logical names (rows over the batch axes, d whole under every
+    preset; `xlgen.sharding.constrain`). Without it the partitioner may carry the stream sharded like the
+    fsdp-sharded `embed` of the weights: every projection then all-reduces partial sums of the global batch and
+    every LayerNorm reduces across devices."""
+    return constrain(x, _STREAM)
 
 
 class FunnelAttention(RelativeMultiHeadAttention):

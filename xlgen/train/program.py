@@ -279,7 +279,8 @@ def _build_program(config, mesh: Mesh) -> Program:
     def loss_fn(params, batch, mems, key):
         rest = seeded_rest(rest_train, key)
         model = merge_model(graphdef_train, params, rest)
-        loss, aux, new_mems = objective.loss(model, batch, mems, key, config)
+        with sharding.activation_rules(config.mesh.rules):  # the models' activation constraints use these rules
+            loss, aux, new_mems = objective.loss(model, batch, mems, key, config)
         return loss, (aux, new_mems)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -400,7 +401,8 @@ def _make_eval_step(program: Program):
 
     def eval_step(params, batch, mems):
         model = merge_model(spec, params, seeded_rest(rest, jax.random.key(0)))
-        total, count, new_mems = objective.eval_loss(model, batch, mems, config)
+        with sharding.activation_rules(config.mesh.rules):
+            total, count, new_mems = objective.eval_loss(model, batch, mems, config)
         if mems is not None:
             new_mems = new_mems.astype(mems.dtype)
         return total, count, new_mems
