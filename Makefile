@@ -37,5 +37,11 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/xlgen train --config=configs/pretrain/demo.py --workdir=workdirs/demo
 
+# The standard speed set (docs/performance.md): xlgen vs HF PyTorch in the same run, medians of interleaved blocks,
+# MFU against the measured matmul peak, XLNet-Large compile time. Results in bench_results/*.json.
+bench: $(STAMP)
+	$(VENV)/bin/xlgen bench --standard --out_dir=bench_results --into=docs/performance.md \
+	    $(if $(BEFORE),--before=$(BEFORE),)
+
 clean:
 	rm -rf $(VENV) workdirs .pytest_cache

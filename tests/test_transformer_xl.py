@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 import xlgen
+from xlgen.models.relative_attention import advance_memory_validity
 from xlgen.models.transformer_xl import TransformerXLConfig, TransformerXLLM, attention_mask, count_params, load_params
 
 SMALL = dict(
@@ -234,6 +235,39 @@ def test_recurrence_equals_full_context_and_longer_eval_memory():
     np.testing.assert_allclose(lp3_long, full[:, 2 * L :], atol=1e-5)
     lp3_short, _ = forward(model, ids[:, 2 * L :], m2[:, :, L:], mem_len=2 * L)  # training-length memory
     assert np.abs(lp3_short - full[:, 2 * L :]).max() > 1e-3
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+def test_fixed_length_memory_buffer_equals_growing_memory(same_length):
+    """A zero buffer of mem_len rows with a validity count (`mem_valid`, the unfilled rows masked) gives exactly
+    the growing memory's results for every segment while the memory fills (and so, without same_length, the
+    full causal pass), with one compiled shape: the buffer and its count come back in the same shapes."""
+    L = SMALL["mem_len"]
+    model = make_model(cutoffs=(), div_val=1, same_length=same_length)
+    ids = jnp.asarray(np.random.default_rng(1).integers(0, SMALL["vocab_size"], (2, 3 * L)))
+
+    traces = []
+
+    @nnx.jit(static_argnames=("mem_len",))
+    def step(model, ids, mems, valid, mem_len):
+        traces.append(mems.shape)
+        lp, new = model(ids, mems, mem_len=mem_len, mem_valid=valid)
+        return lp, new, advance_memory_validity(valid, ids.shape[1], mem_len)
+
+    full, _ = forward(model, ids, None, mem_len=2 * L)
+    buf, valid = model.init_mems(2, 2 * L), jnp.zeros((2,), jnp.int32)
+    grow = None
+    for k in range(3):
+        seg = ids[:, k * L : (k + 1) * L]
+        lp, buf, valid = step(model, seg, buf, valid, mem_len=2 * L)
+        ref, grow = forward(model, seg, grow, mem_len=2 * L)  # memory of 0, L, 2L rows
+        assert buf.shape == (SMALL["n_layer"], 2, 2 * L, SMALL["d_model"])
+        assert valid.tolist() == [min((k + 1) * L, 2 * L)] * 2
+        np.testing.assert_allclose(lp, ref, atol=1e-5)
+        np.testing.assert_allclose(buf[:, :, 2 * L - grow.shape[2] :], grow, atol=1e-5)
+        if not same_length:
+            np.testing.assert_allclose(lp, full[:, k * L : (k + 1) * L], atol=1e-5)
+    assert len(traces) == 1  # traced (compiled) once: nothing recompiled while the memory filled
 
 
 def test_no_gradient_flows_into_memory():

@@ -5,6 +5,7 @@
     xlgen prepare  ...    tokenizers and corpora        (data_pipelines.prepare:main)
     xlgen finetune ...    GLUE / SQuAD / RACE / ...     (xlgen.finetune:main)
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
+    xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
 
 Common options of train/eval:
     --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`
@@ -30,6 +31,7 @@ DELEGATED = {
     "prepare": "data_pipelines.prepare:main",
     "finetune": "xlgen.finetune:main",
     "plan": "xlgen.plan:main",
+    "bench": "xlgen.bench:main",
 }
 USAGE = __doc__
 

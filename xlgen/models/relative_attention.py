@@ -74,6 +74,29 @@ def shift_offset(qlen: int, kind: str) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Fixed-length memory buffers with a validity count
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def memory_validity_mask(mem_valid, mlen: int, qlen: int) -> jax.Array:
+    """Keys of a fixed-length memory buffer that hold nothing yet: `[b, 1, 1, mlen + qlen]` bool, True (blocked) for
+    key j < mlen - mem_valid[b].
+
+    The buffer `[.., b, mlen, d]` keeps its newest states at the end (as `update_mems` leaves them); `mem_valid`
+    int `[b]` (or a scalar) counts the trailing rows that are real. Masking the rest makes a zero-initialised buffer
+    of full length behave exactly like the growing memory of the original PyTorch implementation (empty at the
+    first segment), with one compiled shape for every segment."""
+    valid = jnp.asarray(mem_valid, jnp.int32).reshape(-1)
+    j = jnp.arange(mlen + qlen, dtype=jnp.int32)
+    return (j[None, :] < (mlen - valid)[:, None])[:, None, None, :]
+
+
+def advance_memory_validity(mem_valid, qlen: int, mem_len: int) -> jax.Array:
+    """The valid count after appending `qlen` states to a buffer of `mem_len` rows: min(mem_valid + qlen, mem_len)."""
+    return jnp.minimum(jnp.asarray(mem_valid, jnp.int32) + qlen, mem_len)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Gather-free shift
 # ----------------------------------------------------------------------------------------------------------------
 

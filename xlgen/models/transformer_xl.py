@@ -35,6 +35,8 @@ from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax,
 from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
+    advance_memory_validity,
+    memory_validity_mask,
     relative_position_sequence,
     shift_offset,
     sinusoid_embedding,
@@ -205,7 +207,7 @@ class TransformerXLBlock(nnx.Module):
     def __call__(
         self, h: jax.Array, mem: jax.Array, pos_emb: jax.Array, mask: jax.Array, shared_biases: Optional[dict]
     ) -> jax.Array:
-        """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[l,m+l]` -> `[b,l,d]`."""
+        """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[1|b,1,l,m+l]` -> `[b,l,d]`."""
         attn = self.attn
         k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
         out = attn.attend(
@@ -215,7 +217,7 @@ class TransformerXLBlock(nnx.Module):
             attn.r(pos_emb),
             klen=k_head.shape[1],
             offset=shift_offset(h.shape[1], "txl"),
-            mask=mask[None, None],
+            mask=mask,
             shared_biases=shared_biases,
         )
         return self.ff(out)
@@ -271,8 +273,20 @@ class TransformerXLLM(nnx.Module):
         m = c.mem_len if mem_len is None else mem_len
         return jnp.zeros((c.n_layer, batch_size, m, c.d_model), jnp.dtype(c.dtype))
 
-    def hidden_states(self, input_ids: jax.Array, mems: Optional[jax.Array] = None, *, mem_len: Optional[int] = None):
-        """Last-layer states `[b,l,d_model]` (after the final dropout) and the new memory (see module doc)."""
+    def hidden_states(
+        self,
+        input_ids: jax.Array,
+        mems: Optional[jax.Array] = None,
+        *,
+        mem_len: Optional[int] = None,
+        mem_valid: Optional[jax.Array] = None,
+    ):
+        """Last-layer states `[b,l,d_model]` (after the final dropout) and the new memory (see module doc).
+
+        `mem_valid` int `[b]` (or scalar): the memory is a fixed-length buffer whose last `mem_valid[b]` rows are
+        real and the rest (zeros) are masked (`relative_attention.memory_validity_mask`); with a buffer of
+        `mem_len` rows the returned memory keeps that shape, its count being
+        `advance_memory_validity(mem_valid, l, mem_len)`. Equals the growing (concatenated) memory exactly."""
         c = self.config
         dtype = jnp.dtype(c.dtype)
         mem_len = c.mem_len if mem_len is None else mem_len
@@ -284,7 +298,9 @@ class TransformerXLLM(nnx.Module):
         mems = jax.lax.stop_gradient(mems.astype(dtype))
         mlen = mems.shape[2]
         klen = mlen + qlen
-        mask = jnp.asarray(attention_mask(qlen, mlen, same_length=c.same_length, mem_len=mem_len))
+        mask = jnp.asarray(attention_mask(qlen, mlen, same_length=c.same_length, mem_len=mem_len))[None, None]
+        if mem_valid is not None:
+            mask = mask | memory_validity_mask(mem_valid, mlen, qlen)  # [b,1,l,m+l]
         pos_seq = relative_position_sequence(qlen, klen, "txl", c.clamp_len if c.clamp_len > 0 else None)
         pos_emb = self.drop(sinusoid_embedding(pos_seq, c.d_model, dtype))
         h = self.drop(self.embedding(input_ids, dtype))
@@ -313,11 +329,12 @@ class TransformerXLLM(nnx.Module):
         *,
         labels: Optional[jax.Array] = None,
         mem_len: Optional[int] = None,
+        mem_valid: Optional[jax.Array] = None,
     ):
         """input_ids `[b,l]` int, mems `[n_layer,b,m,d_model]` or None (no memory), labels `[b,l]` next tokens
         (negative = ignored) -> `(log_probs [b,l,V] | nll [b,l], new_mems [n_layer,b,min(m+l,mem_len),d])`.
         Log-probs / nll are float32; with labels the `[b,l,V]` tensor is never built."""
-        h, new_mems = self.hidden_states(input_ids, mems, mem_len=mem_len)
+        h, new_mems = self.hidden_states(input_ids, mems, mem_len=mem_len, mem_valid=mem_valid)
         if labels is None:
             return self.softmax.log_probs(h, self.embedding), new_mems
         return self.softmax.nll(h, labels, self.embedding), new_mems
@@ -487,6 +504,7 @@ class TransfoXLOutput:
     losses: Optional[jax.Array] = None
     loss: Optional[jax.Array] = None
     last_hidden_state: Optional[jax.Array] = None
+    mem_valid: Optional[jax.Array] = None
 
     @property
     def prediction_scores(self):  # HF's name for the log-probabilities
@@ -507,6 +525,11 @@ class TransfoXLPretrained:
       building `[b, l, V]`.
     * `mem_len=` overrides how many states the returned memory keeps (default `config.mem_len`; also used by
       `same_length`), e.g. to evaluate with a longer memory than training.
+    * `mem_valid=` int `[batch]` (or 0): the memory is a fixed-length buffer of which only the last `mem_valid`
+      rows are real, the rest masked. `model(ids, mem_valid=0)` starts from an empty memory (the original PyTorch
+      implementation's evaluation) in a zero buffer of `mem_len` rows; pass `out.mems, out.mem_valid` back in.
+      Every segment then has the same shapes (one compilation), and the results equal a growing memory. Without
+      `mem_valid`, `mems=None` is HF's zero memory, attended to like real states.
     The forward pass is jitted once per input shape. `.module` is the `TransformerXLLM` (NNX), `.config` its
     `TransformerXLConfig`.
     """
@@ -520,25 +543,32 @@ class TransfoXLPretrained:
         )
 
     @staticmethod
-    def _pure_forward(graphdef, state, input_ids, mems, labels, *, mode: str, mem_len: int, layout: str):
+    def _pure_forward(graphdef, state, input_ids, mems, labels, mem_valid, *, mode: str, mem_len: int, layout: str):
         """One jitted program: mems conversion, forward, HF-layout memory (and the HF-shifted label NLL)."""
         model = nnx.merge(graphdef, state)
         c = model.config
-        if layout == "init":
+        if layout == "init" and mem_valid is not None:  # an empty fixed-length buffer of the returned length
+            mems = model.init_mems(input_ids.shape[0], mem_len)
+        elif layout == "init":
             mems = model.init_mems(input_ids.shape[0]) if c.mem_len > 0 else None
         elif layout == "hf":  # n_layer x [M, b, d]
             mems = jnp.swapaxes(jnp.stack(mems), 1, 2)
         out = {}
+        kw = dict(mem_len=mem_len, mem_valid=mem_valid)
         if mode == "hidden":
-            out["last_hidden_state"], new_mems = model.hidden_states(input_ids, mems, mem_len=mem_len)
+            out["last_hidden_state"], new_mems = model.hidden_states(input_ids, mems, **kw)
         elif mode == "labels":
             shifted = jnp.concatenate([labels[:, 1:], jnp.full_like(labels[:, :1], -100)], axis=1)
-            nll, new_mems = model(input_ids, mems, labels=shifted, mem_len=mem_len)
+            nll, new_mems = model(input_ids, mems, labels=shifted, **kw)
             out["losses"] = nll[:, :-1]
             out["loss"] = out["losses"].sum() / jnp.maximum((labels[:, 1:] != -100).sum(), 1)
         else:
-            out["log_probs"], new_mems = model(input_ids, mems, mem_len=mem_len)
+            out["log_probs"], new_mems = model(input_ids, mems, **kw)
         out["mems"] = list(jnp.swapaxes(new_mems, 1, 2))
+        if mem_valid is not None:
+            out["mem_valid"] = advance_memory_validity(
+                jnp.broadcast_to(mem_valid, (input_ids.shape[0],)), input_ids.shape[1], new_mems.shape[2]
+            )
         return out
 
     def init_mems(self, batch_size: int) -> list:
@@ -581,6 +611,7 @@ class TransfoXLPretrained:
         output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
+        mem_valid=None,
     ) -> TransfoXLOutput:
         for name, v in (
             ("head_mask", head_mask),
@@ -609,7 +640,10 @@ class TransfoXLPretrained:
             if lab.shape != ids.shape:
                 raise ValueError(f"labels shape {lab.shape} != input_ids shape {ids.shape}")
             mode = "labels"
-        out = self._forward(self._state, ids, mem_arg, lab, mode=mode, mem_len=mem_len, layout=layout)
+        if mem_valid is not None:
+            mv = mem_valid if isinstance(mem_valid, jax.Array) else np.asarray(mem_valid, np.int32)
+            mem_valid = jnp.broadcast_to(jnp.asarray(mv, jnp.int32), (ids.shape[0],))
+        out = self._forward(self._state, ids, mem_arg, lab, mem_valid, mode=mode, mem_len=mem_len, layout=layout)
         return TransfoXLOutput(**out)
 
 
