@@ -713,9 +713,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"xlgen bench: error: {e}", file=sys.stderr)
         return 2
     os.environ.setdefault("XLGEN_COMPILATION_CACHE", "off")  # compile times are real, not cache loads
-    from xlgen.cli import _default_platform, setup_runtime
+    from xlgen.runtime import default_platform, setup_runtime
 
-    setup_runtime(args.platform or _default_platform(), "off")
+    setup_runtime(args.platform or default_platform(), "off")
     import jax
 
     res: Dict[str, Any] = {
