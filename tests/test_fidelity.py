@@ -4,6 +4,7 @@ pins."""
 
 import random
 
+import numpy as np
 import pytest
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -66,3 +67,144 @@ def test_finetune_tokenizer_matches_pretraining_on_numbers(number_spm):
         c = text.index(answer)
         i, j = cover_span(starts, ends, c, c + len(answer))
         assert text[starts[i] : ends[j]] == answer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Optimizer: the originals' Adam / AdamWeightDecayOptimizer, weight-decay masks, faithful layer decay
+# ----------------------------------------------------------------------------------------------------------------
+
+OPT_NAMES = {
+    "layers.0.rel_attn.q.kernel": (3, 4),
+    "layers.0.rel_attn.r_w_bias": (2, 2),
+    "layers.0.rel_attn.r_r_bias": (2, 2),
+    "layers.0.rel_attn.r_s_bias": (2, 2),
+    "layers.0.rel_attn.layer_norm.scale": (4,),
+    "layers.1.ff.layer_1.bias": (5,),
+    "layers.1.ff.layer_1.kernel": (4, 5),
+    "layers.1.seg_embed": (2, 2, 2),
+    "word_embedding": (7, 4),
+    "lm_bias": (7,),
+}
+
+
+def _original_reference(params, grads_seq, *, lr, b1, b2, eps, wd, clip, decayed, bias_correction, layer_scale):
+    """NumPy transcription of the originals' step: clip_by_global_norm -> grad *= layer scale (XLNet get_train_op)
+    -> AdamWeightDecayOptimizer.apply_gradients (m, v uncorrected; update = m/(sqrt(v)+eps) + wd*param for the
+    decayed names; Funnel's bias correction multiplies lr by sqrt(1-b2^t)/(1-b1^t))."""
+    p = {k: v.astype(np.float64) for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in p.items()}
+    v = {k: np.zeros_like(x) for k, x in p.items()}
+    for t, g in enumerate(grads_seq, start=1):
+        norm = np.sqrt(sum(np.sum(np.square(x.astype(np.float64))) for x in g.values()))
+        for k in p:
+            gk = g[k].astype(np.float64) * (clip / max(norm, clip)) * layer_scale[k]
+            m[k] = b1 * m[k] + (1 - b1) * gk
+            v[k] = b2 * v[k] + (1 - b2) * gk**2
+            u = m[k] / (np.sqrt(v[k]) + eps) + (wd * p[k] if decayed[k] else 0.0)
+            f = np.sqrt(1 - b2**t) / (1 - b1**t) if bias_correction else 1.0
+            p[k] = p[k] - lr * f * u
+    return p
+
+
+@pytest.mark.parametrize(
+    "flavour,mask,bias_correction,decayed_r_biases",
+    [("xlnet AdamWeightDecayOptimizer", "original", False, True), ("funnel use_wd_exclusion=false", "all", True, True)],
+)
+def test_original_adamw_matches_the_original_formulas(flavour, mask, bias_correction, decayed_r_biases):
+    import jax
+    import numpy as np
+    from test_train_utils import _opt_cfg
+
+    from xlgen import optim
+
+    rng = np.random.RandomState(0)
+    params = {k: rng.randn(*s).astype(np.float32) for k, s in OPT_NAMES.items()}
+    grads = [{k: (rng.randn(*s) * 0.3).astype(np.float32) for k, s in OPT_NAMES.items()} for _ in range(3)]
+    meta = {k: (s, (None,) * len(s)) for k, s in OPT_NAMES.items()}
+    cfg = _opt_cfg(
+        learning_rate=0.01,
+        warmup_steps=0,
+        schedule="constant",
+        b1=0.9,
+        b2=0.99,
+        eps=1e-6,
+        weight_decay=0.1,
+        clip_norm=1.0,
+        lr_layer_decay_rate=0.5,
+        layer_decay_mode="faithful",
+        update_rule="original",
+        bias_correction=bias_correction,
+        weight_decay_mask=mask,
+    )
+    tx, _ = optim.make_optimizer(cfg, 10, meta, family="xlnet")
+    state = tx.init(params)
+    p = dict(params)
+    for g in grads:
+        u, state = jax.jit(tx.update)(g, state, p)
+        p = {k: p[k] + np.asarray(u[k]) for k in p}
+    import re
+
+    # the originals' _do_use_weight_decay: include_in_weight_decay first, then BERT's exclusion (if used)
+    excl = ["LayerNorm", "layer_norm", "bias"] if mask == "original" else []
+    decayed = {
+        k: bool(re.search("r_s_bias|r_r_bias|r_w_bias", k)) or not any(re.search(r, k) for r in excl) for k in OPT_NAMES
+    }
+    scale = {k: (0.5 if k.startswith("layers.0.") else 1.0) for k in OPT_NAMES}  # 2 layers: rate^(L-1-l)
+    want = _original_reference(
+        params, grads, lr=0.01, b1=0.9, b2=0.99, eps=1e-6, wd=0.1, clip=1.0, decayed=decayed,
+        bias_correction=bias_correction, layer_scale=scale,
+    )  # fmt: skip
+    for k in OPT_NAMES:
+        np.testing.assert_allclose(p[k], want[k], rtol=1e-5, atol=1e-7, err_msg=f"{flavour}: {k}")
+    assert optim.weight_decay_mask(list(OPT_NAMES), mask) == decayed
+    assert all(decayed[k] for k in OPT_NAMES if re.search("r_[wrs]_bias", k)) == decayed_r_biases
+    if mask == "original":  # LayerNorm and the other biases are not decayed
+        assert not decayed["layers.1.ff.layer_1.bias"] and not decayed["layers.0.rel_attn.layer_norm.scale"]
+        assert not decayed["lm_bias"] and decayed["word_embedding"] and decayed["layers.1.seg_embed"]
+
+
+def test_faithful_layer_decay_ratios_match_adam_simulation():
+    """The per-layer update ratios docs/training.md quotes for XLNet-Large (24 layers, rate 0.75, eps 1e-6): the
+    closed form `effective_layer_ratios` equals the running original Adam with per-layer scaled gradients."""
+    import jax
+    import jax.numpy as jnp
+
+    from xlgen import optim
+
+    n, rate, g, eps = 24, 0.75, 5e-5, 1e-6
+    tx = optim.original_adam(0.9, 0.99, eps, True)  # b2 0.99: the moments settle within the 3000 steps
+    c = rate ** (n - 1 - np.arange(n))
+    grads = {"g": jnp.asarray(c * g, jnp.float32)}
+
+    def step(state, _):
+        u, state = tx.update(grads, state)
+        return state, u["g"]
+
+    _, us = jax.lax.scan(step, tx.init(grads), None, length=3000)
+    sim = np.asarray(us[-1]) / float(us[-1][-1])
+    closed = optim.effective_layer_ratios(n, rate, g, eps, "faithful")
+    np.testing.assert_allclose(sim, closed, rtol=1e-3)
+    np.testing.assert_allclose(closed[[16, 8, 0]], [0.89, 0.42, 0.067], atol=0.03)  # the issue's figures
+    np.testing.assert_allclose(optim.effective_layer_ratios(n, rate, g, eps, "lr")[[16, 8, 0]], c[[16, 8, 0]])
+
+
+@pytest.mark.parametrize(
+    "config_file,want",
+    [
+        # XLNet train.py: min_lr_ratio 0.001; weight decay > 0 -> model_utils.AdamWeightDecayOptimizer
+        ("xlnet_large.py", dict(min_lr_ratio=0.001, update_rule="original", bias_correction=False)),
+        ("xlnet_base.py", dict(min_lr_ratio=0.001, update_rule="original", bias_correction=False)),
+        # Transformer-XL tf/train.py (the TPU large runs): cosine to 0.01, tf.train.AdamOptimizer
+        ("txl_enwik8_large.py", dict(min_lr_ratio=0.01, update_rule="original", bias_correction=True, eps=1e-8)),
+        ("txl_wt103_large.py", dict(min_lr_ratio=0.01, update_rule="original", bias_correction=True, eps=1e-8)),
+    ],
+)
+def test_paper_pretraining_configs_use_the_original_optimizer(config_file, want):
+    from test_train_utils import REPO
+
+    from xlgen.config import load_config
+
+    opt = load_config(f"{REPO}/configs/pretrain/{config_file}", {}).optimizer
+    assert {k: opt.get(k) for k in want} == want
+    if opt.weight_decay > 0:
+        assert opt.weight_decay_mask == "original"

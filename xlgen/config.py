@@ -285,7 +285,10 @@ def base_config() -> ConfigDict:
             weight_decay=0.0,
             clip_norm=0.25,
             lr_layer_decay_rate=1.0,
-            layer_decay_mode="lr",
+            layer_decay_mode="lr",  # "lr" | "faithful" (the originals' gradient scaling); xlgen/optim.py
+            update_rule="optax",  # "optax" | "original" (the originals' Adam / AdamWeightDecayOptimizer)
+            bias_correction=True,  # update_rule "original" only: False = XLNet's AdamWeightDecayOptimizer
+            weight_decay_mask="xlgen",  # "xlgen" | "original" (r_w/r_r/r_s biases decayed) | "all" (Funnel)
             grad_accum_steps=1,
         )
     )

@@ -3,9 +3,28 @@
     lr(t) = peak * t / warmup                                   t < warmup
           = decay(peak -> peak * min_lr_ratio over total - warmup steps)   (linear | poly | cosine | constant)
 
-    chain: clip_by_global_norm(clip) -> [faithful: grad *= layer_scale] -> Adam(b1, b2, eps)
-           -> + weight_decay * param (masked: no decay on LayerNorm and any "*bias*" parameter, as BERT/XLNet)
+    chain: clip_by_global_norm(clip) -> [faithful: grad *= layer_scale] -> Adam(b1, b2, eps) + weight decay
            -> * lr(t) -> [lr mode: * layer_scale] -> * -1
+
+Adam update rule (`optimizer.update_rule`):
+
+* "optax" (default): `optax.scale_by_adam` (bias-corrected moments, eps added to sqrt(v_hat)), then
+  `+ weight_decay * param` (decoupled), then `* lr(t)`.
+* "original": the originals' update, u_t = f_t * (m_t / (sqrt(v_t) + eps) + weight_decay * param) with
+  f_t = sqrt(1 - b2^t) / (1 - b1^t) when `bias_correction` else 1, then `* lr(t)`. This is exactly
+  `tf.train.AdamOptimizer` (XLNet finetuning and pretraining without weight decay, Transformer-XL: eps is TF's
+  "epsilon hat", not bias corrected) with `bias_correction=True`; XLNet's `model_utils.AdamWeightDecayOptimizer`
+  (weight decay > 0) with `bias_correction=False`; Funnel's `optimization.AdamWeightDecayOptimizer` with
+  `bias_correction=True` (its `adam_correction` default; the factor also multiplies the decay term).
+
+Weight-decay mask (`optimizer.weight_decay_mask`, only when weight_decay > 0 and name "adamw"):
+
+* "xlgen" (default): no decay on LayerNorm parameters and on any parameter whose name contains "bias", including
+  the attention biases r_w_bias / r_r_bias / r_s_bias.
+* "original": BERT's exclusion (LayerNorm, "bias") but r_w_bias / r_r_bias / r_s_bias ARE decayed: both originals'
+  `AdamWeightDecayOptimizer(include_in_weight_decay=["r_s_bias", "r_r_bias", "r_w_bias"])` overrides the exclusion
+  (XLNet `model_utils.py`; Funnel with `use_wd_exclusion=True`).
+* "all": every parameter is decayed: Funnel's default (`use_wd_exclusion=False`).
 
 Layer-wise learning-rate decay: layer l of L gets `rate ** (L - 1 - l)` (top layer 1.0), parameters outside the
 layer stack get 1.0. Layer indices are read from the parameter names (`layer_ids`), as the original code does with
@@ -21,12 +40,17 @@ its variable scopes, and L = 1 + the largest index found:
 * Scanned models (parameters stacked on a leading `layers` logical axis) get a per-slice vector of scales: slice i of
   a stack is the same layer as the unscanned `layers.<i>`, so scanned and unscanned models receive identical updates.
 
-Two semantics:
+Two semantics (`optimizer.layer_decay_mode`):
 
-* `layer_decay_mode="lr"` (default): a true per-layer learning rate — the scale multiplies the final update.
-* `layer_decay_mode="faithful"`: scales the clipped *gradients* before Adam, exactly what `xlnet/model_utils.py`
-  and Funnel's `optimization.py` do. Adam divides by sqrt(v) of the same scaled gradient, so a constant per-tensor
-  gradient scale cancels except against epsilon: this mode is nearly a no-op and exists for parity experiments.
+* "lr": a true per-layer learning rate: the scale multiplies the final update, so layer l moves
+  `rate ** (L - 1 - l)` times as far as the top layer.
+* "faithful": scales the clipped *gradients* before Adam, exactly what `xlnet/model_utils.py` and Funnel's
+  `optimization.py` do, and what the paper-reproduction finetuning configs use. Adam divides by sqrt(v) of the same
+  scaled gradient, so the scale c cancels except against eps: the step is ~ c|g| / (c|g| + eps). After clipping to
+  global norm 1, per-element gradients of a large model are ~1e-5..5e-5, comparable to eps = 1e-6, so the effective
+  damping is far weaker than `lr` mode's but not nothing: for XLNet-Large (24 layers, rate 0.75, |g| ~ 5e-5) a
+  layer's update relative to the top layer's is ~0.9 / 0.4 / 0.07 at layers 16 / 8 / 0, against 0.13 / 0.013 /
+  0.0013 in `lr` mode (`effective_layer_ratios`; table in docs/training.md).
 
 Parameters live in a flat dict {dotted_name: array}; stacked layers (a leading `layers` logical axis) get a
 per-row scale vector. `layer_ids` is the only place that numbers parameters into layers (the trainer, finetuning
@@ -36,13 +60,18 @@ and every objective use it); a new model family gets its numbering there.
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 NO_DECAY_PATTERN = re.compile(r"(bias|layer_norm|layernorm|LayerNorm|\bnorm\b|_norm\.)")
+# Both originals' AdamWeightDecayOptimizer(include_in_weight_decay=...): decayed even though they are "biases".
+ORIGINAL_ALWAYS_DECAY = re.compile(r"(r_s_bias|r_r_bias|r_w_bias)")
+WEIGHT_DECAY_MASKS = ("xlgen", "original", "all")
+UPDATE_RULES = ("optax", "original")
 
 
 def make_schedule(opt_cfg, total_steps: int) -> optax.Schedule:
@@ -65,9 +94,68 @@ def make_schedule(opt_cfg, total_steps: int) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
-def weight_decay_mask(names: Sequence[str]) -> Dict[str, bool]:
-    """True where weight decay applies: everything except LayerNorm parameters and biases (incl. r_w_bias...)."""
-    return {n: NO_DECAY_PATTERN.search(n) is None for n in names}
+def weight_decay_mask(names: Sequence[str], kind: str = "xlgen") -> Dict[str, bool]:
+    """True where weight decay applies (module docstring): "xlgen" = everything except LayerNorm parameters and
+    biases (incl. r_w_bias...); "original" = the same but r_w_bias / r_r_bias / r_s_bias decayed (both originals);
+    "all" = everything (Funnel's default `use_wd_exclusion=False`)."""
+    if kind == "all":
+        return {n: True for n in names}
+    if kind == "original":
+        return {n: ORIGINAL_ALWAYS_DECAY.search(n) is not None or NO_DECAY_PATTERN.search(n) is None for n in names}
+    if kind == "xlgen":
+        return {n: NO_DECAY_PATTERN.search(n) is None for n in names}
+    raise ValueError(f"optimizer.weight_decay_mask={kind!r}: expected one of {WEIGHT_DECAY_MASKS}")
+
+
+class OriginalAdamState(NamedTuple):
+    count: Any  # int32 step count t (before this update)
+    mu: Any
+    nu: Any
+
+
+def original_adam(
+    b1: float, b2: float, eps: float, bias_correction: bool, weight_decay: float = 0.0, mask=None
+) -> optax.GradientTransformation:
+    """The originals' Adam direction (learning rate NOT applied):
+    u_t = f_t * (m_t / (sqrt(v_t) + eps) + weight_decay * mask * param), m_t, v_t the raw (uncorrected) moments,
+    f_t = sqrt(1 - b2^t) / (1 - b1^t) if bias_correction else 1 (`tf.train.AdamOptimizer`; XLNet and Funnel
+    `AdamWeightDecayOptimizer`). `mask` {name: bool} selects the decayed parameters."""
+
+    def init(params):
+        zeros = lambda p: jnp.zeros(p.shape, jnp.float32)  # noqa: E731
+        return OriginalAdamState(jnp.zeros([], jnp.int32), jax.tree.map(zeros, params), jax.tree.map(zeros, params))
+
+    def update(updates, state, params=None):
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g.astype(jnp.float32), state.mu, updates)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g.astype(jnp.float32)), state.nu, updates)
+        t = state.count + 1
+        f = jnp.sqrt(1 - b2 ** t.astype(jnp.float32)) / (1 - b1 ** t.astype(jnp.float32)) if bias_correction else 1.0
+        out = {}
+        for k, g in updates.items():
+            u = mu[k] / (jnp.sqrt(nu[k]) + eps)
+            if weight_decay and (mask is None or mask[k]):
+                if params is None:
+                    raise ValueError("original_adam with weight decay needs params")
+                u = u + weight_decay * params[k].astype(jnp.float32)
+            out[k] = (f * u).astype(g.dtype)
+        return out, OriginalAdamState(t, mu, nu)
+
+    return optax.GradientTransformation(init, update)
+
+
+def effective_layer_ratios(
+    n_layer: int, rate: float, grad_abs: float, eps: float, mode: str = "faithful"
+) -> np.ndarray:
+    """Steady-state size of layer l's update relative to the top layer's, `[n_layer]`, for a gradient of
+    per-element magnitude `grad_abs` (after clipping) held constant: `lr` mode c_l; `faithful` mode
+    (c_l |g| / (c_l |g| + eps)) / (|g| / (|g| + eps)), c_l = rate ** (n_layer - 1 - l) (Adam: m -> g, sqrt(v) -> |g|)."""
+    c = rate ** (n_layer - 1 - np.arange(n_layer, dtype=np.float64))
+    if mode == "lr":
+        return c
+    if mode != "faithful":
+        raise ValueError(f"mode={mode!r}: expected 'lr' or 'faithful'")
+    step = c * grad_abs / (c * grad_abs + eps)
+    return step / step[-1]
 
 
 FAMILIES = ("transformer_xl", "xlnet", "funnel")
@@ -219,16 +307,24 @@ def make_optimizer(
     mode = opt_cfg.layer_decay_mode
     if mode not in ("lr", "faithful"):
         raise ValueError(f"optimizer.layer_decay_mode={mode!r}: expected 'lr' or 'faithful'")
+    rule = opt_cfg.get("update_rule", "optax")
+    if rule not in UPDATE_RULES:
+        raise ValueError(f"optimizer.update_rule={rule!r}: expected one of {UPDATE_RULES}")
     scales = layer_decay_scales(meta, family, rate)
+    wd = float(opt_cfg.weight_decay) if opt_cfg.name == "adamw" else 0.0
+    mask = weight_decay_mask(list(meta), opt_cfg.get("weight_decay_mask", "xlgen")) if wd > 0 else None
     parts = []
     if float(opt_cfg.clip_norm) > 0:
         parts.append(optax.clip_by_global_norm(float(opt_cfg.clip_norm)))
     if rate != 1.0 and mode == "faithful":
         parts.append(scale_by_tree(scales))
-    parts.append(optax.scale_by_adam(b1=float(opt_cfg.b1), b2=float(opt_cfg.b2), eps=float(opt_cfg.eps)))
-    wd = float(opt_cfg.weight_decay)
-    if wd > 0 and opt_cfg.name == "adamw":
-        parts.append(optax.add_decayed_weights(wd, mask=weight_decay_mask(list(meta))))
+    b1, b2, eps = float(opt_cfg.b1), float(opt_cfg.b2), float(opt_cfg.eps)
+    if rule == "original":
+        parts.append(original_adam(b1, b2, eps, bool(opt_cfg.get("bias_correction", True)), wd, mask))
+    else:
+        parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+        if wd > 0:
+            parts.append(optax.add_decayed_weights(wd, mask=mask))
     parts.append(optax.scale_by_learning_rate(schedule))
     if rate != 1.0 and mode == "lr":
         parts.append(scale_by_tree(scales))

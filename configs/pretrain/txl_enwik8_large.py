@@ -49,7 +49,13 @@ def get_config():
     c.data.update(dict(source="data/enwik8", batch_size=64, tgt_len=768, eval_batch_size=16, eval_tgt_len=128))
     c.optimizer.update(
         dict(
-            name="adam", learning_rate=2.5e-4, warmup_steps=4000, schedule="cosine", min_lr_ratio=0.004, clip_norm=0.25
+            name="adam",
+            learning_rate=2.5e-4,
+            warmup_steps=4000,
+            schedule="cosine",
+            min_lr_ratio=0.01,  # tf/train.py (TPU) default; train_gpu.py's is 0.004
+            clip_norm=0.25,
+            update_rule="original",  # tf.train.AdamOptimizer (eps 1e-8 outside the bias correction)
         )
     )
     c.eval.update(dict(mem_len=3800, same_length=True, clamp_len=1000, metric="bpc"))

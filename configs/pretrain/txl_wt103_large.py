@@ -55,8 +55,9 @@ def get_config():
             learning_rate=2.5e-4,
             warmup_steps=16_000,
             schedule="cosine",
-            min_lr_ratio=0.004,
+            min_lr_ratio=0.01,  # tf/train.py (TPU) default; train_gpu.py's is 0.004
             clip_norm=0.25,
+            update_rule="original",  # tf.train.AdamOptimizer (eps 1e-8 outside the bias correction)
         )
     )
     c.eval.update(dict(mem_len=1600, same_length=True, clamp_len=1000, metric="ppl"))

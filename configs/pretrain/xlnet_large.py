@@ -71,12 +71,16 @@ def get_config(batch_size: int = BATCH_SIZE):
             learning_rate=4e-4,
             warmup_steps=40_000,
             schedule="linear",
-            min_lr_ratio=0.0,
+            min_lr_ratio=0.001,  # train.py default
             b1=0.9,
             b2=0.999,
             eps=1e-6,
             weight_decay=0.01,
             clip_norm=1.0,
+            # model_utils.AdamWeightDecayOptimizer: no bias correction, r_w/r_r/r_s biases decayed
+            update_rule="original",
+            bias_correction=False,
+            weight_decay_mask="original",
         )
     )
     c.eval.update(dict(steps=100))
