@@ -6,6 +6,7 @@
     xlgen finetune ...    GLUE / SQuAD / RACE / ...     (xlgen.finetune:main)
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
+    xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
 
 Common options of train/eval:
     --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`
@@ -32,6 +33,7 @@ DELEGATED = {
     "finetune": "xlgen.finetune:main",
     "plan": "xlgen.plan:main",
     "bench": "xlgen.bench:main",
+    "export": "xlgen.export:main",
 }
 USAGE = __doc__
 

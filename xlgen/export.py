@@ -1,0 +1,292 @@
+"""`xlgen export --workdir=DIR --to-hf=OUT`: an xlgen model as a Hugging Face directory (transformers 4.34.1).
+
+OUT gets `config.json` (the HF config of the family, `architectures` naming the class), `model.safetensors`
+(float32, every tensor the HF class holds, tied copies included so nothing depends on HF's tying) and the tokenizer
+files. The per-family writers (`to_hf(module) -> (hf_config, state_dict)`) are the exact inverses of the HF loaders
+next to them in the model packages; `xlgen.from_pretrained(OUT)` gives back the same model and
+`transformers.AutoModel...from_pretrained(OUT)` the same outputs (tests/test_export.py).
+
+    exportable                                 HF class
+    Transformer-XL LM (pretraining workdir)    TransfoXLLMHeadModel
+    XLNet PLM (pretraining workdir)            XLNetLMHeadModel
+    XLNet finetuned: GLUE / RACE / SQuAD       XLNetForSequenceClassification / ...MultipleChoice / ...QuestionAnswering
+    Funnel MLM / ELECTRA (the discriminator)   FunnelForMaskedLM / FunnelForPreTraining
+    Funnel finetuned: GLUE / RACE / SQuAD 1.1  FunnelForSequenceClassification / ...MultipleChoice / ...QuestionAnswering
+
+Not representable in HF (clear error): Funnel's SQuAD 2.0 answerability head, Funnel `mlm_transform` / `d_embed`,
+the original block-1 residual of Funnel layouts with shared block-1 layers, XLNet with d_model != n_head * d_head.
+
+Tokenizer files: SentencePiece -> `spiece.model` (XLNetTokenizer), WordPiece -> `vocab.txt` (FunnelTokenizer),
+character / byte / word vocabularies -> `tokenizer.json` (PreTrainedTokenizerFast; WordLevel over characters,
+bytes or whitespace-separated words), plus `tokenizer_config.json` / `special_tokens_map.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+# module class name -> "module:function" writing (hf_config, state_dict); filled per family (see `register_writer`)
+_WRITERS: Dict[str, str] = {
+    "TransformerXLLM": "xlgen.models.transformer_xl_hf_export:to_hf",
+    "XLNetLMHeadModel": "xlgen.models.xlnet_hf_export:to_hf",
+    "XLNetModel": "xlgen.models.xlnet_hf_export:to_hf",
+    "XLNetForSequenceClassification": "xlgen.models.xlnet_hf_export:to_hf",
+    "XLNetForMultipleChoice": "xlgen.models.xlnet_hf_export:to_hf",
+    "XLNetForQuestionAnswering": "xlgen.models.xlnet_hf_export:to_hf",
+    "FunnelModel": "xlgen.models.funnel_hf_export:to_hf",
+    "FunnelBaseModel": "xlgen.models.funnel_hf_export:to_hf",
+    "FunnelForMaskedLM": "xlgen.models.funnel_hf_export:to_hf",
+    "FunnelForPreTraining": "xlgen.models.funnel_hf_export:to_hf",
+    "FunnelElectra": "xlgen.models.funnel_hf_export:to_hf",
+    "FunnelForSequenceClassification": "xlgen.models.funnel_hf_export:to_hf",
+    "FunnelForMultipleChoice": "xlgen.models.funnel_hf_export:to_hf",
+    "FunnelForQuestionAnswering": "xlgen.models.funnel_hf_export:to_hf",
+}
+
+
+def register_writer(class_name: str, spec: str) -> None:
+    """Register `"module:function"` writing `(hf_config, state_dict)` for modules of class `class_name`."""
+    _WRITERS[class_name] = spec
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parameters of an NNX module as flat NumPy dicts
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def flat_params(module, sep: str = ".", scanned: Tuple[str, ...] = ()) -> Dict[str, np.ndarray]:
+    """{path joined by `sep`: float32 array} of the module's nnx.Params. Paths under a prefix in `scanned`
+    (e.g. "layers" of a scanned stack, leading axis = layer) are unstacked to `prefix{sep}{i}{sep}rest`."""
+    from flax import nnx
+
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+        name = sep.join(str(p) for p in path)
+        value = np.asarray(var.get_value() if hasattr(var, "get_value") else var.value, np.float32)
+        prefix = next((s for s in scanned if name.startswith(s + sep)), None)
+        if prefix is None:
+            out[name] = value
+        else:
+            rest = name[len(prefix) + len(sep) :]
+            for i in range(value.shape[0]):
+                out[f"{prefix}{sep}{i}{sep}{rest}"] = value[i]
+    return out
+
+
+def unwrap(model):
+    """The NNX module inside an `xlgen.from_pretrained` result (or the module itself)."""
+    from flax import nnx
+
+    if isinstance(model, nnx.Module):
+        return model
+    for attr in ("module", "model"):  # TransfoXLPretrained / HFFunnel .module, XLNetFromHF .model
+        inner = getattr(model, attr, None)
+        if isinstance(inner, nnx.Module):
+            return inner
+    raise TypeError(f"{type(model).__name__}: not an xlgen model")
+
+
+def to_hf(model) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+    """(HF config dict, HF state dict {name: float32 array}) of an xlgen model (module or from_pretrained result)."""
+    module = unwrap(model)
+    name = type(module).__name__
+    if name not in _WRITERS:
+        raise ValueError(f"{name}: no Hugging Face writer (exportable: {sorted(_WRITERS)})")
+    mod, fn = _WRITERS[name].split(":")
+    return getattr(importlib.import_module(mod), fn)(module)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Writing a directory
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+
+
+def save_hf(out_dir: str, hf_config: Dict[str, Any], state_dict: Dict[str, np.ndarray], tokenizer=None) -> str:
+    """Write `config.json`, `model.safetensors` (and tokenizer files) into `out_dir` atomically: everything goes to
+    a temporary sibling directory first, which then replaces `out_dir`."""
+    from safetensors.numpy import save_file
+
+    out_dir = os.path.abspath(out_dir)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise FileExistsError(f"--to-hf={out_dir}: exists and is not a directory")
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
+    try:
+        cfg = dict(hf_config)
+        cfg.setdefault("torch_dtype", "float32")
+        cfg.setdefault("transformers_version", "4.34.1")
+        _write_json(os.path.join(tmp, "config.json"), cfg)
+        arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state_dict.items()}
+        save_file(arrays, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer is not None:
+            write_tokenizer(tokenizer, tmp, cfg.get("model_type", ""))
+        if os.path.isdir(out_dir):
+            old = out_dir + ".old-" + os.path.basename(tmp)
+            os.rename(out_dir, old)
+            os.rename(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def export_model(model, out_dir: str, tokenizer=None) -> str:
+    """Export an xlgen model (NNX module or `from_pretrained` result) to a HF directory; returns its path."""
+    hf_config, state_dict = to_hf(model)
+    return save_hf(out_dir, hf_config, state_dict, tokenizer)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenizer files
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _symbol_vocab_tokenizer_json(vocab) -> str:
+    """A `tokenizers` WordLevel tokenizer over characters / bytes / words reproducing `SymbolVocab.encode`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    def text(s):
+        return chr(s) if isinstance(s, int) else s
+
+    symbols = [text(s) for s in vocab.symbols]
+    if vocab.level == "byte":  # bytes >= 128 are shown as latin-1 characters: one symbol per byte
+        symbols = [chr(s) if isinstance(s, int) else s for s in vocab.symbols]
+    unk = symbols[vocab._unk] if vocab.special_ids.get("unk") is not None else None
+    tok = Tokenizer(models.WordLevel({s: i for i, s in enumerate(symbols)}, unk_token=unk))
+    if vocab.level == "word":
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.decoder = decoders.WordPiece(prefix="\x00", cleanup=False)  # joins words with spaces
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+    specials = [s for s in symbols if len(s) > 1 and s.startswith("<") and s.endswith(">")]
+    if specials:
+        tok.add_special_tokens(specials)
+    return tok.to_str()
+
+
+def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
+    """Write HF tokenizer files for an xlgen tokenizer (data_pipelines.vocab); returns the file names."""
+    from data_pipelines import vocab as vocab_lib
+
+    files = []
+    if isinstance(tokenizer, vocab_lib.SentencePieceTokenizer):
+        with open(os.path.join(out_dir, "spiece.model"), "wb") as f:
+            f.write(tokenizer._proto)
+        cfg = {
+            "tokenizer_class": "XLNetTokenizer",
+            "do_lower_case": bool(tokenizer.uncased),
+            "keep_accents": bool(tokenizer.keep_accents),
+            "remove_space": True,
+        }
+        specials = {"unk_token": "<unk>", "sep_token": "<sep>", "pad_token": "<pad>", "cls_token": "<cls>"}
+        specials.update({"mask_token": "<mask>", "bos_token": "<s>", "eos_token": "</s>"})
+        files.append("spiece.model")
+    elif isinstance(tokenizer, vocab_lib.WordPieceTokenizer):
+        with open(os.path.join(out_dir, "vocab.txt"), "wb") as f:
+            f.write(tokenizer._bytes)
+        cls = "FunnelTokenizer" if model_type == "funnel" else "BertTokenizer"
+        cfg = {"tokenizer_class": cls, "do_lower_case": bool(tokenizer.uncased), "strip_accents": None}
+        specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]"}
+        specials["mask_token"] = "[MASK]"
+        if model_type == "funnel":  # FunnelTokenizer's own defaults are <unk>, <sep>, ...: name the file's pieces
+            specials.update({"bos_token": "[CLS]", "eos_token": "[SEP]"})
+        files.append("vocab.txt")
+    elif isinstance(tokenizer, vocab_lib.SymbolVocab):
+        with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(_symbol_vocab_tokenizer_json(tokenizer))
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+        sym = lambda i: None if i is None else str(tokenizer.symbols[i])
+        specials = {
+            k: sym(tokenizer.special_ids.get(v))
+            for k, v in (("unk_token", "unk"), ("eos_token", "eos"), ("pad_token", "pad"), ("sep_token", "sep"))
+        }
+        specials.update({"cls_token": sym(tokenizer.special_ids.get("cls"))})
+        specials.update({"mask_token": sym(tokenizer.special_ids.get("mask"))})
+        specials = {k: v for k, v in specials.items() if v is not None}
+        files.append("tokenizer.json")
+    else:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__}: no Hugging Face tokenizer format known")
+    cfg.update(specials)
+    cfg["model_max_length"] = 1000000000000000019884624838656
+    _write_json(os.path.join(out_dir, "tokenizer_config.json"), cfg)
+    _write_json(os.path.join(out_dir, "special_tokens_map.json"), specials)
+    return files + ["tokenizer_config.json", "special_tokens_map.json"]
+
+
+def workdir_tokenizer(config, workdir: str):
+    """The tokenizer a workdir's model reads: the finetuning tokenizer, the workdir's own tokenizer file (named in
+    config.json), or the one the pretraining data source defines (embedded corpus / text file / prepared dir)."""
+    from data_pipelines import corpus, paths
+    from data_pipelines import vocab as vocab_lib
+    from xlgen import finetune
+
+    if finetune.is_finetune_workdir(workdir):
+        return finetune.load_tokenizer(config)
+    t = config.get("tokenizer") if hasattr(config, "get") else None
+    if t and isinstance(t, dict) or hasattr(t, "get"):
+        kind, name = t.get("kind"), t.get("file") or t.get("path")
+        if kind and name:
+            path = name if paths.as_path(name).is_absolute() else paths.join(workdir, name)
+            if paths.as_path(path).exists():
+                return vocab_lib.load_tokenizer(kind, str(path), **dict(t.get("settings", {})))
+    layout = {"transformer_xl": "lm"}.get(config.model.family, "sentences")
+    try:
+        return corpus.corpus_from_config(config.data, "train", layout).tokenizer
+    except ValueError:
+        return corpus.corpus_from_config(config.data, "train", "lm").tokenizer
+
+
+def export_workdir(workdir: str, out_dir: str, step: Optional[int] = None, with_tokenizer: bool = True) -> str:
+    """Export the latest (or `step`) checkpoint of an xlgen workdir (pretraining or finetuning) to `out_dir`."""
+    from xlgen.train.workdir_model import load_params
+
+    config, program, params, _ = load_params(workdir, step)
+    module = program.make_model(params, train=False)
+    if type(module).__name__ == "FunnelElectra":  # the discriminator is the model users finetune
+        module = module.discriminator
+    tokenizer = workdir_tokenizer(config, workdir) if with_tokenizer else None
+    return export_model(module, out_dir, tokenizer)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="xlgen export", description="Export an xlgen workdir's model to a Hugging Face directory"
+    )
+    p.add_argument("--workdir", required=True, help="xlgen workdir (pretraining or finetuning)")
+    p.add_argument("--to-hf", "--to_hf", dest="to_hf", required=True, help="output directory (config.json, ...)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--no-tokenizer", action="store_true", help="write only config.json and model.safetensors")
+    p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
+    args = p.parse_args(argv)
+    from xlgen import runtime
+
+    runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
+    try:
+        out = export_workdir(args.workdir, args.to_hf, args.step, with_tokenizer=not args.no_tokenizer)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"xlgen export: error: {e}", file=sys.stderr)
+        return 2
+    with open(os.path.join(out, "config.json")) as f:
+        arch = json.load(f)["architectures"][0]
+    print(f"exported {args.workdir} -> {out} ({arch}); load with transformers.AutoModel / {arch}.from_pretrained")
+    return 0
