@@ -7,6 +7,7 @@
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
     xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
+    xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
 
 Common options of train/eval:
     --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`
@@ -34,6 +35,7 @@ DELEGATED = {
     "plan": "xlgen.plan:main",
     "bench": "xlgen.bench:main",
     "export": "xlgen.export:main",
+    "generate": "xlgen.generate:main",
 }
 USAGE = __doc__
 
