@@ -14,9 +14,9 @@ import pytest
 from flax import nnx
 
 import xlgen
-from xlgen.models import funnel as F
-from xlgen.models import funnel_heads as FH
 from xlgen.models import relative_attention as RA
+from xlgen.models.funnel import heads as FH
+from xlgen.models.funnel import model as F
 
 FAST = {"xla_backend_optimization_level": 0}
 TINY = dict(vocab_size=40, d_model=16, n_head=2, d_head=8, d_inner=32)

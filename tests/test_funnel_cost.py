@@ -3,8 +3,8 @@ parameter counts via jax.eval_shape, and exact FLOPs (with the quadratic attenti
 
 import pytest
 
-from xlgen.models import funnel_cost as C
-from xlgen.models.funnel import FunnelConfig
+from xlgen.models.funnel import cost as C
+from xlgen.models.funnel.model import FunnelConfig
 
 FLOPS = [  # (F-TFM, baseline, width, decoder, published ratio)
     ("B6-6-6", "L12", 768, False, 0.875),

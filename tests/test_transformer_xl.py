@@ -10,7 +10,13 @@ from flax import nnx
 
 import xlgen
 from xlgen.models.relative_attention import advance_memory_validity
-from xlgen.models.transformer_xl import TransformerXLConfig, TransformerXLLM, attention_mask, count_params, load_params
+from xlgen.models.transformer_xl.model import (
+    TransformerXLConfig,
+    TransformerXLLM,
+    attention_mask,
+    count_params,
+    load_params,
+)
 
 SMALL = dict(
     vocab_size=50,

@@ -18,8 +18,8 @@ from flax import nnx  # noqa: E402
 from transformers.models.xlnet import modeling_xlnet as hf_xlnet  # noqa: E402
 
 import xlgen  # noqa: E402
-from xlgen.models import xlnet as X  # noqa: E402
-from xlgen.models import xlnet_heads as XH  # noqa: E402
+from xlgen.models.xlnet import heads as XH  # noqa: E402
+from xlgen.models.xlnet import model as X  # noqa: E402
 
 TOL = 1e-4
 VOCAB = 37

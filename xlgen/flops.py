@@ -22,7 +22,7 @@ bi_data). The query stream (num_predict targets) reuses the content stream's key
 LAST layer's content stream (q, o, scores, values, ffn) is not counted: nothing depends on it when the loss is on
 the query stream (its keys and values are, the query stream attends to them).
 
-Funnel: `xlgen.models.funnel_cost` (per-block cost with pooling), with the position work that multiplies constants
+Funnel: `xlgen.models.funnel.cost` (per-block cost with pooling), with the position work that multiplies constants
 (sinusoids) counted with one gradient only, and the MLM softmax at the `objective_options.max_predictions` selected
 positions when set (`funnel_train_flops`; with 0, the default, the implementation computes logits at every position
 and that is counted).
@@ -158,7 +158,7 @@ def _funnel_position_work(cfg, seq_len: int) -> float:
     """Forward FLOPs of one sequence's position work whose other factor is a constant, as counted by
     `funnel_cost.flops_per_sequence`: relative_shift: the position keys W_r·R (2·R·d·H per layer application);
     factorized: the products with the sinusoid factors (2·q·k·n·2d)."""
-    from xlgen.models.funnel_cost import pooled_lengths
+    from xlgen.models.funnel.cost import pooled_lengths
 
     def work(q, k, r):
         if cfg.attention_type == "relative_shift":
@@ -182,14 +182,14 @@ def funnel_train_flops(config) -> float:
     weight gradient only: 2x); factorized's products with the constant sinusoid factors need the gradient w.r.t. the
     query side only (2x)."""
     try:
-        cost = importlib.import_module("xlgen.models.funnel_cost")
+        cost = importlib.import_module("xlgen.models.funnel.cost")
     except ImportError:
         return 0.0
     total = float(cost.train_flops_per_step(config))
     cfg = cost.config_from_model_section(config.model)
     nets = [cfg]
     if str(config.get("objective") or "funnel_mlm") == "funnel_electra":
-        from xlgen.models.funnel_heads import generator_config
+        from xlgen.models.funnel.heads import generator_config
 
         width = float((config.get("objective_options") or {}).get("generator_width", 0.25))
         nets.append(generator_config(cfg, width))

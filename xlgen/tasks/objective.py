@@ -34,9 +34,9 @@ NEG = -1e30
 def _family_module(config):
     fam = config.model.family
     if fam == "xlnet":
-        return importlib.import_module("xlgen.models.xlnet_heads"), "XLNetConfig"
+        return importlib.import_module("xlgen.models.xlnet.heads"), "XLNetConfig"
     if fam == "funnel":
-        return importlib.import_module("xlgen.models.funnel_heads"), "FunnelConfig"
+        return importlib.import_module("xlgen.models.funnel.heads"), "FunnelConfig"
     raise ValueError(f"model.family={fam!r}: finetuning supports 'xlnet' and 'funnel'")
 
 
@@ -67,7 +67,7 @@ def make_model(config, rngs, train: bool):
             "squad": "XLNetForQuestionAnswering",
         }[task.kind]
         if not hasattr(mod, name):
-            raise ValueError(f"xlgen.models.xlnet_heads has no {name} (needed for task {task.name})")
+            raise ValueError(f"xlgen.models.xlnet.heads has no {name} (needed for task {task.name})")
         return getattr(mod, name)(cfg, rngs=rngs)
     if task.kind in ("classification", "regression"):
         return mod.FunnelForSequenceClassification(cfg, num_labels(config), rngs=rngs)

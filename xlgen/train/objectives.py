@@ -284,7 +284,7 @@ def _funnel_mlm_model(config, rngs, train):
 
 
 def _funnel_electra_model(config, rngs, train):
-    heads = importlib.import_module("xlgen.models.funnel_heads")
+    heads = importlib.import_module("xlgen.models.funnel.heads")
     o = config.objective_options
     return heads.FunnelElectra(
         _funnel_cfg(config), width_shrink=float(o.generator_width), disc_coeff=float(o.disc_coeff), rngs=rngs
@@ -308,7 +308,7 @@ def _max_predictions(config):
 
 
 def _funnel_mlm_loss(model, batch, mems, rng, config):
-    heads = importlib.import_module("xlgen.models.funnel_heads")
+    heads = importlib.import_module("xlgen.models.funnel.heads")
     loss, parts = heads.mlm_loss(model, batch, max_predictions=_max_predictions(config))
     return loss, {k: v for k, v in parts.items() if k != "mlm_loss"}, None
 
@@ -323,14 +323,14 @@ def _funnel_mlm_weight(batch, config):
 
 
 def _funnel_mlm_eval(model, batch, mems, config):
-    heads = importlib.import_module("xlgen.models.funnel_heads")
+    heads = importlib.import_module("xlgen.models.funnel.heads")
     loss, _ = heads.mlm_loss(model, batch)
     count = batch["label_mask"].astype(jnp.float32).sum()
     return loss * count, count, None
 
 
 def _funnel_electra_loss(model, batch, mems, rng, config):
-    heads = importlib.import_module("xlgen.models.funnel_heads")
+    heads = importlib.import_module("xlgen.models.funnel.heads")
     loss, parts = heads.electra_loss(
         model, batch, jax.random.fold_in(rng, 0x5A3), max_predictions=_max_predictions(config)
     )
@@ -339,7 +339,7 @@ def _funnel_electra_loss(model, batch, mems, rng, config):
 
 def _funnel_electra_eval(model, batch, mems, config):
     """ELECTRA eval: the batch-mean objective (fixed sampling key), averaged over batches."""
-    heads = importlib.import_module("xlgen.models.funnel_heads")
+    heads = importlib.import_module("xlgen.models.funnel.heads")
     loss, _ = heads.electra_loss(model, batch, jax.random.key(0))
     return loss, jnp.ones((), jnp.float32), None
 

@@ -67,7 +67,7 @@ def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
         xlnet = importlib.import_module("xlgen.models.xlnet")
         return xlnet.XLNetFromHF(module, "XLNetLMHeadModel", {"use_mems_eval": True, **kwargs})
     if family == "funnel":
-        heads = importlib.import_module("xlgen.models.funnel_heads")
+        heads = importlib.import_module("xlgen.models.funnel.heads")
         if hasattr(module, "discriminator"):  # ELECTRA: the discriminator is the model that gets finetuned
             return heads.HFFunnel(module.discriminator, "FunnelForPreTraining")
         return heads.HFFunnel(module, "FunnelForMaskedLM")

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xlgen.models.layers import Dense, LayerNorm
-from xlgen.models.xlnet import XLNetConfig, XLNetModel
+from xlgen.models.xlnet.model import XLNetConfig, XLNetModel
 
 P_MASK_VALUE = 1e30  # logits * (1 - p_mask) - 1e30 * p_mask, as the original and HF
 

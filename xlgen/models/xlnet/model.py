@@ -566,7 +566,7 @@ def module_class(name: str):
     """xlgen module class for a HF architecture name."""
     if name in ("XLNetModel", "XLNetLMHeadModel"):
         return globals()[name]
-    from xlgen.models import xlnet_heads
+    from xlgen.models.xlnet import heads as xlnet_heads
 
     return getattr(xlnet_heads, name)
 
@@ -706,7 +706,7 @@ class XLNetFromHF:
             result["last_hidden_state"] = np.asarray(out, np.float32)
         elif head == "XLNetForQuestionAnswering":
             if training_qa:
-                from xlgen.models.xlnet_heads import squad_loss
+                from xlgen.models.xlnet.heads import squad_loss
 
                 o = {k: v for k, v in out.items()}
                 start_positions = np.asarray(start_positions).reshape(-1)

@@ -603,6 +603,6 @@ class FunnelForMaskedLM(nnx.Module):
 
 def from_hf(hf_config: dict, weights: dict, kwargs: dict):
     """Build the xlgen model for a HF Funnel directory (`xlgen.from_pretrained`). See `funnel_heads.from_hf`."""
-    from xlgen.models.funnel_heads import load_hf
+    from xlgen.models.funnel.heads import load_hf
 
     return load_hf(hf_config, weights, dict(kwargs or {}))

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from xlgen.models.funnel import (
+from xlgen.models.funnel.model import (
     FunnelBaseModel,
     FunnelConfig,
     FunnelDecoder,

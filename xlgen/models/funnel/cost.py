@@ -44,7 +44,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from xlgen.models.funnel import FunnelConfig, pooled_lengths
+from xlgen.models.funnel.model import FunnelConfig, pooled_lengths
 
 PAPER_VOCAB = 30522
 
@@ -75,7 +75,8 @@ def param_count(cfg: FunnelConfig, head: str = "base") -> int:
     import jax
     from flax import nnx
 
-    from xlgen.models import funnel, funnel_heads
+    from xlgen.models.funnel import heads as funnel_heads
+    from xlgen.models.funnel import model as funnel
 
     ctor = {
         "base": funnel.FunnelBaseModel,
@@ -153,7 +154,7 @@ def forward_flops_per_sequence(
     """Forward matmul FLOPs of one pretraining sequence: MLM = encoder + decoder + softmax at every position;
     ELECTRA = generator (same, at `generator_width`) + discriminator (encoder + decoder + per-token head)."""
     if objective == "funnel_electra":
-        from xlgen.models.funnel_heads import generator_config
+        from xlgen.models.funnel.heads import generator_config
 
         gen = generator_config(cfg, generator_width)
         gen_f = flops_per_sequence(gen, seq_len, decoder=True, lm_head=True)["total"]
