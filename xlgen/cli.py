@@ -8,6 +8,7 @@
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
     xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
+    xlgen analyze  rank|spectrum ... --workdir=DIR   log-prob rank, output-embedding spectrum (xlgen.analyze:main)
 
 Common options of train/eval:
     --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`
@@ -36,6 +37,7 @@ DELEGATED = {
     "bench": "xlgen.bench:main",
     "export": "xlgen.export:main",
     "generate": "xlgen.generate:main",
+    "analyze": "xlgen.analyze:main",
 }
 USAGE = __doc__
 
