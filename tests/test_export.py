@@ -217,7 +217,7 @@ def test_xlnet_hf_to_xlgen_to_hf(tmp_path, cls_name, extra):
 def test_xlnet_xlgen_to_hf_to_xlgen_scanned_shared_biases(tmp_path):
     """An xlgen-only layout (scanned layers, one u/v/s shared by all layers) exports to an equivalent HF model."""
     from xlgen.models import xlnet as X
-    from xlgen.models.xlnet import heads as XH
+    from xlgen.models import xlnet_heads as XH
 
     cfg = X.XLNetConfig(
         vocab_size=37, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=24, untie_r=False, scan_layers=True
@@ -285,7 +285,7 @@ def test_funnel_hf_to_xlgen_to_hf(tmp_path, arch, extra):
 
 def test_funnel_xlgen_to_hf_to_xlgen_and_unrepresentable_models(tmp_path):
     from xlgen.models import funnel as F
-    from xlgen.models.funnel import heads as FH
+    from xlgen.models import funnel_heads as FH
 
     cfg = F.FunnelConfig(
         vocab_size=30, block_sizes=(1, 1), num_decoder_layers=1, d_model=16, n_head=2, d_head=8, d_inner=32
