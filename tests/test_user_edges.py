@@ -14,6 +14,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 from test_train_utils import REPO, compile_cache, run_train, train_cmd, xlgen_env  # noqa: F401  (fixture)
 
 LIBTPU_NOISE = ("libtpu", "TPU", "host bounds", "InitGoogle", "lockfile")
@@ -244,3 +245,60 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path, compil
         else:
             for k, v in params.items():
                 np.testing.assert_array_equal(v, first[k])  # skipped: bit-identical to step 1
+
+
+# ---- errors, not tracebacks (in-process, cheap) -----------------------------------------------------------------
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
+    """prepare spm with a --vocab_size the corpus cannot fill; a truncated SQuAD file (line, column, character);
+    xlgen --version; xlgen config show; train --help names it."""
+    from data_pipelines.tasks import synthetic
+    from data_pipelines.tasks.examples import TaskDataError
+    from data_pipelines.tasks.squad import read_squad
+    from xlgen import __version__
+    from xlgen.cli import main
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("\n".join(f"line {i} of a very small corpus about cats and dogs" for i in range(200)))
+    assert main(["prepare", "spm", "--input", str(corpus), "--model_prefix", str(tmp_path / "sp")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"xlgen prepare: error: --vocab_size 32000 is too large for this corpus ({corpus}): ")
+    assert "pass --vocab_size" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["small.txt"]  # nothing half-written
+
+    synthetic.write_squad(str(tmp_path / "squad"), "v2.0", n_paragraphs=2, context_words=20)
+    path = str(tmp_path / "squad" / "dev-v2.0.json")
+    text = json.dumps(json.load(open(path)), indent=1)
+    cut = len(text) // 2
+    with open(path, "w") as f:
+        f.write(text[:cut])
+    with pytest.raises(TaskDataError) as e:
+        read_squad(path, version="v2.0", require_answers=True)
+    line = text[:cut].count("\n") + 1
+    assert str(e.value).startswith(f"{path}:{line}:")
+    assert f"character {cut}" in str(e.value) and "truncated?" in str(e.value)
+
+    assert main(["--version"]) == 0 and capsys.readouterr().out == f"xlgen {__version__}\n"
+    assert main(["config", "show", f"--config={REPO}/configs/pretrain/demo.py", "--config.total_steps=7"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert "total_steps = 7" in shown and "model.d_model = 96" in shown and "optimizer.learning_rate = 0.002" in shown
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "xlgen config show --config=PATH" in capsys.readouterr().out
+
+
+def test_plan_without_libtpu_is_an_error(tmp_path):
+    code = (
+        "import sys; sys.modules['libtpu'] = None\n"  # as if the `tpu` extra were not installed
+        "from xlgen.cli import main\n"
+        "sys.exit(main(['plan', '--config=configs/pretrain/txl_tiny.py', '--topology=v3:2x2']))\n"
+    )
+    env = xlgen_env(str(tmp_path))
+    env.pop("TPU_LIBRARY_PATH", None)  # exported by jax when this test process imported it
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr == (
+        "xlgen plan: error: compiling for a TPU topology needs libtpu, which is not installed: "
+        "pip install -c constraints.txt -e '.[tpu]'  (or `make test`, which installs it)\n"
+    )
