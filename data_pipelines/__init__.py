@@ -40,7 +40,8 @@ _DEFAULTS = {
         exact_num_predict=True,
         eval_steps=0,
     ),
-    "mlm": dict(seq_len=128, mask_prob=0.15, random_prob=0.1, keep_prob=0.1, eval_steps=0),
+    # segment_pairs: [CLS] A [SEP] B [SEP] rows with segment ids (Funnel's create_pretrain_data.py); False: one chunk
+    "mlm": dict(seq_len=128, mask_prob=0.15, random_prob=0.1, keep_prob=0.1, eval_steps=0, segment_pairs=True),
 }
 _DEFAULTS["electra"] = dict(_DEFAULTS["mlm"])
 
@@ -109,7 +110,7 @@ def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, 
     if cfg.pipeline in ("mlm", "electra"):
         from data_pipelines import corpus, mlm
 
-        c = corpus.corpus_from_config(cfg, split, "lm")
+        c = corpus.corpus_from_config(cfg, split, "sentences" if cfg.segment_pairs else "lm")
         return mlm.MLMPipeline(
             c,
             global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
@@ -122,6 +123,7 @@ def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, 
             process_count=process_count,
             shuffle=train,
             num_steps=None if train else (cfg.eval_steps or None),
+            segment_pairs=cfg.segment_pairs,
         )
     raise AssertionError(cfg.pipeline)
 

@@ -264,7 +264,7 @@ def test_trim_closed_form_matches_loop():
 
 # --------------------------------------------------------------------------------------------------------- MLM
 def test_mlm_masking(char_stream):
-    p = mlm.MLMPipeline(char_stream, global_batch_size=64, seq_len=66, seed=2)
+    p = mlm.MLMPipeline(char_stream, global_batch_size=64, seq_len=66, seed=2, segment_pairs=False)
     b = p.batch(3)
     lm_ = b["label_mask"].astype(bool)
     assert (lm_.sum(1) == round(0.15 * 64)).all() and not lm_[:, [0, -1]].any()
@@ -274,7 +274,9 @@ def test_mlm_masking(char_stream):
     frac_mask = (changed == p.mask_id).mean()
     assert 0.7 < frac_mask < 0.9
     parts = [
-        mlm.MLMPipeline(char_stream, global_batch_size=64, seq_len=66, seed=2, process_index=i, process_count=2)
+        mlm.MLMPipeline(
+            char_stream, global_batch_size=64, seq_len=66, seed=2, process_index=i, process_count=2, segment_pairs=False
+        )
         for i in range(2)
     ]
     glued = _concat([q.batch(3) for q in parts])

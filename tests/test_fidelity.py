@@ -208,3 +208,80 @@ def test_paper_pretraining_configs_use_the_original_optimizer(config_file, want)
     assert {k: opt.get(k) for k in want} == want
     if opt.weight_decay > 0:
         assert opt.weight_decay_mask == "original"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Funnel pretraining rows: [CLS] A [SEP] B [SEP] with segment ids (create_pretrain_data.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _compile_cheap(f, *args):
+    """f(*args) compiled without XLA's expensive CPU passes (these tests are compile-bound)."""
+    import jax
+
+    opts = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+    return jax.jit(f).lower(*args).compile(compiler_options=opts)(*args)
+
+
+TINY_FUNNEL = {
+    "model.d_model": 16,
+    "model.n_head": 2,
+    "model.d_head": 8,
+    "model.d_inner": 32,
+    "model.block_sizes": (1, 1),
+    "model.num_decoder_layers": 1,
+    "model.dropout": 0.0,
+    "model.dropatt": 0.0,
+    "data.seq_len": 32,
+    "data.batch_size": 4,
+}
+
+
+def _funnel_config(**over):
+    from test_train_utils import REPO
+
+    from xlgen.config import load_config
+
+    config = load_config(f"{REPO}/configs/pretrain/funnel_tiny.py", {})
+    with config.unlocked():
+        for k, v in {**TINY_FUNNEL, **over}.items():
+            sect, key = k.split(".")
+            config[sect][key] = v
+    return config
+
+
+def test_funnel_pretraining_rows_are_segment_pairs_and_train_both_seg_embed_slots():
+    import jax
+    from flax import nnx
+
+    import data_pipelines
+    from xlgen.train.objectives import get_objective
+
+    config = _funnel_config()
+    pipe = data_pipelines.make_pipeline(config.data)
+    batch = pipe.batch(3)
+    again = data_pipelines.make_pipeline(config.data).batch(3)
+    assert all(np.array_equal(batch[k], again[k]) for k in batch)  # a pure function of (seed, step, row)
+    obj = get_objective(config)
+
+    def seg_embed_grads(batch):  # init + gradient in one compiled program (eager init is slow)
+        model = obj.make_model(config, nnx.Rngs(0), True)
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        loss = lambda p: obj.loss(nnx.merge(graphdef, p, rest), batch, None, jax.random.key(0), config)[0]  # noqa: E731
+        flat = nnx.to_flat_state(jax.grad(loss)(params))
+        return {".".join(map(str, k)): v.value for k, v in flat if k[-1] == "seg_embed"}
+
+    seg = _compile_cheap(seg_embed_grads, {k: jax.numpy.asarray(v) for k, v in batch.items()})
+    assert seg
+    for name, g in seg.items():  # [2 = (different, same), heads, d_head]
+        per_slot = np.abs(g).reshape(2, -1).sum(1)
+        assert np.all(per_slot > 0), (name, per_slot)
+    S, cls_id, sep_id = 32, pipe.cls_id, pipe.sep_id
+    for ids, types in zip(batch["labels"], batch["token_type_ids"]):
+        seps = np.flatnonzero(ids == sep_id)
+        assert ids[0] == cls_id and ids[-1] == sep_id and len(seps) == 2 and 1 < seps[0] < S - 2
+        la = seps[0] - 1
+        assert types[0] == 2 and np.all(types[1 : la + 2] == 0) and np.all(types[la + 2 :] == 1)
+    assert not batch["label_mask"][:, [0, -1]].any()  # [CLS] / [SEP] never predicted
+    for ids, m in zip(batch["labels"], batch["label_mask"]):
+        assert not np.any(m[ids == sep_id])
