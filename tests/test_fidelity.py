@@ -371,3 +371,29 @@ def test_squad_answer_class_random_labels_stay_at_chance_on_the_training_path():
     print(f"random-label answerability accuracy, training path: original {original:.2f}, HF gold start {hf:.2f}")
     assert original < 0.66  # chance: 0.5 (64 fresh examples)
     assert hf > 0.9  # HF's gold-start input leaks the label: the test has power
+
+
+@pytest.mark.parametrize(
+    "config_file,eps",
+    [
+        ("squad.py", 1e-6),  # run_squad.py, tpu_squad_large.sh
+        ("race.py", 1e-6),  # run_race.py, tpu_race_large_bsz32.sh
+        ("glue.py", 1e-8),  # run_classifier.py
+        ("glue.py:mnli", 1e-8),
+        ("glue.py:stsb", 1e-8),
+        ("imdb.py", 1e-8),
+        ("yelp5.py", 1e-8),
+        ("classification.py", 1e-8),
+        ("glue.py:cola", 1e-6),  # Funnel README preset, Funnel optimization.py
+    ],
+)
+def test_paper_finetune_configs_use_the_original_optimizer(config_file, eps):
+    from test_train_utils import REPO
+
+    from xlgen.config import load_config
+
+    opt = load_config(f"{REPO}/configs/finetune/{config_file}", {}).optimizer
+    want = dict(update_rule="original", bias_correction=True, layer_decay_mode="faithful", weight_decay=0.0, eps=eps)
+    assert {k: opt[k] for k in want} == want
+    if config_file == "squad.py":
+        assert opt.lr_layer_decay_rate == 0.75
