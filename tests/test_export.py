@@ -1,23 +1,19 @@
 """`xlgen export --to-hf`: round trips with transformers 4.34.1 for every family and finetuning head.
 
 * HF -> xlgen -> HF: a random HF model, loaded by `xlgen.from_pretrained` and exported again, gives back the same
-  state dict (bitwise) and the same outputs; xlgen's outputs on the model match HF's within 1e-5.
+  state dict (bitwise) and the same outputs (bitwise), for every class xlgen exports (xlgen-vs-HF parity of the
+  loaded models is tests/test_{transformer_xl,xlnet,funnel}.py's).
 * xlgen -> HF -> xlgen: a random xlgen model (including xlgen-only layouts: scanned layers, shared u/v biases)
   exported and loaded by HF gives HF outputs equal to xlgen's within 1e-5; loaded back by xlgen, bitwise the same parameters.
-* a trained workdir through the CLI: HF's outputs equal `xlgen.from_pretrained(workdir)`'s, and the exported
-  tokenizer encodes like the workdir's.
+* a trained workdir through the CLI: tests/test_workdir_tools.py.
 """
 
 import dataclasses
 import json
-import os
-import subprocess
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
-from test_train_utils import compile_cache  # noqa: F401  (fixture)
 
 import xlgen
 from xlgen import export
@@ -111,9 +107,6 @@ def test_txl_hf_to_xlgen_to_hf(tmp_path, kw):
     ids = np.random.default_rng(0).integers(0, 60, (2, 7))
     ref, again = hf_outputs(hf, {"input_ids": ids}), hf_outputs(hf2, {"input_ids": ids})
     assert maxdiff(ref["prediction_scores"], again["prediction_scores"]) == 0.0
-    err = maxdiff(ours(input_ids=ids).log_probs, ref["prediction_scores"])
-    print(f"TXL {kw}: HF->xlgen->HF bitwise; max|log_probs xlgen - HF| = {err:.2e}")
-    assert err < TOL
 
 
 def test_txl_xlgen_to_hf_to_xlgen_with_memory(tmp_path):
@@ -149,6 +142,37 @@ def test_txl_xlgen_to_hf_to_xlgen_with_memory(tmp_path):
         mems_hf, mems_ours = ref.mems, out.mems
     print(f"TXL xlgen->HF->xlgen: max|log_probs xlgen - HF| over 2 segments = {max(errs):.2e}; xlgen reload exact")
     assert max(errs) < TOL
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_txl_softmax_output_layers_and_spectrum_control_export(tmp_path, tied):
+    """`output_layer=softmax` (tied: with spectrum control E = U diag(sigma) V^T, d_embed != d_model; untied: its own
+    table and projection) exports as an equivalent HF model; output layers HF lacks (MoS, ...) are refused."""
+    from xlgen.models.transformer_xl import TransformerXLConfig, TransformerXLLM, TransfoXLPretrained
+
+    out_cfg = {"spectrum_control": True} if tied else {}
+    cfg = TransformerXLConfig(
+        **TXL_HF,
+        cutoffs=(),
+        div_val=1,
+        d_embed=12,
+        mem_len=4,
+        clamp_len=-1,
+        same_length=False,
+        output_layer="softmax",
+        output=out_cfg,
+        tie_word_embeddings=tied,
+    )
+    ours = TransfoXLPretrained(random_module(TransformerXLLM, cfg, seed=5))
+    export.export_model(ours, tmp_path / "out")
+    hf = reload_hf(transformers.TransfoXLLMHeadModel, tmp_path / "out")
+    ids = np.random.default_rng(5).integers(0, 60, (2, 6))
+    err = maxdiff(ours(input_ids=ids).log_probs, hf_outputs(hf, {"input_ids": ids})["prediction_scores"])
+    print(f"TXL output_layer=softmax tied={tied}: max|log_probs xlgen - HF| = {err:.2e}")
+    assert err < TOL
+    mos = dataclasses.replace(cfg, output_layer="mos", output={}, tie_word_embeddings=True)
+    with pytest.raises(ValueError, match="output_layer='mos'"):
+        export.to_hf(nnx.eval_shape(lambda: TransformerXLLM(mos, rngs=nnx.Rngs(0))))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -205,19 +229,15 @@ def test_xlnet_hf_to_xlgen_to_hf(tmp_path, cls_name, extra):
     hf2 = reload_hf(cls, tmp_path / "out")
     check_state_dicts_equal(hf, hf2)
     kw = xlnet_inputs(cls_name, np.random.default_rng(0))
-    ref, again, out = hf_outputs(hf, kw), hf_outputs(hf2, kw), ours(**kw)
-    errs = []
+    ref, again = hf_outputs(hf, kw), hf_outputs(hf2, kw)
     for field in XLNET_FIELDS[cls_name]:
         assert maxdiff(ref[field], again[field]) == 0.0
-        errs.append(maxdiff(out[field], ref[field]))
-    print(f"XLNet {cls_name}: HF->xlgen->HF bitwise; max|xlgen - HF| = {max(errs):.2e}")
-    assert max(errs) < TOL
 
 
 def test_xlnet_xlgen_to_hf_to_xlgen_scanned_shared_biases(tmp_path):
     """An xlgen-only layout (scanned layers, one u/v/s shared by all layers) exports to an equivalent HF model."""
-    from xlgen.models import xlnet as X
-    from xlgen.models import xlnet_heads as XH
+    from xlgen.models.xlnet import heads as XH
+    from xlgen.models.xlnet import model as X
 
     cfg = X.XLNetConfig(
         vocab_size=37, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=24, untie_r=False, scan_layers=True
@@ -273,19 +293,15 @@ def test_funnel_hf_to_xlgen_to_hf(tmp_path, arch, extra):
     check_state_dicts_equal(hf, hf2)
     kw = funnel_inputs(arch, np.random.default_rng(0))
     ref, again = hf_outputs(hf, kw), hf_outputs(hf2, kw)
-    out = ours(kw["input_ids"], token_type_ids=kw["token_type_ids"], attention_mask=kw["attention_mask"])
-    errs = []
+    assert {"logits", "start_logits"} & set(ref)
     for field in ("logits", "start_logits", "end_logits"):
         if field in ref:
             assert maxdiff(ref[field], again[field]) == 0.0
-            errs.append(maxdiff(np.asarray(getattr(out, field)).reshape(ref[field].shape), ref[field]))
-    print(f"Funnel {arch}: HF->xlgen->HF bitwise; max|xlgen - HF| = {max(errs):.2e}")
-    assert max(errs) < TOL
 
 
 def test_funnel_xlgen_to_hf_to_xlgen_and_unrepresentable_models(tmp_path):
-    from xlgen.models import funnel as F
-    from xlgen.models import funnel_heads as FH
+    from xlgen.models.funnel import heads as FH
+    from xlgen.models.funnel import model as F
 
     cfg = F.FunnelConfig(
         vocab_size=30, block_sizes=(1, 1), num_decoder_layers=1, d_model=16, n_head=2, d_head=8, d_inner=32
@@ -308,45 +324,3 @@ def test_funnel_xlgen_to_hf_to_xlgen_and_unrepresentable_models(tmp_path):
     shared = dataclasses.replace(cfg, block_sizes="2x2-1", hf_block1_residual=False)
     with pytest.raises(ValueError, match="block 1"):
         export.to_hf(nnx.eval_shape(lambda: F.FunnelForMaskedLM(shared, rngs=nnx.Rngs(0))))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# A trained workdir through the CLI
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def test_export_cli_from_trained_workdir(tmp_path, compile_cache):
-    """`xlgen train` (2 steps, tiny TXL on the embedded corpus) then `xlgen export`: HF's log-probs equal
-    `xlgen.from_pretrained(workdir)`'s, memory carried over two segments; the tokenizer round-trips text."""
-    from test_train_utils import run_train, train_cmd, xlgen_env
-
-    wd, out = tmp_path / "wd", tmp_path / "hf"
-    env = xlgen_env(compile_cache, devices=1)
-    run_train(wd, compile_cache, overrides={"total_steps": 2}, devices=1)
-    r = subprocess.run(  # noqa: S603
-        [*train_cmd(wd)[:3], "export", f"--workdir={wd}", f"--to-hf={out}"], env=env, capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
-    hf = reload_hf(transformers.TransfoXLLMHeadModel, out)
-    ours = xlgen.from_pretrained(str(wd))
-    tok = transformers.AutoTokenizer.from_pretrained(out)
-    text = "ROMEO:\nO, she doth teach the torches!"
-    from data_pipelines.corpus import corpus_from_config
-    from xlgen import config as config_lib
-
-    vocab = corpus_from_config(config_lib.read_workdir_config(str(wd)).data, "train", "lm").tokenizer
-    ids = np.asarray([tok.encode(text)] * 2)
-    assert ids[0].tolist() == vocab.encode(text, add_eos=False)
-    assert tok.decode(ids[0]) == text
-    mems_hf = mems_ours = None
-    errs = []
-    for seg in (ids[:, :12], ids[:, 12:24]):
-        with torch.no_grad():
-            ref = hf(input_ids=torch.tensor(seg), mems=mems_hf)
-        got = ours(input_ids=seg, mems=mems_ours)
-        errs.append(maxdiff(got.log_probs, ref.prediction_scores.numpy()))
-        mems_hf, mems_ours = ref.mems, got.mems
-    print(f"export CLI (trained TXL workdir): max|log_probs from_pretrained(workdir) - HF| = {max(errs):.2e}")
-    assert max(errs) < TOL
-    jax.clear_caches()

@@ -36,20 +36,20 @@ import numpy as np
 
 # module class name -> "module:function" writing (hf_config, state_dict); filled per family (see `register_writer`)
 _WRITERS: Dict[str, str] = {
-    "TransformerXLLM": "xlgen.models.transformer_xl_hf_export:to_hf",
-    "XLNetLMHeadModel": "xlgen.models.xlnet_hf_export:to_hf",
-    "XLNetModel": "xlgen.models.xlnet_hf_export:to_hf",
-    "XLNetForSequenceClassification": "xlgen.models.xlnet_hf_export:to_hf",
-    "XLNetForMultipleChoice": "xlgen.models.xlnet_hf_export:to_hf",
-    "XLNetForQuestionAnswering": "xlgen.models.xlnet_hf_export:to_hf",
-    "FunnelModel": "xlgen.models.funnel_hf_export:to_hf",
-    "FunnelBaseModel": "xlgen.models.funnel_hf_export:to_hf",
-    "FunnelForMaskedLM": "xlgen.models.funnel_hf_export:to_hf",
-    "FunnelForPreTraining": "xlgen.models.funnel_hf_export:to_hf",
-    "FunnelElectra": "xlgen.models.funnel_hf_export:to_hf",
-    "FunnelForSequenceClassification": "xlgen.models.funnel_hf_export:to_hf",
-    "FunnelForMultipleChoice": "xlgen.models.funnel_hf_export:to_hf",
-    "FunnelForQuestionAnswering": "xlgen.models.funnel_hf_export:to_hf",
+    "TransformerXLLM": "xlgen.models.transformer_xl.hf_export:to_hf",
+    "XLNetLMHeadModel": "xlgen.models.xlnet.hf_export:to_hf",
+    "XLNetModel": "xlgen.models.xlnet.hf_export:to_hf",
+    "XLNetForSequenceClassification": "xlgen.models.xlnet.hf_export:to_hf",
+    "XLNetForMultipleChoice": "xlgen.models.xlnet.hf_export:to_hf",
+    "XLNetForQuestionAnswering": "xlgen.models.xlnet.hf_export:to_hf",
+    "FunnelModel": "xlgen.models.funnel.hf_export:to_hf",
+    "FunnelBaseModel": "xlgen.models.funnel.hf_export:to_hf",
+    "FunnelForMaskedLM": "xlgen.models.funnel.hf_export:to_hf",
+    "FunnelForPreTraining": "xlgen.models.funnel.hf_export:to_hf",
+    "FunnelElectra": "xlgen.models.funnel.hf_export:to_hf",
+    "FunnelForSequenceClassification": "xlgen.models.funnel.hf_export:to_hf",
+    "FunnelForMultipleChoice": "xlgen.models.funnel.hf_export:to_hf",
+    "FunnelForQuestionAnswering": "xlgen.models.funnel.hf_export:to_hf",
 }
 
 

@@ -10,6 +10,7 @@ steps, clip 0.25; evaluation tgt 80 / mem 2100 / clamp 820.
 
 import data_pipelines
 from xlgen.config import base_config
+from xlgen.models.output_config import config_defaults
 
 
 def get_config():
@@ -40,6 +41,7 @@ def get_config():
         remat=False,
         dtype="bfloat16",
     )
+    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")
     c.data.update(dict(source="data/enwik8", batch_size=24, tgt_len=512, eval_batch_size=8, eval_tgt_len=80))
     c.optimizer.update(

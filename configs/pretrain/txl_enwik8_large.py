@@ -15,6 +15,7 @@ a v3 pod (not architecture): bfloat16 compute with float32 parameters, fully sha
 
 import data_pipelines
 from xlgen.config import base_config
+from xlgen.models.output_config import config_defaults
 
 
 def get_config():
@@ -45,6 +46,7 @@ def get_config():
         remat=True,
         dtype="bfloat16",
     )
+    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")
     c.data.update(dict(source="data/enwik8", batch_size=64, tgt_len=768, eval_batch_size=16, eval_tgt_len=128))
     c.optimizer.update(

@@ -5,6 +5,7 @@ xlgen train --config=configs/pretrain/txl_tiny.py --workdir=/tmp/txl_tiny
 
 import data_pipelines
 from xlgen.config import base_config
+from xlgen.models.output_config import config_defaults
 
 
 def get_config():
@@ -35,6 +36,7 @@ def get_config():
         remat=False,
         dtype="float32",
     )
+    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")
     c.data.update(
         dict(source="tinyshakespeare", vocab="char", batch_size=8, tgt_len=32, eval_batch_size=8, eval_tgt_len=32)

@@ -10,6 +10,7 @@ tgt 64 / mem 640 / clamp 400 with same_length.
 
 import data_pipelines
 from xlgen.config import base_config
+from xlgen.models.output_config import config_defaults
 
 
 def get_config():
@@ -40,6 +41,7 @@ def get_config():
         remat=False,
         dtype="bfloat16",
     )
+    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")
     c.data.update(
         dict(source="data/wt103", vocab="word", batch_size=60, tgt_len=150, eval_batch_size=10, eval_tgt_len=64)

@@ -157,7 +157,10 @@ def _txl_loss(model, batch, mems, rng, config):
             "expected 'all' or 'later_half'"
         )
     loss = (nll.astype(jnp.float32) * w).sum() / jnp.maximum(w.sum(), 1.0)
-    return loss, {}, new_mems
+    penalty, terms = model.regularization()  # output-embedding regularisers (CosReg, spectrum control)
+    if not terms:
+        return loss, {}, new_mems
+    return loss + penalty, {"nll": loss, **terms}, new_mems
 
 
 def _txl_loss_weight(batch, config):

@@ -33,6 +33,7 @@ from flax import nnx
 
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
 from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
+from xlgen.models.output_layers import OUTPUT_LAYER_NAMES, OutputConfig, SpectralEmbedding, make_output_layer
 from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
     advance_memory_validity,
@@ -59,6 +60,9 @@ class TransformerXLConfig:
     equal blocks with recompute; 32768 keeps WT103's 20,003-row head whole — `[tokens/device, 20003]` float32 is
     ~60 MB per v3 core at the paper batch — and blocks the 160K / 68K-row tails), `softmax_chunk_size` (tokens
     per tail-cluster chunk of the label NLL).
+    Output layer: `output_layer` = "adaptive" (the adaptive softmax above; a plain softmax when `cutoffs=()`) or one
+    of `xlgen.models.output_layers` (softmax, mos, moc, sigsoftmax, gss, plif, mixtape; need `cutoffs=()`), with its
+    settings and regularisers (AdvSoft, CosReg, spectrum control) in `output` (`OutputConfig` or a dict).
     """
 
     vocab_size: int = 267735
@@ -88,6 +92,8 @@ class TransformerXLConfig:
     dtype: str = "float32"
     softmax_block_size: int = 32768
     softmax_chunk_size: int = 256
+    output_layer: str = "adaptive"
+    output: Any = None  # OutputConfig (a dict is converted)
 
     def __post_init__(self):
         object.__setattr__(self, "cutoffs", tuple(int(c) for c in self.cutoffs))
@@ -99,6 +105,20 @@ class TransformerXLConfig:
         if self.n_layer < 1 or self.n_head < 1 or self.d_head < 1:
             raise ValueError("n_layer, n_head and d_head must be positive")
         jnp.dtype(self.dtype)  # raises on unknown dtype names
+        out = OutputConfig.from_any(self.output)
+        object.__setattr__(self, "output", out)
+        if self.output_layer not in OUTPUT_LAYER_NAMES:
+            raise ValueError(f"output_layer={self.output_layer!r}: expected one of {list(OUTPUT_LAYER_NAMES)}")
+        if self.output_layer == "adaptive":
+            if out.spectrum_control or out.adv_eps > 0 or out.cosreg > 0:
+                raise ValueError(
+                    "output.spectrum_control / adv_eps / cosreg need output_layer=softmax (or another non-adaptive "
+                    "layer), not 'adaptive'"
+                )
+        elif self.cutoffs:
+            raise ValueError(f"output_layer={self.output_layer!r} needs cutoffs=() (one vocabulary table)")
+        if out.spectrum_control and (not self.tie_word_embeddings or self.div_val != 1):
+            raise ValueError("output.spectrum_control needs tie_word_embeddings=True and div_val=1")
 
     @property
     def embed_dim(self) -> int:
@@ -140,7 +160,15 @@ class TransformerXLConfig:
             kw["vocab_size"] = hf["n_token"]
         if "tie_projs" in hf and hf["tie_projs"] is not None:
             kw["tie_projs"] = tuple(hf["tie_projs"])[: len(kw.get("cutoffs", cls.cutoffs)) + 1]
-        for k in ("scan_layers", "remat", "dtype", "softmax_block_size", "softmax_chunk_size"):
+        for k in (
+            "scan_layers",
+            "remat",
+            "dtype",
+            "softmax_block_size",
+            "softmax_chunk_size",
+            "output_layer",
+            "output",
+        ):
             kw.pop(k, None)
         bad = sorted(set(overrides) - names)
         if bad:
@@ -237,35 +265,60 @@ class TransformerXLLM(nnx.Module):
 
     def __init__(self, config: TransformerXLConfig, *, rngs: nnx.Rngs):
         c = self.config = config
-        self.embedding = AdaptiveEmbedding(
-            c.vocab_size,
-            c.embed_dim,
-            c.d_model,
-            c.cutoffs,
-            c.div_val,
-            init_std=c.init_std,
-            proj_init_std=c.proj_init_std,
-            rngs=rngs,
-        )
-        self.softmax = AdaptiveLogSoftmax(
-            c.vocab_size,
-            c.embed_dim,
-            c.d_model,
-            c.cutoffs,
-            c.div_val,
-            tie_weights=c.tie_word_embeddings,
-            tie_projs=c.resolved_tie_projs,
-            init_std=c.init_std,
-            proj_init_std=c.proj_init_std,
-            block_size=c.softmax_block_size,
-            chunk_size=c.softmax_chunk_size,
-            rngs=rngs,
-        )
+        if c.output.spectrum_control:  # E = U diag(σ) Vᵀ, tied (output_layers.SpectralEmbedding)
+            self.embedding = SpectralEmbedding(
+                c.vocab_size, c.embed_dim, c.d_model, init_std=c.init_std, proj_init_std=c.proj_init_std, rngs=rngs
+            )
+        else:
+            self.embedding = AdaptiveEmbedding(
+                c.vocab_size,
+                c.embed_dim,
+                c.d_model,
+                c.cutoffs,
+                c.div_val,
+                init_std=c.init_std,
+                proj_init_std=c.proj_init_std,
+                rngs=rngs,
+            )
+        if c.output_layer != "adaptive":  # output_layers registry (softmax, mos, gss, ...)
+            self.softmax = make_output_layer(
+                c.output_layer,
+                c.vocab_size,
+                c.embed_dim,
+                c.d_model,
+                c.output,
+                tie_weights=c.tie_word_embeddings,
+                init_std=c.init_std,
+                proj_init_std=c.proj_init_std,
+                block_size=c.softmax_block_size,
+                rngs=rngs,
+            )
+        else:
+            self.softmax = AdaptiveLogSoftmax(
+                c.vocab_size,
+                c.embed_dim,
+                c.d_model,
+                c.cutoffs,
+                c.div_val,
+                tie_weights=c.tie_word_embeddings,
+                tie_projs=c.resolved_tie_projs,
+                init_std=c.init_std,
+                proj_init_std=c.proj_init_std,
+                block_size=c.softmax_block_size,
+                chunk_size=c.softmax_chunk_size,
+                rngs=rngs,
+            )
         if not c.untie_r:  # one u, v shared by all layers
             self.r_w_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
             self.r_r_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
         self.layers = stacked_layers(lambda r: TransformerXLBlock(c, rngs=r), c.n_layer, rngs, scan=c.scan_layers)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
+
+    def regularization(self):
+        """(penalty, {term: value}) of the output-embedding regularisers (CosReg, spectrum control); 0 without."""
+        if self.config.output_layer == "adaptive":
+            return jnp.zeros((), jnp.float32), {}
+        return self.softmax.regularization(self.embedding)
 
     def init_mems(self, batch_size: int, mem_len: Optional[int] = None) -> jax.Array:
         """Zero memory `[n_layer, batch, mem_len, d_model]` in the compute dtype."""

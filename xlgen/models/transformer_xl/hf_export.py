@@ -12,7 +12,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
-from xlgen.models.transformer_xl import TransformerXLLM
+from xlgen.models.transformer_xl.model import TransformerXLLM
 
 
 def hf_config(config) -> Dict[str, Any]:
@@ -70,13 +70,32 @@ def to_hf(module: TransformerXLLM) -> Tuple[Dict[str, Any], Dict[str, np.ndarray
     from xlgen.export import flat_params
 
     c = module.config
+    if c.output_layer not in ("adaptive", "softmax"):
+        raise ValueError(
+            f"model.output_layer={c.output_layer!r}: HF TransfoXLLMHeadModel has the (adaptive) softmax only, so "
+            "this model has no HF equivalent"
+        )
     p = flat_params(module, sep="/", scanned=("layers",) if c.scan_layers else ())
+    if "embedding/u" in p:  # spectrum control: E = U diag(sigma) V^T is an ordinary (tied) table for HF
+        from xlgen.models.output_layers import collapse_spectral_params
+
+        p = {k: np.asarray(v, np.float32) for k, v in collapse_spectral_params(p).items()}
+    if "embedding/proj" in p:
+        p["embedding/projs/0"] = p.pop("embedding/proj")
+    if c.output_layer == "softmax":  # output_layers.Softmax: one table (+ projection) and a bias
+        p["softmax/biases/0"] = p.pop("softmax/bias")
+        if "softmax/table" in p:
+            p["softmax/tables/0"] = p.pop("softmax/table")
+        if "softmax/proj" in p:
+            p["softmax/projs/0"] = p.pop("softmax/proj")
     n, dh, d = c.n_head, c.d_head, c.d_model
     sd: Dict[str, np.ndarray] = {}
     t = "transformer."
     n_tables = 1 if c.div_val == 1 else len(c.cutoffs) + 1
     needs_proj = c.div_val != 1 or c.embed_dim != d
     tie_projs = c.resolved_tie_projs
+    if c.output_layer == "softmax":  # one projection, tied together with the table
+        tie_projs = (bool(c.tie_word_embeddings),)
     for i in range(n_tables):
         sd[f"{t}word_emb.emb_layers.{i}.weight"] = p[f"embedding/tables/{i}"]
         if needs_proj:
@@ -114,4 +133,7 @@ def to_hf(module: TransformerXLLM) -> Tuple[Dict[str, Any], Dict[str, np.ndarray
     if c.cutoffs:
         sd["crit.cluster_weight"] = p["softmax/cluster_weight"]
         sd["crit.cluster_bias"] = p["softmax/cluster_bias"]
-    return hf_config(c), sd
+    cfg = hf_config(c)
+    if c.output_layer == "softmax":
+        cfg["tie_projs"] = [bool(c.tie_word_embeddings)]
+    return cfg, sd

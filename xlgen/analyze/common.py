@@ -1,0 +1,43 @@
+"""Shared pieces of the analysis tools: loading a workdir's eval model, its output embedding, the runtime."""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import numpy as np
+
+
+def setup(platform: str = "") -> None:
+    """JAX platform and compilation cache as `xlgen train` sets them (delegated commands start bare)."""
+    from xlgen import runtime
+
+    runtime.setup_runtime(platform or runtime.default_platform(), "off")
+
+
+def load_model(workdir: str, step=None) -> Tuple[Any, Any, int]:
+    """(config, eval-mode model on one device, checkpoint step) of an xlgen pretraining workdir."""
+    from xlgen.train.workdir_model import load_params
+
+    config, program, params, step = load_params(workdir, step)
+    return config, program.make_model(params, train=False), step
+
+
+def output_embedding(model) -> Tuple[np.ndarray, bool]:
+    """(output embedding W `[V, d_e]` float32 as a NumPy array, has an output bias) of a language model.
+
+    Spectrum-control models give U diag(σ) Vᵀ; adaptive softmaxes with div_val 1 give their one table; adaptive
+    softmaxes with several tables (div_val > 1) give the head cluster's table only."""
+    from xlgen.models.adaptive_softmax import AdaptiveLogSoftmax
+
+    head = getattr(model, "softmax", None)
+    emb = getattr(model, "embedding", None)
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no language-model output layer (.softmax)")
+    if isinstance(head, AdaptiveLogSoftmax):
+        if head.div_val == 1:
+            table = (emb.tables[0] if head.tie_weights else head.tables[0])[...]
+        else:
+            table = head.cluster_weights(0, emb)[0]
+        return np.asarray(table, np.float32), True
+    table, _, _ = head.weights(emb)
+    return np.asarray(table, np.float32), True
