@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.xlgen-installed
+STAMP  := $(VENV)/.xlgen-test-installed
+DEMO_STAMP := $(VENV)/.xlgen-demo-installed
 
 .PHONY: install demo test test-fast lint format bench clean
 
@@ -10,10 +11,15 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Installs xlgen (editable) with the test, parity and tpu extras, pinned by constraints.txt.
+# Tests: xlgen (editable) with the test, parity and tpu extras (libtpu: `xlgen plan` tests), pinned by constraints.txt.
 $(STAMP): $(PY) setup.py constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu]"
 	touch $(STAMP)
+
+# Demo: only what it runs: xlgen itself (jax CPU, matplotlib for the plot) + the TensorBoard server it mentions.
+$(DEMO_STAMP): $(PY) setup.py constraints.txt
+	$(PY) -m pip install -q -c constraints.txt -e ".[tensorboard]"
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
@@ -33,9 +39,11 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
 # A small Transformer-XL character LM on the embedded tinyshakespeare corpus: a few minutes on 2 CPU cores, loss
-# falling, evaluations (bpc) at steps 200/400/600; prints where checkpoints/metrics are and how to resume.
-demo: $(STAMP)
+# falling, evaluations (bpc) at steps 200/400/600; prints where checkpoints/metrics are and the commands to resume,
+# evaluate, plot and load it (each runnable as printed from this directory); ends by writing the plots.
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/xlgen train --config=configs/pretrain/demo.py --workdir=workdirs/demo
+	$(VENV)/bin/xlgen plot --workdir=workdirs/demo
 
 # The standard speed set (docs/performance.md): xlgen vs HF PyTorch in the same run, medians of interleaved blocks,
 # MFU against the measured matmul peak, XLNet-Large compile time. Results in bench_results/*.json.

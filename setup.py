@@ -23,6 +23,7 @@ setup(
         "array-record>=0.8,<0.9",
         "numpy>=2.0,<3",
         "tensorboardX>=2.6,<3",
+        "matplotlib>=3.8",  # xlgen plot
         "tqdm>=4.66",
         "rich>=13",
         "scipy>=1.13",
@@ -46,6 +47,8 @@ setup(
         "parity": ["torch==2.13.0", "transformers==4.34.1"],
         "tpu": ["libtpu==0.0.42.1"],
         "tf": ["tensorflow-cpu>=2.16"],
+        # the TensorBoard server for workdir/tensorboard/ (xlgen writes the event files with tensorboardX)
+        "tensorboard": ["tensorboard==2.21.0"],
     },
     entry_points={"console_scripts": ["xlgen=xlgen.cli:main"]},
 )

@@ -202,7 +202,19 @@ def train_sentencepiece(
             minloglevel=2,
         )
         kwargs.update(extra_args or {})
-        spm.SentencePieceTrainer.Train(**kwargs)
+        try:
+            spm.SentencePieceTrainer.Train(**kwargs)
+        except RuntimeError as e:  # e.g. "Vocabulary size too high (32000). Please set it to a value <= 1061."
+            import re
+
+            m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
+            if m:
+                raise ValueError(
+                    f"--vocab_size {m.group(1)} is too large for this corpus ({', '.join(input_files)}): "
+                    f"SentencePiece can build at most {m.group(2)} pieces from it; pass --vocab_size {m.group(2)} "
+                    f"or less, or train on more text"
+                ) from None
+            raise ValueError(f"SentencePiece training failed: {str(e).splitlines()[0]}") from None
         for ext in ("model", "vocab"):
             os.replace(f"{tmp_prefix}.{ext}", f"{model_prefix}.{ext}")
     finally:

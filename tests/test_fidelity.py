@@ -285,3 +285,115 @@ def test_funnel_pretraining_rows_are_segment_pairs_and_train_both_seg_embed_slot
     assert not batch["label_mask"][:, [0, -1]].any()  # [CLS] / [SEP] never predicted
     for ids, m in zip(batch["labels"], batch["label_mask"]):
         assert not np.any(m[ids == sep_id])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# XLNet SQuAD 2.0 answerability: weighted start state + <cls> state in training and inference (get_qa_outputs)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _qa_random_label_accuracy(answer_class_start: str, steps: int = 150) -> float:
+    """Train a tiny XLNet QA head on fresh random inputs with RANDOM answerability labels (start = <cls> when
+    "unanswerable", as the SQuAD features), then measure the training-path accuracy of cls_logits on fresh data.
+    Nothing in the input predicts the label, so anything above chance is a leak."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from xlgen.models.xlnet import XLNetConfig
+    from xlgen.models.xlnet.heads import XLNetForQuestionAnswering, squad_loss
+
+    cfg = XLNetConfig(
+        vocab_size=32, d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32, dropout=0.0, dropatt=0.0,
+        answer_class_start=answer_class_start,
+    )  # fmt: skip
+    b, L = 64, 10
+    graphdef, params, rest = nnx.split(XLNetForQuestionAnswering(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    tx = optax.adam(3e-3)
+
+    def data(key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        ids = jax.random.randint(k1, (b, L), 9, 32).at[:, -2].set(4).at[:, -1].set(3)  # ... <sep> <cls>
+        imp = jax.random.bernoulli(k2, 0.5, (b,))
+        start = jnp.where(imp, L - 1, jax.random.randint(k3, (b,), 0, L - 2))
+        p_mask = jnp.zeros((b, L)).at[:, -2].set(1.0)
+        kw = dict(p_mask=p_mask, cls_index=jnp.full((b,), L - 1), start_positions=start)
+        return ids, kw, imp.astype(jnp.float32)
+
+    def loss_fn(p, key):
+        ids, kw, imp = data(key)
+        out, _ = nnx.merge(graphdef, p, rest)(ids, **kw)
+        return squad_loss(out, kw["start_positions"], kw["start_positions"], imp).mean()
+
+    def run(params, key):
+        def step(carry, k):
+            p, s = carry
+            g = jax.grad(loss_fn)(p, k)
+            u, s = tx.update(g, s, p)
+            return (optax.apply_updates(p, u), s), None
+
+        (params, _), _ = jax.lax.scan(step, (params, tx.init(params)), jax.random.split(key, steps))
+        ids, kw, imp = data(jax.random.key(12345))  # fresh data, training path (gold start positions given)
+        out, _ = nnx.merge(graphdef, params, rest)(ids, **kw)
+        return jnp.mean((out["cls_logits"] > 0) == (imp > 0))
+
+    return float(_compile_cheap(run, params, jax.random.key(1)))
+
+
+def test_squad_answer_class_sees_the_same_input_in_training_and_inference():
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from xlgen.models.xlnet import XLNetConfig
+    from xlgen.models.xlnet.heads import XLNetForQuestionAnswering
+
+    cfg = XLNetConfig(vocab_size=32, d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32, dropout=0.1)
+    model = nnx.eval_shape(lambda: XLNetForQuestionAnswering(cfg, rngs=nnx.Rngs(0)))
+    assert model.answer_class.drop.rate == 0.1  # dropout on the answer feature after its tanh, rate FLAGS.dropout
+    rng = np.random.RandomState(0)
+    ids = jnp.asarray(rng.randint(9, 32, (4, 10)))
+
+    def both_paths(ids):
+        model = XLNetForQuestionAnswering(cfg, rngs=nnx.Rngs(0))
+        model.eval()
+        kw = dict(p_mask=jnp.zeros((4, 10)).at[:, 3].set(1.0), cls_index=jnp.full((4,), 9))
+        train_path, _ = model(ids, start_positions=jnp.array([9, 9, 2, 5]), **kw)
+        infer_path, _ = model(ids, **kw)
+        return train_path["cls_logits"], infer_path["cls_logits"]
+
+    train_cls, infer_cls = _compile_cheap(both_paths, ids)
+    np.testing.assert_allclose(train_cls, infer_cls, rtol=1e-6, atol=1e-6)
+
+
+def test_squad_answer_class_random_labels_stay_at_chance_on_the_training_path():
+    original, hf = _qa_random_label_accuracy("weighted"), _qa_random_label_accuracy("gold")
+    print(f"random-label answerability accuracy, training path: original {original:.2f}, HF gold start {hf:.2f}")
+    assert original < 0.66  # chance: 0.5 (64 fresh examples)
+    assert hf > 0.9  # HF's gold-start input leaks the label: the test has power
+
+
+@pytest.mark.parametrize(
+    "config_file,eps",
+    [
+        ("squad.py", 1e-6),  # run_squad.py, tpu_squad_large.sh
+        ("race.py", 1e-6),  # run_race.py, tpu_race_large_bsz32.sh
+        ("glue.py", 1e-8),  # run_classifier.py
+        ("glue.py:mnli", 1e-8),
+        ("glue.py:stsb", 1e-8),
+        ("imdb.py", 1e-8),
+        ("yelp5.py", 1e-8),
+        ("classification.py", 1e-8),
+        ("glue.py:cola", 1e-6),  # Funnel README preset, Funnel optimization.py
+    ],
+)
+def test_paper_finetune_configs_use_the_original_optimizer(config_file, eps):
+    from test_train_utils import REPO
+
+    from xlgen.config import load_config
+
+    opt = load_config(f"{REPO}/configs/finetune/{config_file}", {}).optimizer
+    want = dict(update_rule="original", bias_correction=True, layer_decay_mode="faithful", weight_decay=0.0, eps=eps)
+    assert {k: opt[k] for k in want} == want
+    if config_file == "squad.py":
+        assert opt.lr_layer_decay_rate == 0.75

@@ -97,7 +97,7 @@ def test_race_reader_and_errors(tmp_path):
     with pytest.raises(TaskDataError, match=r"high/0\.txt: record questions\[1\]: answer 'E'"):
         read_race(str(tmp_path), "train")
     bad.write_text('{"article": "x",\n "questions": [}')
-    with pytest.raises(TaskDataError, match=r"high/0\.txt:2: invalid JSON"):
+    with pytest.raises(TaskDataError, match=r"high/0\.txt:2:16: invalid JSON"):
         read_race(str(tmp_path), "train")
 
 

@@ -1,19 +1,21 @@
 """What a new user meets (issue 16), through the real `xlgen` command in subprocesses: no libtpu noise on a machine
-without a TPU, a corrupt checkpoint moved aside once and quietly, `xlgen eval` without `--config`.
+without a TPU, the commands printed at the end of a run work pasted into a shell, start block and summary.json, a
+corrupt checkpoint moved aside once and quietly, `xlgen eval` without `--config`, one live run per workdir,
+non-finite updates skipped and counted.
 
-One tiny Transformer-XL run (module fixture) is shared by the tests; every subprocess reuses the session's
-compilation cache (tests/test_train_utils.py)."""
+Tiny Transformer-XL runs; every subprocess reuses the session's compilation cache (tests/test_train_utils.py)."""
 
 import json
 import os
-import shutil
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
-
-from tests.test_train_utils import REPO, compile_cache, run_train, xlgen_env  # noqa: F401  (fixture)
+from test_train_utils import REPO, compile_cache, run_train, train_cmd, xlgen_env  # noqa: F401  (fixture)
 
 LIBTPU_NOISE = ("libtpu", "TPU", "host bounds", "InitGoogle", "lockfile")
 
@@ -39,36 +41,75 @@ def _xlgen(args, cache, env=None, expect=0):
     return p
 
 
-@pytest.fixture(scope="module")
-def run_wd(tmp_path_factory, compile_cache):  # noqa: F811
-    wd = str(tmp_path_factory.mktemp("ux_run"))
-    run_train(
-        wd,
-        compile_cache,
-        overrides={"total_steps": 4, "checkpoint.every_steps": 2, "eval.steps": 2, "mesh.data": 1},
-        devices=1,
-    )
-    return wd
+RUN = {"total_steps": 4, "checkpoint.every_steps": 2, "eval.steps": 2, "mesh.data": 1}
 
 
-def test_from_pretrained_without_tpu_is_quiet(run_wd, compile_cache):
-    """libtpu is installed (the `tpu` extra) but there is no TPU and the user asked for nothing: no TPU probe."""
+def printed_commands(stdout: str) -> dict:
+    """{"evaluate": "...", ...} from the end block's "Commands (run from this directory):" section."""
+    lines = stdout.split("Commands (run from this directory):\n", 1)[1].splitlines()
+    return dict(re.match(r"  (\w+):\s+(.*)$", line).groups() for line in lines if re.match(r"  \w+:", line))
+
+
+def _shell(cmd, env, timeout=300):
+    return subprocess.run(["bash", "-c", cmd], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_start_block_summary_and_printed_commands_work(tmp_path, compile_cache):  # noqa: F811
+    """A run prints its start block, writes summary.json, and every command of its end block works pasted into a
+    shell in the repository: evaluate, plot, Python (from_pretrained, with libtpu installed and nothing asked: no
+    TPU probe, stderr empty), tensorboard, extend."""
     from xlgen import platforms
 
-    if platforms.detect() != "cpu":
-        pytest.skip("this machine has an accelerator")
-    code = (
-        "import numpy as np, xlgen\n"
-        f"m = xlgen.from_pretrained({run_wd!r})\n"
-        "out = m(np.zeros((1, 8), np.int32))\n"
-        "import jax; print(out.log_probs.shape, jax.default_backend())\n"
+    wd = str(tmp_path / "run")
+    p = run_train(wd, compile_cache, overrides={**RUN, "tensorboard": True, "eval_every_steps": -1}, devices=1)
+    head = p.stdout.split("compiling…")[0]
+    assert "xlgen train: transformer_xl (txl_lm objective), 21,450 parameters" in head
+    assert "128 tokens/step" in head and "training tokens (tinyshakespeare)" in head
+    assert "devices   1 x cpu" in head and "mesh data=1 fsdp=1 tensor=1" in head
+    summary = json.load(open(os.path.join(wd, "summary.json")))
+    assert summary["parameters"] == 21450 and summary["steps"] == 4 and summary["tokens_seen"] == 4 * 128
+    assert summary["last_eval"]["step"] == 4 and summary["best_eval"]["loss"] <= summary["last_eval"]["loss"]
+    assert summary["tokens_per_sec"] > 0 and summary["wall_time_s"] > 0 and summary["mfu"] is None
+    cmds = printed_commands(p.stdout)
+    assert set(cmds) == {"extend", "evaluate", "plot", "tensorboard", "Python"}, cmds
+    env = xlgen_env(compile_cache, devices=1)
+
+    r = _shell(cmds["evaluate"], env)
+    assert r.returncode == 0 and r.stdout.startswith("eval: step 4 "), r.stderr[-2000:]
+    r = _shell(cmds["plot"], env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    png = r.stdout.strip().split("plot: ")[1]
+    assert png == os.path.join(wd, "plots", "training.png")
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    quiet = dict(env)
+    quiet.pop("JAX_PLATFORMS")
+    quiet["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+    r = _shell(cmds["Python"], quiet)
+    assert r.returncode == 0 and r.stdout.strip() == "TransfoXLPretrained", r.stderr[-3000:]
+    if platforms.detect() == "cpu":
+        assert r.stderr == "", r.stderr[-3000:]  # libtpu installed, no TPU, nothing asked: no probe, no noise
+    tb = subprocess.Popen(
+        ["bash", "-c", "exec " + cmds["tensorboard"] + " --port 0"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    p = subprocess.run(
-        [sys.executable, "-c", code], env=_quiet_env(compile_cache), capture_output=True, text=True, timeout=300
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["(1,", "8,", "74)", "cpu"]
-    assert p.stderr == "", p.stderr[-3000:]
+    try:
+        out = ""
+        deadline = time.time() + 120
+        while time.time() < deadline and "http://" not in out and tb.poll() is None:
+            out += tb.stdout.readline()
+        assert "TensorBoard" in out and "http://" in out, out
+    finally:
+        tb.kill()
+        tb.wait()
+    r = _shell(cmds["extend"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {wd}/checkpoints/4" in r.stdout and "done: step 8." in r.stdout
+    assert json.load(open(os.path.join(wd, "summary.json")))["steps"] == 8
 
 
 def test_finetune_platform_cpu_is_quiet(tmp_path, compile_cache):
@@ -96,12 +137,12 @@ def test_finetune_platform_cpu_is_quiet(tmp_path, compile_cache):
     assert os.path.exists(tmp_path / "wd" / "eval_results.json")
 
 
-def test_corrupt_checkpoint_moved_aside_once_quietly(run_wd, tmp_path, compile_cache):
+def test_corrupt_checkpoint_moved_aside_once_quietly(tmp_path, compile_cache):  # noqa: F811
     """The newest checkpoint is unreadable: `xlgen eval --workdir` (no --config) warns in one line, moves it to
     checkpoints/corrupt-4, evaluates step 2; later loads do not see it; training resumes from 2 and `keep` counts
     only real checkpoints."""
     wd = str(tmp_path / "wd")
-    shutil.copytree(run_wd, wd)
+    run_train(wd, compile_cache, overrides=RUN, devices=1)
     ck = os.path.join(wd, "checkpoints")
     assert sorted(os.listdir(ck)) == ["2", "4"]
     for root, _, files in os.walk(os.path.join(ck, "4", "state")):
@@ -117,8 +158,10 @@ def test_corrupt_checkpoint_moved_aside_once_quietly(run_wd, tmp_path, compile_c
     assert p.stdout.startswith("eval: step 2 ")
     assert sorted(os.listdir(ck)) == ["2", "corrupt-4"]
     # never retried: the next load is silent
-    p = _xlgen(["eval", f"--workdir={wd}"], compile_cache)
+    p = _xlgen(["eval", f"--workdir={wd}", "--config.eval.steps=1"], compile_cache)
     assert p.stderr == "" and p.stdout.startswith("eval: step 2 ")
+    recs = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
+    assert recs[-1]["split"] == "valid" and recs[-1]["step"] == 2 and np.isfinite(recs[-1]["loss"])
     # training resumes from step 2; keep=2 counts steps 4 and 6 only, the corrupt copy stays
     with open(os.path.join(wd, "config.json")) as f:
         assert json.load(f)["checkpoint"]["keep"] == 2
@@ -131,8 +174,131 @@ def test_corrupt_checkpoint_moved_aside_once_quietly(run_wd, tmp_path, compile_c
     assert sorted(os.listdir(ck)) == ["4", "6", "corrupt-4"]
 
 
-def test_eval_without_config_uses_workdir_config(run_wd, compile_cache):
-    p = _xlgen(["eval", f"--workdir={run_wd}", "--config.eval.steps=1"], compile_cache)
-    assert p.stdout.startswith("eval: step 4 ") and "bpc" in p.stdout
-    recs = [json.loads(line) for line in open(os.path.join(run_wd, "metrics.jsonl"))]
-    assert recs[-1]["split"] == "valid" and recs[-1]["step"] == 4 and np.isfinite(recs[-1]["loss"])
+def test_second_run_on_a_live_workdir_fails_at_once(tmp_path, compile_cache):  # noqa: F811
+    """`xlgen train` on a workdir a live run holds exits 2 with a clear error; a SIGKILLed run leaves no stale lock."""
+    from xlgen.train import guards
+
+    wd = str(tmp_path / "wd")
+    env = xlgen_env(compile_cache, devices=1)
+    first = subprocess.Popen(
+        train_cmd(wd, overrides={**RUN, "total_steps": 100000}),
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        out = ""
+        deadline = time.time() + 240
+        while time.time() < deadline and "compiling" not in out and first.poll() is None:
+            out += first.stdout.readline()
+        assert "compiling" in out, out
+        t0 = time.time()
+        second = subprocess.run(
+            train_cmd(wd, overrides=RUN), env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert second.stderr.startswith(
+            f"xlgen train: error: {wd} is in use by a running xlgen process (pid {first.pid}"
+        )
+        assert "Traceback" not in second.stderr and time.time() - t0 < 60
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    with guards.WorkdirLock(wd):  # the kernel dropped the killed run's flock
+        pass
+
+
+def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path, compile_cache):  # noqa: F811
+    """lr=1e30: step 1 is finite (its update blows the weights up to ~1e30), every later loss is NaN. Those updates
+    are skipped (parameters stay those of step 1, finite, in every checkpoint), counted in metrics.jsonl, and the
+    third in a row stops the run with a clear error."""
+    from xlgen.train.workdir_model import load_params
+
+    wd = str(tmp_path / "wd")
+    over = {
+        **RUN,
+        "total_steps": 10,
+        "checkpoint.every_steps": 1,
+        "checkpoint.keep": 10,
+        "optimizer.learning_rate": 1e30,
+        "optimizer.warmup_steps": 0,
+        "max_nonfinite_steps": 3,
+    }
+    p = run_train(wd, compile_cache, overrides=over, devices=1, expect=1)
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith("xlgen train: error: 3 consecutive steps (up to step 4) had a non-finite loss"), p.stderr
+    recs = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
+    assert [r.get("nonfinite_steps", 0) for r in recs] == [0, 1, 1]
+    assert recs[0]["loss"] < 5 and recs[1]["loss"] == "nan"
+    steps = sorted(int(d) for d in os.listdir(os.path.join(wd, "checkpoints")))
+    assert steps == [1, 2, 3]
+    first = None
+    for step in steps:
+        _, _, params, _ = load_params(wd, step)
+        params = {k: np.asarray(v) for k, v in params.items()}
+        assert all(np.isfinite(v).all() for v in params.values()), step
+        if first is None:
+            first = params
+            assert max(np.abs(v).max() for v in params.values()) > 1e29  # the step-1 update was applied
+        else:
+            for k, v in params.items():
+                np.testing.assert_array_equal(v, first[k])  # skipped: bit-identical to step 1
+
+
+# ---- errors, not tracebacks (in-process, cheap) -----------------------------------------------------------------
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
+    """prepare spm with a --vocab_size the corpus cannot fill; a truncated SQuAD file (line, column, character);
+    xlgen --version; xlgen config show; train --help names it."""
+    from data_pipelines.tasks import synthetic
+    from data_pipelines.tasks.examples import TaskDataError
+    from data_pipelines.tasks.squad import read_squad
+    from xlgen import __version__
+    from xlgen.cli import main
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("\n".join(f"line {i} of a very small corpus about cats and dogs" for i in range(200)))
+    assert main(["prepare", "spm", "--input", str(corpus), "--model_prefix", str(tmp_path / "sp")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"xlgen prepare: error: --vocab_size 32000 is too large for this corpus ({corpus}): ")
+    assert "pass --vocab_size" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["small.txt"]  # nothing half-written
+
+    synthetic.write_squad(str(tmp_path / "squad"), "v2.0", n_paragraphs=2, context_words=20)
+    path = str(tmp_path / "squad" / "dev-v2.0.json")
+    text = json.dumps(json.load(open(path)), indent=1)
+    cut = len(text) // 2
+    with open(path, "w") as f:
+        f.write(text[:cut])
+    with pytest.raises(TaskDataError) as e:
+        read_squad(path, version="v2.0", require_answers=True)
+    line = text[:cut].count("\n") + 1
+    assert str(e.value).startswith(f"{path}:{line}:")
+    assert f"character {cut}" in str(e.value) and "truncated?" in str(e.value)
+
+    assert main(["--version"]) == 0 and capsys.readouterr().out == f"xlgen {__version__}\n"
+    assert main(["config", "show", f"--config={REPO}/configs/pretrain/demo.py", "--config.total_steps=7"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert "total_steps = 7" in shown and "model.d_model = 96" in shown and "optimizer.learning_rate = 0.002" in shown
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "xlgen config show --config=PATH" in capsys.readouterr().out
+
+
+def test_plan_without_libtpu_is_an_error(tmp_path):
+    code = (
+        "import sys; sys.modules['libtpu'] = None\n"  # as if the `tpu` extra were not installed
+        "from xlgen.cli import main\n"
+        "sys.exit(main(['plan', '--config=configs/pretrain/txl_tiny.py', '--topology=v3:2x2']))\n"
+    )
+    env = xlgen_env(str(tmp_path))
+    env.pop("TPU_LIBRARY_PATH", None)  # exported by jax when this test process imported it
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr == (
+        "xlgen plan: error: compiling for a TPU topology needs libtpu, which is not installed: "
+        "pip install -c constraints.txt -e '.[tpu]'  (or `make test`, which installs it)\n"
+    )

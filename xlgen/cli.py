@@ -1,7 +1,10 @@
 """The `xlgen` command.
 
     xlgen train    --config=PATH [--config.KEY=VALUE ...] --workdir=DIR   pretrain; re-run to resume
-    xlgen eval     --config=PATH [--config.KEY=VALUE ...] --workdir=DIR   evaluate the latest checkpoint
+    xlgen eval     --workdir=DIR [--config=PATH] [--config.KEY=VALUE ...] evaluate the latest checkpoint
+    xlgen plot     --workdir=DIR [--workdir=DIR2 ...] [--out=PNG]          training curves (xlgen.plot:main)
+    xlgen config show --config=PATH [--config.KEY=VALUE ...]              every config key with its value
+    xlgen --version
     xlgen prepare  ...    tokenizers and corpora        (data_pipelines.prepare:main)
     xlgen finetune ...    GLUE / SQuAD / RACE / ...     (xlgen.finetune:main)
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
@@ -24,6 +27,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
+import shlex
 import sys
 from typing import List, Optional
 
@@ -37,13 +43,18 @@ DELEGATED = {
     "bench": "xlgen.bench:main",
     "export": "xlgen.export:main",
     "generate": "xlgen.generate:main",
+    "plot": "xlgen.plot:main",
     "analyze": "xlgen.analyze:main",
 }
 USAGE = __doc__
 
 
 def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"xlgen {cmd}", description=f"xlgen {cmd} (config overrides: --config.KEY=VALUE)")
+    p = argparse.ArgumentParser(
+        prog=f"xlgen {cmd}",
+        description=f"xlgen {cmd} (config overrides: --config.KEY=VALUE)",
+        epilog="List every config key with its value: xlgen config show --config=PATH [--config.KEY=VALUE ...]",
+    )
     p.add_argument(
         "--config",
         required=cmd == "train",
@@ -110,7 +121,7 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
     setup_runtime(args.platform or _default_platform(), args.distributed)
     import jax
 
-    from xlgen.train import loop
+    from xlgen.train import guards, loop
 
     try:
         if cmd == "train":
@@ -127,28 +138,111 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
             if jax.process_index() == 0:
                 print("eval: " + "  ".join(f"{k} {v}" for k, v in rec.items()), flush=True)
             return 0
-    except (ValueError, FileNotFoundError, KeyError) as e:
+    except (ValueError, FileNotFoundError, KeyError, guards.WorkdirBusy) as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
+    except guards.TrainingDiverged as e:
+        print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        return 1
     if jax.process_index() == 0:
-        wd = summary["workdir"]
-        cfg_args = " ".join(
-            [f"--config={args.config}"] + [f"--config.{k}={v}" for k, v in overrides.items() if k != "total_steps"]
+        print(end_block(summary, config, args.config, overrides), flush=True)
+    return 0
+
+
+def user_command(name: str) -> str:
+    """How to run the console script `name` (xlgen, tensorboard, python) pasted into a fresh shell in the current
+    directory: the virtualenv's own executable (`.venv/bin/xlgen`; absolute if the venv lies outside the current
+    directory), else `name` when it is on PATH, else None."""
+    import shutil
+
+    exe = os.path.join(sys.prefix, "bin", name)
+    if sys.prefix != sys.base_prefix and os.path.exists(exe):  # a virtualenv: activation is not assumed
+        return shown_path(exe)
+    if name == "python":
+        return sys.executable
+    return name if shutil.which(name) else None
+
+
+def shown_path(path: str) -> str:
+    """`path` relative to the current directory when it lies inside it, else absolute (URLs unchanged)."""
+    if "://" in str(path):
+        return str(path)
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else os.path.abspath(path)
+
+
+def end_block(summary, config, config_path: str, overrides) -> str:
+    """The end-of-run text: where things are and commands that work pasted into a fresh shell in this directory."""
+    wd_abs = summary["workdir"]
+    wd = shown_path(wd_abs)
+    step, total = int(summary["step"]), int(config.total_steps)
+    xlgen = user_command("xlgen") or f"{shlex.quote(sys.executable)} -m xlgen.cli"
+    python = user_command("python")
+    lines = [
+        f"\ndone: step {step}."
+        + (
+            "  last eval: " + "  ".join(f"{k} {v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
+            if "eval" in summary
+            else ""
         )
-        print(
-            f"\ndone: step {summary['step']}."
-            + (
-                "  last eval: " + "  ".join(f"{k} {v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
-                if "eval" in summary
-                else ""
+    ]
+    s = summary.get("summary") or {}
+    if s:
+        rate = f", {s['tokens_per_sec']:,.0f} tokens/s" if s.get("tokens_per_sec") else ""
+        lines.append(
+            f"  summary      {wd}/summary.json   ({s['parameters']:,} parameters, {s['tokens_seen']:,} tokens seen, "
+            f"{s['wall_time_s']:.0f}s{rate})"
+        )
+    lines += [
+        f"  checkpoints  {wd}/checkpoints/   (Orbax; latest = step {step})",
+        f"  metrics      {wd}/metrics.jsonl",
+        f"  config       {wd}/config.json",
+        "Commands (run from this directory):",
+    ]
+    keep = [f"--config.{k}={v}" for k, v in overrides.items() if k != "total_steps"]
+    train_args = " ".join(shlex.quote(a) for a in [f"--config={config_path}"] + keep + [f"--workdir={wd}"])
+    if step < total:
+        lines.append(f"  resume:      {xlgen} train {train_args}")
+    else:
+        lines.append(f"  extend:      {xlgen} train {train_args} --config.total_steps={2 * total}")
+    lines.append(f"  evaluate:    {xlgen} eval --workdir={shlex.quote(wd)}")
+    lines.append(f"  plot:        {xlgen} plot --workdir={shlex.quote(wd)}")
+    if config.get("tensorboard", True):
+        tb = user_command("tensorboard")
+        if tb:
+            lines.append(f"  tensorboard: {tb} --logdir {shlex.quote(wd + '/tensorboard')}")
+        else:
+            pip = f"{python} -m pip install -q -c constraints.txt -e '.[tensorboard]'"
+            lines.append(
+                f"  tensorboard: {pip} && {shown_path(os.path.join(sys.prefix, 'bin', 'tensorboard'))} "
+                f"--logdir {shlex.quote(wd + '/tensorboard')}"
             )
-        )
-        print(f"  checkpoints  {wd}/checkpoints/   (Orbax; latest = step {summary['step']})")
-        print(f"  metrics      {wd}/metrics.jsonl   tensorboard: tensorboard --logdir {wd}/tensorboard")
-        print(f"  config       {wd}/config.json")
-        print(f"  resume/extend: xlgen train {cfg_args} --config.total_steps=N --workdir={wd}")
-        print(f"  evaluate:      xlgen eval {cfg_args} --workdir={wd}")
-        print(f"  Python:        xlgen.from_pretrained('{wd}')", flush=True)
+    code = f"import xlgen; m = xlgen.from_pretrained({json.dumps(wd)}); print(type(m).__name__)"
+    lines.append(f"  Python:      {python} -c {shlex.quote(code)}")
+    return "\n".join(lines)
+
+
+def config_show(argv: List[str]) -> int:
+    """`xlgen config show --config=PATH [--config.KEY=VALUE ...]`: the resolved config, one `key = value` a line."""
+    from xlgen import config as config_lib
+
+    if not argv or argv[0] != "show":
+        print("usage: xlgen config show --config=PATH [--config.KEY=VALUE ...]", file=sys.stderr)
+        return 2
+    try:
+        overrides, rest = config_lib.parse_overrides(argv[1:])
+        p = argparse.ArgumentParser(prog="xlgen config show", description="print the resolved config")
+        p.add_argument("--config", required=True, help="config file (or a workdir's config.json)")
+        args = p.parse_args(rest)
+        config = config_lib.load_config(args.config, overrides)
+    except config_lib.ConfigError as e:
+        print(f"xlgen config show: error: {e}", file=sys.stderr)
+        return 2
+    for key in config_lib.flat_keys(config):
+        value = config
+        for part in key.split("."):
+            value = value[part]
+        print(f"{key} = {value!r}")
     return 0
 
 
@@ -158,8 +252,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(USAGE)
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("--version", "-V", "version"):
+        from xlgen import __version__
+
+        print(f"xlgen {__version__}")
+        return 0
     if cmd in ("train", "eval"):
         return _train_or_eval(cmd, rest)
+    if cmd == "config":
+        return config_show(rest)
     if cmd in DELEGATED:
         module, fn = DELEGATED[cmd].split(":")
         try:

@@ -302,4 +302,6 @@ def base_config() -> ConfigDict:
     c.seed = 0
     c.peak_flops_per_device = 0.0  # for MFU; per JAX device, e.g. 61.5e12 for one TPU v3 TensorCore (bf16)
     c.tensorboard = True
+    # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
+    c.max_nonfinite_steps = 10
     return c

@@ -734,6 +734,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"xlgen plan: error: {e}", file=sys.stderr)
         return 2
+    from xlgen import topology as topo
+
+    if not topo.libtpu_available():
+        print(
+            "xlgen plan: error: compiling for a TPU topology needs libtpu, which is not installed: "
+            "pip install -c constraints.txt -e '.[tpu]'  (or `make test`, which installs it)",
+            file=sys.stderr,
+        )
+        return 2
     override_list = [f"--config.{k}={v}" for k, v in overrides.items()]
     report = plan(config, args.topology, args.num_slices, config_path=args.config, overrides=override_list)
     if args.json is None:

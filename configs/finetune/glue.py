@@ -22,7 +22,8 @@ GENERIC = dict(max_seq_length=128, batch_size=32, learning_rate=2e-5, total_step
 PRESETS = {
     "mnli": (dict(batch_size=128, learning_rate=2e-5, total_steps=10000, warmup_steps=1000), 2000),
     "stsb": (dict(batch_size=32, learning_rate=5e-5, total_steps=1200, warmup_steps=120), 400),
-    "cola": (dict(batch_size=16, learning_rate=1e-5, total_steps=5350, warmup_steps=535), 1000),
+    # Funnel's optimization.py: adam_epsilon 1e-6
+    "cola": (dict(batch_size=16, learning_rate=1e-5, total_steps=5350, warmup_steps=535, adam_epsilon=1e-6), 1000),
 }
 
 

@@ -11,7 +11,13 @@ from configs.finetune.common import finetune_config
 
 def get_config():
     c = finetune_config(
-        "race", max_seq_length=512, batch_size=32, learning_rate=2e-5, total_steps=12000, warmup_steps=1000
+        "race",
+        max_seq_length=512,
+        batch_size=32,
+        learning_rate=2e-5,
+        total_steps=12000,
+        warmup_steps=1000,
+        adam_epsilon=1e-6,  # run_race.py / tpu_race_large_bsz32.sh
     )
     c.data.eval_batch_size = 8
     c.eval_every_steps = 3000

@@ -18,6 +18,7 @@ def get_config():
         total_steps=8000,
         warmup_steps=1000,
         lr_layer_decay_rate=0.75,
+        adam_epsilon=1e-6,  # run_squad.py / tpu_squad_large.sh
     )
     c.data.eval_batch_size = 32
     c.eval_every_steps = 2000

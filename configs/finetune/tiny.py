@@ -35,7 +35,7 @@ def get_config():
     )
     c.model = ConfigDict(TINY_XLNET)
     c.data.eval_batch_size = 16
-    c.optimizer.eps = 1e-8
+    c.optimizer.update(dict(eps=1e-8, update_rule="optax", layer_decay_mode="lr"))  # CPU demo, not a paper preset
     c.checkpoint.update(dict(every_steps=30, async_save=False))
     c.log_every_steps = 10
     c.eval_every_steps = 30

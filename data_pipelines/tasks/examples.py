@@ -18,6 +18,14 @@ def where(path: str, line: int | None = None, record: str | None = None) -> str:
     return path
 
 
+def json_error(path: str, e) -> str:
+    """`path:LINE:COLUMN: invalid JSON (...)` for a json.JSONDecodeError, saying when the file ends early."""
+    size = len(e.doc or "")
+    ends = e.pos >= len((e.doc or "").rstrip())
+    more = f"; the file ends at character {size}: truncated?" if ends else ""
+    return f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno}, character {e.pos}{more})"
+
+
 @dataclasses.dataclass(frozen=True)
 class TextExample:
     """One (pair of) text(s) with a label: GLUE and long-text classification. `label` is an int class index,

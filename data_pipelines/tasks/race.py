@@ -12,7 +12,7 @@ import json
 import os
 from typing import List, Sequence
 
-from data_pipelines.tasks.examples import ChoiceExample, TaskDataError, where
+from data_pipelines.tasks.examples import ChoiceExample, TaskDataError, json_error, where
 
 LEVELS = ("middle", "high")
 NUM_OPTIONS = 4
@@ -29,7 +29,7 @@ def read_race(data_dir: str, split: str, levels: Sequence[str] = LEVELS) -> List
                 try:
                     doc = json.load(f)
                 except json.JSONDecodeError as e:
-                    raise TaskDataError(f"{where(path, e.lineno)}: invalid JSON ({e.msg})") from None
+                    raise TaskDataError(json_error(path, e)) from None
             for key in ("article", "questions", "options", "answers"):
                 if key not in doc:
                     raise TaskDataError(f"{path}: missing key {key!r}")

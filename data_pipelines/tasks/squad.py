@@ -25,7 +25,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from data_pipelines.tasks.examples import SquadExample, TaskDataError, where
+from data_pipelines.tasks.examples import SquadExample, TaskDataError, json_error, where
 from data_pipelines.tasks.tokenization import cover_span
 
 SEG_P, SEG_Q, SEG_CLS, SEG_PAD = 0, 1, 2, 4
@@ -40,7 +40,7 @@ def read_squad(path: str, *, version: str, require_answers: bool) -> List[SquadE
         try:
             doc = json.load(f)
         except json.JSONDecodeError as e:
-            raise TaskDataError(f"{where(path, e.lineno)}: invalid JSON ({e.msg})") from None
+            raise TaskDataError(json_error(path, e)) from None
     if not isinstance(doc, dict) or "data" not in doc:
         raise TaskDataError(f"{path}: no top-level 'data' list (not a SQuAD file)")
     examples = []

@@ -28,6 +28,7 @@ from data_pipelines import paths
 from xlgen import config as config_lib
 from xlgen import sharding
 from xlgen.checkpointing import Checkpointer
+from xlgen.train import guards, report
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
 
@@ -188,8 +189,15 @@ def _fmt_metrics(d: Dict[str, float]) -> str:
 
 def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) to config.total_steps. `stop_at` (CLI --stop_at_step) saves and stops early at that step
-    without changing the schedule, as an interruption would. Returns a summary dict (step, last record, eval)."""
+    without changing the schedule, as an interruption would. Returns a summary dict (step, last record, eval).
+    A second live run on the same workdir fails at once (guards.WorkdirBusy)."""
     workdir = paths.display(workdir)  # absolute if local; a URL stays a URL
+    with guards.WorkdirLock(workdir, enabled=jax.process_index() == 0):
+        return _train(config, workdir, stop_at=stop_at)
+
+
+def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, Any]:
+    t_begin = time.time()
     is_main = jax.process_index() == 0
     check_workdir_compatible(config, workdir)
     if is_main:
@@ -269,7 +277,12 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
 
         stop = _StopFlag()
         stop.install()
+        if is_main and start < total:
+            print(report.start_block(config, program, mesh, train_pipe, workdir, start), flush=True)
+            print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
         progress = metrics_lib.Progress(total, start, enabled=is_main)
+        nonfinite = guards.NonFiniteGuard(int(config.get("max_nonfinite_steps", 10)))
+        throughput = report.Throughput()
         log_every = max(int(config.log_every_steps), 1)
         every = int(ckpt_cfg.every_steps)
         peak = float(config.get("peak_flops_per_device", 0.0))
@@ -281,6 +294,7 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
             for s in range(start, end):
                 batch = global_batch(train_pipe.batch(s), program.batch_shardings, bspec)
                 state, mems, m = program.train_step(state, batch, mems)
+                nonfinite.add(m.pop("nonfinite"))
                 step = s + 1
                 if step == start + 1:  # do not count compilation in the throughput
                     jax.block_until_ready(m)
@@ -288,16 +302,20 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
                     progress.reset_clock(step)
                     if is_main:
                         progress.message(
-                            f"compiled; first step done ({program.tokens_per_step} tokens/step, "
-                            f"{program.analytic_flops_per_step:.3g} FLOPs/step)"
+                            f"first step done {t_last - t_begin:.0f}s after start (compiled; {program.tokens_per_step} "
+                            f"tokens/step, {program.analytic_flops_per_step:.3g} FLOPs/step)"
                         )
                 if step % log_every == 0 or step == total:
+                    nonfinite.check(step)
                     vals = {k: float(v) for k, v in jax.device_get(m).items()}
                     now = time.time()
                     n = max(step - s_last, 0)
                     dt = max(now - t_last, 1e-9)
                     record = {"step": step, **vals}
+                    if nonfinite.total:
+                        record["nonfinite_steps"] = nonfinite.take_window()  # updates skipped since the last record
                     if n:
+                        throughput.add(n, dt)
                         record["steps_per_sec"] = n / dt
                         record["tokens_per_sec"] = n * program.tokens_per_step / dt
                         if program.analytic_flops_per_step and peak > 0:
@@ -318,6 +336,7 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
                     progress.message(f"stopped by signal: saved checkpoint {ckpt.directory}/{step}")
                     raise Preempted(step)
                 if (every > 0 and step % every == 0) or step == end:
+                    nonfinite.check(step)
                     save(step)
             if eval_every != 0 and end > start and end == total:
                 do_eval(total)
@@ -328,6 +347,18 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, A
             writer.close()
     summary["step"] = max(end, start)
     summary["last"] = record
+    if is_main:
+        summary["summary"] = report.write_summary(
+            workdir,
+            config,
+            program,
+            step=summary["step"],
+            start=start,
+            wall_time_s=time.time() - t_begin,
+            throughput=throughput,
+            last_train=record,
+            n_devices=n_dev,
+        )
     return summary
 
 

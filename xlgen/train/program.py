@@ -335,10 +335,24 @@ def _build_program(config, mesh: Mesh) -> Program:
                 new_mems = None
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
+        grad_norm = optax.global_norm(grads)
+        # A non-finite loss or gradient norm skips the update (parameters, optimizer state and memory stay as they
+        # were; the step and its batch are consumed). With finite values the selects return their first operand
+        # bit for bit. The loop counts the skips (metrics["nonfinite"]) and stops after too many in a row.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        new_params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
+        )
         new_state = {"params": new_params, "opt_state": opt_state, "step": step + 1, "rng": state["rng"]}
         if mems is not None:
-            new_mems = new_mems.astype(mems.dtype)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "learning_rate": schedule(step), **aux}
+            new_mems = jnp.where(finite, new_mems.astype(mems.dtype), mems)
+        metrics = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "learning_rate": schedule(step),
+            **aux,
+            "nonfinite": jnp.logical_not(finite).astype(jnp.float32),
+        }
         return new_state, new_mems, metrics
 
     train_step_jit = jax.jit(

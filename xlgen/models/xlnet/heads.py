@@ -3,9 +3,11 @@
 * `SequenceSummary`: the `<cls>` state (XLNet puts `<cls>` LAST: summary_type="last"), tanh projection, dropout.
 * `XLNetForSequenceClassification`: summary -> `logits_proj` `[b, num_labels]` (num_labels=1: regression).
 * `XLNetForMultipleChoice` (RACE): options flattened to `[b*c, l]`, one logit each -> `[b, c]`.
-* `XLNetForQuestionAnswering` (SQuAD 2.0 beam head): start logits masked by `p_mask`; end logits conditioned on
-  the gold start (training) or on each of the top `start_n_top` starts (inference, `end_n_top` ends each); an
-  answerability logit from the `<cls>` state and the start-probability-weighted state.
+* `XLNetForQuestionAnswering` (SQuAD 2.0 beam head, original `function_builder.get_qa_outputs`): start logits
+  masked by `p_mask`; end logits conditioned on the gold start (training) or on each of the top `start_n_top`
+  starts (inference, `end_n_top` ends each); an answerability logit from the `<cls>` state and the
+  start-probability-weighted state, in training and inference alike, with dropout after its tanh
+  (`answer_class_start="gold"`: HF's training path, the gold start's state, no dropout).
 
 Every head returns `(output, new_mems)` like `XLNetModel`; token inputs are passed through to the transformer.
 """
@@ -142,18 +144,26 @@ class PoolerEndLogits(nnx.Module):
 
 
 class PoolerAnswerClass(nnx.Module):
-    """Answerability logit: dense_1(tanh(dense_0([start_state; cls_state]))), dense_1 without bias."""
+    """Answerability logit: dense_1(Dropout(tanh(dense_0([start_state; cls_state])))), dense_1 without bias
+    (original `answer_class`; dropout rate `cfg.dropout`, none in the HF "gold" mode as HF has none)."""
 
     def __init__(self, cfg: XLNetConfig, *, rngs: nnx.Rngs):
         self.dense_0 = Dense(
             (2, cfg.d_model), (cfg.d_model,), (None, "embed"), ("embed",), init_std=cfg.initializer_range, rngs=rngs
         )
         self.dense_1 = _dense(cfg, cfg.d_model, 1, rngs, use_bias=False, out_axis=None)
+        self.drop = nnx.Dropout(cfg.dropout if cfg.answer_class_start == "weighted" else 0.0, rngs=rngs)
 
     def __call__(self, h, start_states, cls_index=None):
         cls_state = h[:, -1] if cls_index is None else _gather_positions(h, cls_index)
-        x = jnp.tanh(self.dense_0(jnp.stack([start_states, cls_state], axis=-2)))
+        x = self.drop(jnp.tanh(self.dense_0(jnp.stack([start_states, cls_state], axis=-2))))
         return self.dense_1(x)[..., 0].astype(jnp.float32)
+
+
+def _weighted_start(h, start_logits):
+    """sum_i softmax(start_logits)_i h_i `[b, d]` (start_logits already p_mask-ed)."""
+    start_probs = jax.nn.softmax(start_logits, axis=-1)
+    return jnp.einsum("bld,bl->bd", h.astype(jnp.float32), start_probs).astype(h.dtype)
 
 
 class XLNetForQuestionAnswering(nnx.Module):
@@ -187,11 +197,11 @@ class XLNetForQuestionAnswering(nnx.Module):
     ):
         h, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
         start_logits = self.start_logits(h, p_mask)
-        start_probs = jax.nn.softmax(start_logits, axis=-1)
         if start_positions is not None:
             start_states = _gather_positions(h, start_positions)
             end_logits = self.end_logits(h, start_states[:, None], p_mask)
-            cls_logits = self.answer_class(h, start_states, cls_index)
+            gold = self.config.answer_class_start == "gold"
+            cls_logits = self.answer_class(h, start_states if gold else _weighted_start(h, start_logits), cls_index)
             return {"start_logits": start_logits, "end_logits": end_logits, "cls_logits": cls_logits}, new_mems
 
         s_top = start_n_top or self.config.start_n_top
@@ -205,8 +215,7 @@ class XLNetForQuestionAnswering(nnx.Module):
         )
         end_log_probs = jax.nn.log_softmax(end_logits, axis=-1)
         end_top_log_probs, end_top_index = jax.lax.top_k(end_log_probs, e_top)  # [b,S,E]
-        weighted_start = jnp.einsum("bld,bl->bd", h.astype(jnp.float32), start_probs).astype(h.dtype)
-        cls_logits = self.answer_class(h, weighted_start, cls_index)
+        cls_logits = self.answer_class(h, _weighted_start(h, start_logits), cls_index)
         return {
             "start_top_log_probs": start_top_log_probs,
             "start_top_index": start_top_index,

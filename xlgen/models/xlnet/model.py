@@ -87,6 +87,10 @@ class XLNetConfig:
     summary_last_dropout: float = 0.1
     start_n_top: int = 5
     end_n_top: int = 5
+    # SQuAD answerability head input in training: "weighted" = the original get_qa_outputs (softmax(start logits)-
+    # weighted state, dropout after the tanh, as at inference); "gold" = HF (the gold start's state, no dropout: for
+    # unanswerable windows that is <cls> itself, which leaks the label). from_pretrained(HF dir) uses "gold".
+    answer_class_start: str = "weighted"
     # implementation
     scan_layers: bool = False
     remat: bool = False
@@ -97,6 +101,11 @@ class XLNetConfig:
             raise ValueError(f"XLNetConfig.attn_type={self.attn_type!r}: expected 'bi' or 'uni'")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"XLNetConfig.dtype={self.dtype!r}: expected 'float32' or 'bfloat16'")
+        if self.answer_class_start not in ("weighted", "gold"):
+            raise ValueError(
+                f"XLNetConfig.answer_class_start={self.answer_class_start!r}: expected 'weighted' (original) or "
+                "'gold' (Hugging Face)"
+            )
 
     @property
     def compute_dtype(self):
@@ -780,5 +789,6 @@ def from_hf(hf_config: Dict[str, Any], weights: Dict[str, np.ndarray], kwargs: D
         raise ValueError(
             f"config.json architectures={archs}: unsupported XLNet class {head!r}; supported: {sorted(HF_HEADS)}"
         )
+    kwargs.setdefault("answer_class_start", "gold")  # HF's QA training path, for parity with HF outputs
     config = XLNetConfig.from_hf(hf_config, **kwargs)
     return XLNetFromHF(load_hf(head, config, weights), head, hf_config)

@@ -1,0 +1,119 @@
+"""`xlgen plot --workdir=DIR [--workdir=DIR2 ...] [--out=PNG]`: training curves from `metrics.jsonl` (matplotlib).
+
+One figure, one panel per quantity against the step: training loss, learning rate, tokens/s, and each evaluation
+metric (eval loss, ppl, bpc, accuracy, f1, ...; one line per split). Several workdirs are overlaid (legend = the
+workdir's name). Written to `DIR/plots/training.png` (one workdir) or `DIR/plots/compare.png` (several; the first
+workdir), or `--out`. Prints the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from data_pipelines import paths
+
+TRAIN_PANELS = (("loss", "training loss"), ("learning_rate", "learning rate"), ("tokens_per_sec", "tokens / s"))
+SKIP_EVAL = {"step", "split", "time", "wall_time"}
+
+
+def _num(v) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(float(v)) else None
+
+
+def read_run(workdir: str) -> List[Dict]:
+    from xlgen.train import metrics as metrics_lib
+
+    path = paths.join(workdir, "metrics.jsonl")
+    if not paths.as_path(path).exists():
+        raise FileNotFoundError(f"{path}: no such file (is {workdir} an xlgen workdir that has logged a step?)")
+    return metrics_lib.read_metrics(path)
+
+
+def _series(records: List[Dict], key: str, split: Optional[str]):
+    xs, ys = [], []
+    for r in records:
+        if r.get("split") != split:
+            continue
+        y = _num(r.get(key))
+        if y is not None and "step" in r:
+            xs.append(int(r["step"]))
+            ys.append(y)
+    return xs, ys
+
+
+def plot(workdirs: Sequence[str], out: Optional[str] = None) -> str:
+    """Write the figure for `workdirs`; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {w: read_run(w) for w in workdirs}
+    names = {w: os.path.basename(os.path.normpath(str(w))) or str(w) for w in workdirs}
+    if len(set(names.values())) < len(names):
+        names = {w: str(w) for w in workdirs}
+    eval_keys: List[str] = []
+    for recs in runs.values():
+        for r in recs:
+            if r.get("split"):
+                for k, v in r.items():
+                    if k not in SKIP_EVAL and _num(v) is not None and k not in eval_keys:
+                        eval_keys.append(k)
+    panels = [(k, title, None) for k, title in TRAIN_PANELS] + [(k, f"eval {k}", "eval") for k in eval_keys]
+    cols = 3
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    for ax, (key, title, kind) in zip(axes.flat, panels):
+        for w, recs in runs.items():
+            if kind is None:
+                xs, ys = _series(recs, key, None)
+                if xs:
+                    ax.plot(xs, ys, label=names[w], linewidth=1.2)
+            else:
+                for split in sorted({r["split"] for r in recs if r.get("split")}):
+                    xs, ys = _series(recs, key, split)
+                    if xs:
+                        ax.plot(xs, ys, marker="o", markersize=3, label=f"{names[w]} ({split})")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax.transAxes, color="gray")
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(", ".join(names[w] for w in workdirs))
+    fig.tight_layout()
+    if out is None:
+        out = paths.join(workdirs[0], "plots", "training.png" if len(workdirs) == 1 else "compare.png")
+    paths.makedirs(os.path.dirname(out) if not paths.is_remote(out) else str(paths.as_path(out).parent))
+    tmp = out + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    paths.as_path(tmp).rename(out)
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="xlgen plot", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", action="append", required=True, help="a run directory (repeat to overlay runs)")
+    p.add_argument("--out", default=None, help="PNG path (default: WORKDIR/plots/training.png)")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        out = plot([paths.display(w) for w in args.workdir], args.out)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"xlgen plot: error: {e}", file=sys.stderr)
+        return 2
+    print(f"plot: {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
