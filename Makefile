@@ -40,10 +40,13 @@ test-fast: $(STAMP)
 
 # A small Transformer-XL character LM on the embedded tinyshakespeare corpus: a few minutes on 2 CPU cores, loss
 # falling, evaluations (bpc) at steps 200/400/600; prints where checkpoints/metrics are and the commands to resume,
-# evaluate, plot and load it (each runnable as printed from this directory); ends by writing the plots.
+# evaluate, plot and load it (each runnable as printed from this directory); ends by writing the plots and printing
+# a 200-character sample from the trained model.
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/xlgen train --config=configs/pretrain/demo.py --workdir=workdirs/demo
 	$(VENV)/bin/xlgen plot --workdir=workdirs/demo
+	@echo "--- a sample from the model just trained (xlgen generate; same seed, same text) ---"
+	$(VENV)/bin/xlgen generate --workdir=workdirs/demo --prompt="ROMEO:" --max_new_tokens=200 --seed=0
 
 # The standard speed set (docs/performance.md): xlgen vs HF PyTorch in the same run, medians of interleaved blocks,
 # MFU against the measured matmul peak, XLNet-Large compile time. Results in bench_results/*.json.

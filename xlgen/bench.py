@@ -2,6 +2,7 @@
 
     xlgen bench --config=PATH [--config.KEY=VALUE ...] [--steps=N] [--blocks=K] [--compare-hf] [--json=FILE]
     xlgen bench --config=PATH --eval --mem_lens=128,256,512 [--segment=64] [--compare-hf]    (Transformer-XL)
+    xlgen bench --config=PATH --generate [--new_tokens=128 --gen_batch=1 --gen_mem_len=128] [--compare-hf]  (TXL sampling)
     xlgen bench --standard [--into=docs/performance.md] [--before=DIR]    the standard set (`make bench`)
 
 Train (default): `xlgen train`'s own loop (`xlgen.train.loop.train`, the real data pipeline) runs in blocks of
@@ -674,6 +675,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", action="store_true", help="cached evaluation (Transformer-XL) instead of training")
     p.add_argument("--mem_lens", default="128,256,512", help="total contexts l (memory = l - segment)")
     p.add_argument("--segment", type=int, default=64)
+    p.add_argument("--generate", action="store_true", help="sampling speed (Transformer-XL, xlgen.generate)")
+    p.add_argument("--new_tokens", type=int, default=128, help="--generate: tokens sampled per block")
+    p.add_argument("--gen_batch", type=int, default=1, help="--generate: samples per batch")
+    p.add_argument("--gen_mem_len", type=int, default=128, help="--generate: decoding memory length")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--platform", default=None)
     p.add_argument("--standard", action="store_true", help="run the standard set (make bench)")
@@ -727,7 +732,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     }
     peak = matmul_peak()
     print(f"[bench] f32 matmul peak (JAX, this run): {peak / 1e9:.1f} GFLOP/s  (load {load_average()[0]})", flush=True)
-    if args.eval:
+    if args.generate:
+        from xlgen.generate import bench_generate
+
+        res["generate"] = bench_generate(
+            config,
+            mem_len=args.gen_mem_len,
+            new_tokens=args.new_tokens,
+            batch=args.gen_batch,
+            blocks=args.blocks,
+            compare_hf=args.compare_hf,
+        )
+    elif args.eval:
         lens = [int(x) for x in args.mem_lens.split(",") if x]
         res.update(
             bench_eval(config, mem_lens=lens, segment=args.segment, blocks=args.blocks, compare_hf=args.compare_hf)
@@ -745,7 +761,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     res["load_after"] = load_average()
     res["peak_host_memory_gib"] = round(peak_host_memory_gib(), 2)
     print(
-        json.dumps({k: v for k, v in res.items() if not isinstance(v, dict) or k == "per_len"}, indent=1, default=str)
+        json.dumps(
+            {k: v for k, v in res.items() if not isinstance(v, dict) or k in ("per_len", "generate")},
+            indent=1,
+            default=str,
+        )
     )
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
