@@ -41,7 +41,16 @@ _DEFAULTS = {
         eval_steps=0,
     ),
     # segment_pairs: [CLS] A [SEP] B [SEP] rows with segment ids (Funnel's create_pretrain_data.py); False: one chunk
-    "mlm": dict(seq_len=128, mask_prob=0.15, random_prob=0.1, keep_prob=0.1, eval_steps=0, segment_pairs=True),
+    # hide_masks_from_attention: attention_mask 0 at [MASK] inputs (Funnel's original MLM; its ELECTRA does not)
+    "mlm": dict(
+        seq_len=128,
+        mask_prob=0.15,
+        random_prob=0.1,
+        keep_prob=0.1,
+        eval_steps=0,
+        segment_pairs=True,
+        hide_masks_from_attention=False,
+    ),
 }
 _DEFAULTS["electra"] = dict(_DEFAULTS["mlm"])
 
@@ -124,6 +133,7 @@ def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, 
             shuffle=train,
             num_steps=None if train else (cfg.eval_steps or None),
             segment_pairs=cfg.segment_pairs,
+            hide_masks_from_attention=cfg.hide_masks_from_attention,
         )
     raise AssertionError(cfg.pipeline)
 

@@ -18,7 +18,9 @@ pair) or B (positive pair) ended. `segment_pairs=False`: `[CLS] chunk [SEP]`, to
 
 Masking (Devlin et al. 2019): `mask_prob` of the non-special positions (at least one) are predicted; of those,
 1 - random_prob - keep_prob become the mask symbol, random_prob a uniformly random non-special token, keep_prob
-stay. ELECTRA uses the same generator input; the discriminator's replacements are sampled inside the train step.
+stay. `hide_masks_from_attention=True` (the original MLM, `input_func_builder.py`: `input_mask = is_mask | is_pad`
+for encoder and decoder) sets `attention_mask` to 0 at the [MASK] symbols, so no position attends to them; the
+original ELECTRA masks only padding. ELECTRA uses the same generator input; the discriminator's replacements are sampled inside the train step.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class MLMPipeline:
         shuffle: bool = True,
         num_steps: int | None = None,
         segment_pairs: bool = True,
+        hide_masks_from_attention: bool = False,
     ):
         self.corpus, self.seq_len, self.seed, self.shuffle = corpus, int(seq_len), int(seed), shuffle
         self.mask_prob, self.random_prob, self.keep_prob = float(mask_prob), float(random_prob), float(keep_prob)
@@ -73,6 +76,7 @@ class MLMPipeline:
         special = {i for i in sp.values() if i is not None}
         self.normal_ids = np.array([i for i in range(self.vocab_size) if i not in special], np.int32)
         self.segment_pairs = bool(segment_pairs)
+        self.hide_masks_from_attention = bool(hide_masks_from_attention)
         if self.segment_pairs:
             if corpus.sent is None:
                 raise ValueError(
@@ -160,10 +164,13 @@ class MLMPipeline:
             row[pos] = np.where(u < p_mask, self.mask_id, np.where(u < p_mask + self.random_prob, rand_tok, row[pos]))
             inputs[j] = row
             label_mask[j, pos] = 1.0
+        attention = np.ones((b, S), np.int32)
+        if self.hide_masks_from_attention:  # the original MLM: input_mask = is_mask | is_pad
+            attention[inputs == self.mask_id] = 0
         return {
             "input_ids": inputs,
             "token_type_ids": types,
-            "attention_mask": np.ones((b, S), np.int32),
+            "attention_mask": attention,
             "labels": labels,
             "label_mask": label_mask,
         }

@@ -397,3 +397,31 @@ def test_paper_finetune_configs_use_the_original_optimizer(config_file, eps):
     assert {k: opt[k] for k in want} == want
     if config_file == "squad.py":
         assert opt.lr_layer_decay_rate == 0.75
+
+
+@pytest.mark.parametrize("name", ["B6-6-6H768_mlm", "B10-10-10H1024_electra"])
+def test_funnel_paper_configs_follow_the_original_objective_and_optimizer(name):
+    from test_train_utils import REPO
+
+    from xlgen.config import load_config
+
+    c = load_config(f"{REPO}/configs/pretrain/funnel.py:{name}", {})
+    mlm = name.endswith("_mlm")
+    # optimization.py: AdamWeightDecayOptimizer with adam_correction=True, use_wd_exclusion=False, beta2 0.99
+    opt = c.optimizer
+    assert (opt.update_rule, opt.bias_correction, opt.weight_decay_mask, opt.b2) == ("original", True, "all", 0.99)
+    # pretrain.py MLM: lm_proj before the tied softmax; [MASK] removed from attention (ELECTRA: padding only)
+    assert c.model.mlm_transform == mlm and c.data.hide_masks_from_attention == mlm
+    assert c.data.segment_pairs
+
+
+def test_mlm_rows_hide_mask_tokens_from_attention():
+    import data_pipelines
+
+    config = _funnel_config(**{"data.hide_masks_from_attention": True})
+    pipe = data_pipelines.make_pipeline(config.data)
+    b = pipe.batch(0)
+    is_mask = b["input_ids"] == pipe.mask_id
+    assert is_mask.any() and np.array_equal(b["attention_mask"] == 0, is_mask)
+    base = data_pipelines.make_pipeline(_funnel_config().data).batch(0)  # the same rows, ids; only the mask differs
+    assert np.array_equal(base["input_ids"], b["input_ids"]) and base["attention_mask"].all()

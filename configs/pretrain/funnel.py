@@ -12,7 +12,10 @@ Thesis §3.5 / Table 5.10, reference notes §3.9 / §A3:
   * large scale (H1024: B8-8-8, B10-10-10): the five XLNet/ELECTRA datasets, batch 8K, 500K steps;
   * seq_len 512, 2 decoder layers, mean pooling of size 2 with separate [CLS], truncate_seq, pool_q_only,
     uncased WordPiece (30,522), gelu_new, dropout = dropatt = 0.1, LayerNorm eps 1e-9, init std 0.02;
-  * Adam beta2 0.99, eps 1e-6, clip 1.0 (`optimization.py`); ELECTRA: generator width x0.25, disc_coeff 50.
+  * Adam beta2 0.99, eps 1e-6, clip 1.0, the original AdamW update with bias correction and no weight-decay
+    exclusions (`optimization.py`); ELECTRA: generator width x0.25, disc_coeff 50;
+  * MLM: `lm_proj` before the tied softmax (model.mlm_transform) and [MASK] hidden from attention
+    (data.hide_masks_from_attention), as `pretrain.py` / `input_func_builder.py`.
   * The learning rates and warmup are not in the thesis: 1e-4 (base) / 2e-4 (large) with 10K warmup and linear
     decay, weight decay 0.01, follow ELECTRA's published settings.
 Execution (not architecture): on TPU the factorized (gather-free) relative attention of the original TPU code,
@@ -64,6 +67,9 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
         separate_cls=True,
         truncate_seq=True,
         pool_q_only=True,
+        # The original MLM (modeling.py lm_logits) always applies `lm_proj` (dense + activation + LayerNorm) before
+        # the tied softmax; its ELECTRA generator too (here because its width differs from the embedding's).
+        mlm_transform=objective == "mlm",
         remat=large,
         dtype="bfloat16",
     )
@@ -82,6 +88,7 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
             mask_prob=0.15,
             eval_steps=100,
             vocab_size=30522,
+            hide_masks_from_attention=objective == "mlm",  # input_mask = is_mask | is_pad (input_func_builder.py)
         )
     )
     c.optimizer.update(
@@ -96,6 +103,11 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
             eps=1e-6,
             weight_decay=0.01,
             clip_norm=1.0,
+            # optimization.py's AdamWeightDecayOptimizer: adam_correction=True (on the whole update, decay included),
+            # use_wd_exclusion=False (every parameter decayed)
+            update_rule="original",
+            bias_correction=True,
+            weight_decay_mask="all",
         )
     )
     c.eval.update(dict(steps=100))
