@@ -5,8 +5,10 @@ while a softmax workdir stays within it. Tiny d = 16 (bound 18 < the 74 characte
 import json
 import math
 import os
+import subprocess
+import sys
 
-from test_train_utils import compile_cache, run_train, train_losses  # noqa: F401
+from test_train_utils import REPO, compile_cache, run_train, train_losses, xlgen_env  # noqa: F401
 
 K = 4
 SMALL = {
@@ -49,5 +51,27 @@ def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path, 
 
     soft_dir = str(tmp_path / "softmax")
     run_train(soft_dir, compile_cache, overrides=dict(SMALL, **{"model.output_layer": "softmax", "total_steps": K}))
-    soft = _rank(soft_dir)
-    assert soft["rank"] <= 18, soft["rank"]
+    # the CLI: rank JSON (contract keys rank, bound) + PNG; spectrum of both runs overlaid (singular_values, I1, I2)
+    rank_json, spec_json, png = (str(tmp_path / n) for n in ("rank.json", "spectrum.json", "spectrum.png"))
+    run_cli(["analyze", "rank", f"--workdir={soft_dir}", "--contexts=148", f"--json={rank_json}"], compile_cache)
+    with open(rank_json) as f:
+        soft = json.load(f)
+    assert soft["bound"] == 18 and soft["rank"] <= 18, soft["rank"]
+    run_cli(
+        ["analyze", "spectrum", f"--workdir={soft_dir}", f"--workdir={full}", f"--json={spec_json}", f"--png={png}"],
+        compile_cache,
+    )
+    with open(spec_json) as f:
+        spec = json.load(f)
+    for rep in spec.values():
+        assert len(rep["singular_values"]) == 16 and 0 < rep["I1"] <= 1 and rep["I2"] >= 0
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(args, cache):
+    p = subprocess.run(
+        [sys.executable, "-m", "xlgen.cli", *args], env=xlgen_env(cache, 1), cwd=REPO, capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p

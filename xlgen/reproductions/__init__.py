@@ -1,0 +1,1 @@
+"""Reproduction scripts (`python -m xlgen.reproductions.<name>`); results in docs/reproductions.md."""
