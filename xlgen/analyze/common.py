@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Tuple
 
 import numpy as np
+
+EFFECTIVE_EPS = (1e-3, 1e-4, 1e-5)
+
+
+def effective_rank(s: np.ndarray, eps: float) -> int:
+    """Smallest k with Σ_{i<=k} s_i² >= (1 - eps) Σ_i s_i² (s sorted descending; seed 001 L1883-1889)."""
+    e = np.cumsum(np.asarray(s, np.float64) ** 2)
+    return int(np.searchsorted(e, (1.0 - eps) * e[-1]) + 1)
+
+
+def save_figure(fig, path: str) -> None:
+    """Write a matplotlib figure to `path` atomically (temp file + rename)."""
+    tmp = f"{path}.tmp{os.getpid()}.png"
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, path)
 
 
 def setup(platform: str = "") -> None:

@@ -22,19 +22,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-EFFECTIVE_EPS = (1e-3, 1e-4, 1e-5)
+from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, save_figure
 
 
 def press_tolerance(s: np.ndarray, shape, eps: float) -> float:
     """ζ = ½ √(M + N + 1) · max(s) · eps (Press et al., Numerical Recipes)."""
     m, n = shape
     return 0.5 * float(np.sqrt(m + n + 1.0)) * float(np.max(s)) * eps
-
-
-def effective_rank(s: np.ndarray, eps: float) -> int:
-    """Smallest k with Σ_{i<=k} s_i² >= (1 - eps) Σ_i s_i² (s sorted descending)."""
-    e = np.cumsum(np.asarray(s, np.float64) ** 2)
-    return int(np.searchsorted(e, (1.0 - eps) * e[-1]) + 1)
 
 
 def rank_report(q: np.ndarray, dtype: str = "float32") -> Dict:
@@ -118,8 +112,6 @@ def _plot(path: str, s: np.ndarray, bound: int, title: str) -> None:
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    from xlgen.analyze.spectrum import save_figure
-
     save_figure(fig, path)
     plt.close(fig)
 

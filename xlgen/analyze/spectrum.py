@@ -21,6 +21,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, save_figure
+
 
 def isotropy(w: np.ndarray, *, sample: int = 0, seed: int = 0) -> Dict[str, float]:
     """{"I1", "I2"} of W `[V, d]` (see the module doc); `sample` > 0 uses that many uniformly drawn rows."""
@@ -37,8 +39,6 @@ def isotropy(w: np.ndarray, *, sample: int = 0, seed: int = 0) -> Dict[str, floa
 
 def spectrum_report(w: np.ndarray, *, sample: int = 0) -> Dict:
     """Singular values (descending), normalised ones, isotropy and ε-effective ranks of W."""
-    from xlgen.analyze.rank import EFFECTIVE_EPS, effective_rank
-
     s = np.linalg.svd(np.asarray(w, np.float64), compute_uv=False)
     return {
         "shape": list(np.shape(w)),
@@ -47,13 +47,6 @@ def spectrum_report(w: np.ndarray, *, sample: int = 0) -> Dict:
         **isotropy(w, sample=sample),
         "effective_rank": {f"{e:g}": effective_rank(s, e) for e in EFFECTIVE_EPS},
     }
-
-
-def save_figure(fig, path: str) -> None:
-    """Write a matplotlib figure to `path` atomically (temp file + rename)."""
-    tmp = f"{path}.tmp{os.getpid()}.png"
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
 
 
 def plot_spectra(path: str, curves: Dict[str, np.ndarray], title: str = "output embedding spectrum") -> None:

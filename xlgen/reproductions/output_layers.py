@@ -139,7 +139,7 @@ def exp_rank(args) -> Dict:
     ax.set_title("(a) log-probability matrix spectrum, d = 16")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    from xlgen.analyze.spectrum import save_figure
+    from xlgen.analyze.common import save_figure
 
     save_figure(fig, os.path.join(args.figures, "repro_rank.png"))
     return results
@@ -225,7 +225,7 @@ def exp_ppl(args) -> Dict:
     ax.set_ylabel("valid bpc (lower is better)")
     ax.set_title(f"(c) {len(seeds)} seeds, {args.steps} steps")
     fig.tight_layout()
-    from xlgen.analyze.spectrum import save_figure
+    from xlgen.analyze.common import save_figure
 
     save_figure(fig, os.path.join(args.figures, "repro_ppl.png"))
     return results
