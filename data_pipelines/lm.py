@@ -8,7 +8,9 @@ N - B*L dropped tail tokens differ per pass. `stream_reset[r]` is True at the fi
 
 Process p of P materialises global rows [p*B/P, (p+1)*B/P) only; `batch(step)` is a pure function of
 (seed, step, rows). Evaluation (`finite=True`) is one unrotated pass of `ceil((L-1)/tgt_len)` steps; the last
-segment is right-padded and `label_mask` marks the real targets (every token but the final N - B*L is scored).
+segment is right-padded and `label_mask` marks the real targets. Scored: B * (L - 1) tokens, i.e. every token
+except the final N - B*L and the first token of each row (the corpus's first token and the B - 1 row starts are
+inputs only, never predicted), as the original `LMOrderedIterator` / `batchify`.
 """
 
 from __future__ import annotations

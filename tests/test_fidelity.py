@@ -425,3 +425,103 @@ def test_mlm_rows_hide_mask_tokens_from_attention():
     assert is_mask.any() and np.array_equal(b["attention_mask"] == 0, is_mask)
     base = data_pipelines.make_pipeline(_funnel_config().data).batch(0)  # the same rows, ids; only the mask differs
     assert np.array_equal(base["input_ids"], b["input_ids"]) and base["attention_mask"].all()
+
+
+def test_electra_discriminator_target_is_one_for_original_tokens():
+    """The original `electra_loss_func`: binary_target = equal(origin_input, sample_input), i.e. logit > 0 means
+    "original". A discriminator that says "original" everywhere (a large positive output bias) must score the
+    fraction of original tokens as its accuracy, and `disc_target="replaced"` (HF's convention) the opposite."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from xlgen.models.funnel import FunnelConfig
+    from xlgen.models.funnel.heads import FunnelElectra, electra_loss
+
+    cfg = FunnelConfig(
+        vocab_size=40, block_sizes="1-1", num_decoder_layers=1, d_model=16, n_head=2, d_head=8, d_inner=32,
+        dropout=0.0, dropatt=0.0,
+    )  # fmt: skip
+    rng = np.random.RandomState(0)
+    labels = rng.randint(9, 40, (4, 12)).astype(np.int32)
+    label_mask = np.zeros((4, 12), np.float32)
+    label_mask[:, [2, 5, 8]] = 1.0
+    batch = {
+        "input_ids": jnp.asarray(np.where(label_mask > 0, 6, labels)),
+        "labels": jnp.asarray(labels),
+        "label_mask": jnp.asarray(label_mask),
+        "attention_mask": jnp.ones((4, 12), jnp.int32),
+    }
+
+    def parts(batch):
+        model = FunnelElectra(cfg, rngs=nnx.Rngs(0))
+        model.eval()
+        head = model.discriminator.discriminator_predictions.dense_prediction
+        head.bias.value = jnp.full(head.bias.shape, 20.0)  # says "original" (logit > 0) everywhere
+        out = {}
+        for target in ("original", "replaced"):
+            _, p = electra_loss(model, batch, jax.random.key(3), disc_target=target)
+            out[target] = (p["disc_accuracy"], p["replaced_ratio"])
+        return out
+
+    out = _compile_cheap(parts, batch)
+    acc, replaced = (float(x) for x in out["original"])
+    assert 0 < replaced < 0.5
+    assert acc == pytest.approx(1.0 - replaced, abs=1e-6)
+    assert float(out["replaced"][0]) == pytest.approx(replaced, abs=1e-6)
+
+
+@pytest.mark.parametrize("model_reuse", [None, 8])
+def test_xlnet_pretraining_memory_settings_are_cross_checked(model_reuse):
+    """data.reuse_len = 16: the memory must cache exactly those 16 positions (model.reuse_len None would cache the
+    whole segment, A/B and separators included); a mismatch is a clear error naming both keys."""
+    from test_train_utils import REPO
+
+    from xlgen.config import load_config
+    from xlgen.train.objectives import get_objective
+    from xlgen.train.program import abstract_model
+
+    config = load_config(f"{REPO}/configs/pretrain/xlnet_tiny.py", {})
+    obj = get_objective(config)
+    abstract_model(lambda r: obj.make_model(config, r, True), train=True)  # the shipped config is consistent
+    with config.unlocked():
+        config.model.reuse_len = model_reuse
+    with pytest.raises(ValueError, match=r"model\.reuse_len.*data\.reuse_len|data\.reuse_len=16.*model\.reuse_len"):
+        abstract_model(lambda r: obj.make_model(config, r, True), train=True)
+
+
+def test_race_input_order_per_family():
+    """XLNet run_race.py: article <sep> qa <sep> <cls> (left padded); Funnel race.py: [CLS] qa [SEP] article [SEP]
+    (token types CLS 2, qa 0, article 1); both keep the last max_qa_length qa pieces and the article's head, and
+    every option starts from the untouched article (xlgen does not repeat run_race.py's shared-list append)."""
+    import types
+
+    from data_pipelines.tasks.examples import ChoiceExample
+    from data_pipelines.tasks.features import choice_features
+
+    enc = lambda s: [int(w) for w in s.split()]  # noqa: E731
+    xlnet = types.SimpleNamespace(style="xlnet", cls_id=3, sep_id=4, pad_id=5, encode=enc)
+    funnel = types.SimpleNamespace(style="funnel", cls_id=101, sep_id=102, pad_id=0, encode=enc)
+    ex = ChoiceExample("q", "1 2 3", ("20 21 22", "30", "40", "50"), 2, "high")
+    fx = choice_features([ex], xlnet, max_seq_length=10, max_qa_length=2)
+    assert fx["input_ids"][0, 0].tolist() == [5, 5, 1, 2, 3, 4, 21, 22, 4, 3]
+    assert fx["input_ids"][0, 1].tolist() == [5, 5, 5, 1, 2, 3, 4, 30, 4, 3]  # not [.. 4 21 22 4 3 30 ..]
+    ff = choice_features([ex], funnel, max_seq_length=10, max_qa_length=2)
+    assert ff["input_ids"][0, 0].tolist() == [101, 21, 22, 102, 1, 2, 3, 102, 0, 0]
+    assert ff["token_type_ids"][0, 0].tolist() == [2, 0, 0, 0, 1, 1, 1, 1, 0, 0]
+    long = ChoiceExample("q", "1 2 3 4 5 6 7 8 9", ("20 21 22", "30", "40", "50"), 2, "high")
+    ff = choice_features([long], funnel, max_seq_length=10, max_qa_length=2)
+    assert ff["input_ids"][0, 0].tolist() == [101, 21, 22, 102, 1, 2, 3, 4, 5, 102]
+
+
+def test_txl_evaluation_scores_b_times_l_minus_1_tokens():
+    """The docstring of data_pipelines/lm.py: an evaluation pass scores B*(L-1) tokens, L = N // B: the tail and
+    each row's first token (the corpus start and the B - 1 row starts) are never predicted, as the original."""
+    import data_pipelines
+
+    cfg = data_pipelines.default_config("lm")
+    cfg.update(dict(source="tinyshakespeare", vocab="char", batch_size=4, eval_batch_size=4, eval_tgt_len=64))
+    ev = data_pipelines.make_pipeline(cfg, split="valid")
+    scored = sum(float(ev.batch(s)["label_mask"].sum()) for s in range(ev.num_steps))
+    B, N = 4, ev.corpus.num_tokens
+    assert scored == B * (N // B - 1)

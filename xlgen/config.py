@@ -266,6 +266,7 @@ def base_config() -> ConfigDict:
         dict(
             loss_positions="all",  # TXL: "all" or "later_half" (loss only on the second half of each segment)
             disc_coeff=50.0,  # ELECTRA: loss = generator MLM + disc_coeff * discriminator BCE
+            disc_target="original",  # ELECTRA discriminator target 1 = original token (original code); "replaced"
             generator_width=0.25,  # ELECTRA: generator d_model / d_inner / n_head shrink factor
             max_predictions=0,  # Funnel MLM/ELECTRA: logits only at this many masked positions per row (0 = all)
         )

@@ -7,7 +7,10 @@ Funnel / BERT:                                  [CLS] A [SEP] [B [SEP]] [PAD]...
 
 `attention_mask` is 1 on real tokens (HF convention; XLNet's `input_mask` = 1 - attention_mask).
 Truncation as the originals: a pair drops pieces from the end of the longer text; a single text keeps its head;
-RACE keeps the last `max_qa_length` pieces of question+option and the head of the article.
+RACE keeps the last `max_qa_length` pieces of question+option and the head of the article; XLNet puts the article
+first (`article <sep> qa <sep> <cls>`, `run_race.py`), Funnel the question+option (`[CLS] qa [SEP] article [SEP]`,
+Funnel `race.py`). Each option starts from a fresh copy of the article (the original `run_race.py` appends the
+options onto one shared context list when the article needs no truncation, so later options carry the earlier ones).
 """
 
 from __future__ import annotations
@@ -93,7 +96,9 @@ def choice_features(
         for ending in ex.endings:
             qa = tokenizer.encode(ending)[-max_qa_length:]
             c = ctx[: max_seq_length - 3 - len(qa)]
-            for lst, v in zip(per, pack(tokenizer, c, qa, max_seq_length)):
+            # XLNet run_race.py: article <sep> qa <sep> <cls>; Funnel race.py: [CLS] qa [SEP] article [SEP]
+            first, second = (c, qa) if tokenizer.style == "xlnet" else (qa, c)
+            for lst, v in zip(per, pack(tokenizer, first, second, max_seq_length)):
                 lst.append(v)
         for k, v in zip(("input_ids", "token_type_ids", "attention_mask"), per):
             out[k].append(v)

@@ -207,7 +207,31 @@ register_objective(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def check_xlnet_memory(config) -> None:
+    """Cross-check XLNet pretraining memory settings; a clear error instead of a silently wrong memory.
+
+    The pipeline's row at step t+1 continues the first `data.reuse_len` tokens of the row at step t (the rest, A/B
+    and the separators, does not continue), so the memory must cache exactly those: model.reuse_len ==
+    data.reuse_len whenever model.mem_len > 0 (`XLNetConfig.reuse_len=None` would cache the whole segment, the
+    original `_cache_mem` behaviour for inference, wrong here)."""
+    m, d = config.model, config.data
+    mem_len = int(m.get("mem_len") or 0)
+    data_reuse = int(d.get("reuse_len") or 0)
+    model_reuse = m.get("reuse_len")
+    if mem_len > 0 and (not model_reuse or int(model_reuse) != data_reuse):
+        hint = (
+            "model.reuse_len is unset, which would cache the whole segment (A, B and separators) into the memory"
+            if not model_reuse
+            else f"model.reuse_len={model_reuse} caches a different prefix than the pipeline continues"
+        )
+        raise ValueError(
+            f"XLNet memory: model.mem_len={mem_len} with data.reuse_len={data_reuse}: {hint}; "
+            f"set model.reuse_len={data_reuse} (or model.mem_len=0 for no memory)"
+        )
+
+
 def _xlnet_model(config, rngs, train):
+    check_xlnet_memory(config)
     mod = importlib.import_module("xlgen.models.xlnet")
     return mod.XLNetLMHeadModel(model_config(config, "xlgen.models.xlnet", "XLNetConfig"), rngs=rngs)
 
@@ -335,7 +359,11 @@ def _funnel_mlm_eval(model, batch, mems, config):
 def _funnel_electra_loss(model, batch, mems, rng, config):
     heads = importlib.import_module("xlgen.models.funnel.heads")
     loss, parts = heads.electra_loss(
-        model, batch, jax.random.fold_in(rng, 0x5A3), max_predictions=_max_predictions(config)
+        model,
+        batch,
+        jax.random.fold_in(rng, 0x5A3),
+        max_predictions=_max_predictions(config),
+        disc_target=config.objective_options.get("disc_target", "original"),
     )
     return loss, parts, None
 
@@ -343,7 +371,9 @@ def _funnel_electra_loss(model, batch, mems, rng, config):
 def _funnel_electra_eval(model, batch, mems, config):
     """ELECTRA eval: the batch-mean objective (fixed sampling key), averaged over batches."""
     heads = importlib.import_module("xlgen.models.funnel.heads")
-    loss, _ = heads.electra_loss(model, batch, jax.random.key(0))
+    loss, _ = heads.electra_loss(
+        model, batch, jax.random.key(0), disc_target=config.objective_options.get("disc_target", "original")
+    )
     return loss, jnp.ones((), jnp.float32), None
 
 

@@ -230,14 +230,26 @@ class FunnelElectra(nnx.Module):
         return self.discriminator(input_ids, token_type_ids, attention_mask)
 
 
-def electra_loss(model: FunnelElectra, batch: dict, rng: jax.Array, *, max_predictions: Optional[int] = None):
+def electra_loss(
+    model: FunnelElectra,
+    batch: dict,
+    rng: jax.Array,
+    *,
+    max_predictions: Optional[int] = None,
+    disc_target: str = "original",
+):
     """gen_loss + disc_coeff * disc_loss (original pretrain.py `electra_loss_func`). Returns (loss, parts).
 
     1. generator MLM on the masked input (`input_ids`), mean over `label_mask`;
     2. replacements x~_i ~ softmax(generator logits) at masked positions (Gumbel-max with `rng`, no gradient);
-    3. discriminator on x~ (original ids elsewhere): sigmoid cross-entropy of "replaced" (x~_i != labels_i) averaged
-       over real tokens (`attention_mask`). A sampled token equal to the original counts as original.
+    3. discriminator on x~ (original ids elsewhere): sigmoid cross-entropy averaged over real tokens
+       (`attention_mask`) with target 1 = ORIGINAL token (x~_i == labels_i), as the original
+       (`binary_target = equal(origin_input, sample_input)`), so checkpoints of the original code continue with
+       the right sign; `disc_target="replaced"` uses HF's documented convention (1 = replaced) instead. A sampled
+       token equal to the original counts as original.
     """
+    if disc_target not in ("original", "replaced"):
+        raise ValueError(f"objective_options.disc_target={disc_target!r}: expected 'original' or 'replaced'")
     input_ids, token_type_ids, attention_mask = _default_inputs(
         batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask")
     )
@@ -260,10 +272,11 @@ def electra_loss(model: FunnelElectra, batch: dict, rng: jax.Array, *, max_predi
     sampled = jnp.where(replace, sampled_full, labels)
     replaced = (sampled != labels).astype(jnp.float32)
 
+    target = 1.0 - replaced if disc_target == "original" else replaced
     logits = disc(sampled, token_type_ids, attention_mask).logits
     real = (attention_mask > 0).astype(jnp.float32)
-    disc_loss = _masked_mean(optax.sigmoid_binary_cross_entropy(logits, replaced), real)
-    disc_acc = _masked_mean(((logits > 0) == (replaced > 0)).astype(jnp.float32), real)
+    disc_loss = _masked_mean(optax.sigmoid_binary_cross_entropy(logits, target), real)
+    disc_acc = _masked_mean(((logits > 0) == (target > 0)).astype(jnp.float32), real)
     total = gen_loss + model.disc_coeff * disc_loss
     return total, {
         "gen_loss": gen_loss,
