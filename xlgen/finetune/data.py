@@ -114,6 +114,7 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
                 tokenizer.vocab_size,
                 tokenizer.style,
                 getattr(tokenizer, "lower", None),
+                "features-v2",  # XLNet "<digits>," split as pretraining, Funnel RACE qa first: older caches are stale
             ],
             "data": {k: d[k] for k in ("max_seq_length", "doc_stride", "max_query_length", "max_qa_length")},
         },
