@@ -44,9 +44,10 @@ test-fast: $(STAMP)
 # a 200-character sample from the trained model.
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/xlgen train --config=configs/pretrain/demo.py --workdir=workdirs/demo
-	$(VENV)/bin/xlgen plot --workdir=workdirs/demo
 	@echo "--- a sample from the model just trained (xlgen generate; same seed, same text) ---"
 	$(VENV)/bin/xlgen generate --workdir=workdirs/demo --prompt="ROMEO:" --max_new_tokens=200 --seed=0
+	@echo "--- training curves (xlgen plot) ---"
+	$(VENV)/bin/xlgen plot --workdir=workdirs/demo
 
 # The standard speed set (docs/performance.md): xlgen vs HF PyTorch in the same run, medians of interleaved blocks,
 # MFU against the measured matmul peak, XLNet-Large compile time. Results in bench_results/*.json.

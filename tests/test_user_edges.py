@@ -35,7 +35,7 @@ def _xlgen(args, cache, env=None, expect=0):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert p.returncode == expect, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p
@@ -50,7 +50,7 @@ def printed_commands(stdout: str) -> dict:
     return dict(re.match(r"  (\w+):\s+(.*)$", line).groups() for line in lines if re.match(r"  \w+:", line))
 
 
-def _shell(cmd, env, timeout=300):
+def _shell(cmd, env, timeout=900):
     return subprocess.run(["bash", "-c", cmd], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -196,13 +196,13 @@ def test_second_run_on_a_live_workdir_fails_at_once(tmp_path, compile_cache):  #
         assert "compiling" in out, out
         t0 = time.time()
         second = subprocess.run(
-            train_cmd(wd, overrides=RUN), env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+            train_cmd(wd, overrides=RUN), env=env, cwd=REPO, capture_output=True, text=True, timeout=300
         )
         assert second.returncode == 2, second.stderr[-2000:]
         assert second.stderr.startswith(
             f"xlgen train: error: {wd} is in use by a running xlgen process (pid {first.pid}"
         )
-        assert "Traceback" not in second.stderr and time.time() - t0 < 60
+        assert "Traceback" not in second.stderr and time.time() - t0 < 120  # no compile, no waiting
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
