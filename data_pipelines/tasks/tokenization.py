@@ -10,7 +10,7 @@ piece span maps back to the exact original characters.
   applied character by character while remembering the source index of every output character; SentencePiece
   reports byte offsets of every piece in the preprocessed text (re-split pieces: of their re-encoding); composing the
   two gives exact original character spans. This replaces the original's approximate LCS alignment
-  (`squad_utils.py`) with an exact one: same pieces, same spans whenever the LCS succeeds.
+  (`run_squad.py`) with an exact one: same pieces, same spans whenever the LCS succeeds.
 * `WordPieceTaskTokenizer` (Funnel/BERT, `vocab.txt`): the `tokenizers` library reports original offsets itself.
 
 Both expose `encode(text) -> list[int]` and `encode_with_offsets(text) -> (ids, starts, ends)` where
