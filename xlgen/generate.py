@@ -1,7 +1,7 @@
-"""`xlgen generate`: sample text from a Transformer-XL language model with its memory (incremental decoding).
+"""`xlgen generate`: sample text from a Transformer-XL or XLNet language model with its memory (incremental decoding).
 
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT [--max_new_tokens=200 --top_k=40 --top_p=1.0
-                   --temperature=1.0 --seed=0 --num_samples=1 --mem_len=M]
+                   --temperature=1.0 --seed=0 --num_samples=1 --mem_len=M --prefix=TEXT]
 
 Decoding follows Transformer-XL's recurrence (Dai thesis §3.2, the original PyTorch repository's evaluation with
 memory): the prompt runs as one segment against an empty memory, then every new token is one segment of length 1.
@@ -17,10 +17,11 @@ the prompt. Sampling runs inside the step: log-probabilities / temperature, top-
 (the smallest set with probability >= p, renormalised), then a categorical draw keyed by (seed, position); the same
 seed gives the same text. `temperature=0` is greedy decoding.
 
-XLNet: not supported here. XLNet is a permutation LM whose content stream sees the whole segment bidirectionally;
-left-to-right sampling needs the whole context re-encoded with a permutation mask per new token (the XLNet
-repository's notes; HF re-runs the last tokens each step with an approximate memory). There is no exact
-fixed-buffer incremental step, so xlgen does not offer one rather than a slow or inexact one.
+XLNet (`XLNetLMHeadModel` workdirs / HF directories): the same loop through the permutation mask (`XLNetDecoder`):
+a dummy position after the real tokens is hidden from everyone by `perm_mask` and read by the query stream
+(`target_mapping`); the real tokens are causal, so a token's content state is final when it enters the memory and
+incremental decoding is exact (equal to one full pass with a causal perm_mask). `--prefix` feeds text before the
+prompt (the XLNet repository's padding text for short prompts) without printing it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ def _first_sample(log_probs, key, pos, *, temperature, top_k, top_p):
     return sample_logits(log_probs, jax.random.fold_in(key, pos), temperature=temperature, top_k=top_k, top_p=top_p)
 
 
+def _pure_sample_step(forward, params, token, mems, mem_valid, key, pos, *, temperature, top_k, top_p):
+    """One token in, the next one sampled: (next token `[b]`, log-probs `[b, V]`, mems, mem_valid). `key` is
+    folded with the absolute position `pos`, so a seed fixes the whole sample."""
+    log_probs, mems, mem_valid = forward(params, token[:, None], mems, mem_valid)
+    nxt = sample_logits(log_probs, jax.random.fold_in(key, pos), temperature=temperature, top_k=top_k, top_p=top_p)
+    return nxt, log_probs, mems, mem_valid
+
+
 class TXLDecoder:
     """Incremental decoding of a `TransformerXLLM` with a fixed-shape memory buffer.
 
@@ -83,18 +92,24 @@ class TXLDecoder:
     (`same_length` does not apply: every query of a one-token segment has the same context length).
     """
 
+    _config_overrides: Dict[str, Any] = {}
+    default_mem_len = None
+
     def __init__(self, module, mem_len: Optional[int] = None):
         module.eval()
         cfg = module.config
-        self.mem_len = int(cfg.mem_len if mem_len is None else mem_len)
+        self.mem_len = int(mem_len if mem_len is not None else (cfg.mem_len or self.default_mem_len or 0))
         if self.mem_len < 1:
             raise ValueError(f"mem_len={self.mem_len}: generation needs a memory (mem_len >= 1)")
-        module.config = dataclasses.replace(cfg, same_length=False)
+        module.config = dataclasses.replace(cfg, same_length=False, **self._config_overrides)
+        if hasattr(module, "transformer"):  # XLNet: the core reads its own config
+            module.transformer.config = module.config
         self.module, self.config = module, module.config
         self._graphdef, self._params = nnx.split(module)
-        self._forward = jax.jit(functools.partial(self._pure_forward, self._graphdef, self.mem_len))
+        forward = functools.partial(type(self)._pure_forward, self._graphdef, self.mem_len)
+        self._forward = jax.jit(forward)
         self._sample_step = jax.jit(
-            functools.partial(self._pure_sample_step, self._graphdef, self.mem_len),
+            functools.partial(_pure_sample_step, forward),
             static_argnames=("temperature", "top_k", "top_p"),
             donate_argnums=(2,),
         )
@@ -108,16 +123,6 @@ class TXLDecoder:
         h, new_mems = model.hidden_states(ids, mems, mem_len=mem_len, mem_valid=mem_valid)
         log_probs = model.softmax.log_probs(h[:, -1:], model.embedding)[:, 0]
         return log_probs, new_mems, advance_memory_validity(mem_valid, ids.shape[1], mem_len)
-
-    @staticmethod
-    def _pure_sample_step(graphdef, mem_len, params, token, mems, mem_valid, key, pos, *, temperature, top_k, top_p):
-        """One token in, the next one sampled: (next token `[b]`, its log-prob `[b]`, log-probs `[b, V]`, mems,
-        mem_valid). `key` is folded with the absolute position `pos`, so a seed fixes the whole sample."""
-        log_probs, mems, mem_valid = TXLDecoder._pure_forward(
-            graphdef, mem_len, params, token[:, None], mems, mem_valid
-        )
-        nxt = sample_logits(log_probs, jax.random.fold_in(key, pos), temperature=temperature, top_k=top_k, top_p=top_p)
-        return nxt, log_probs, mems, mem_valid
 
     def empty_state(self, batch: int):
         c = self.config
@@ -198,6 +203,52 @@ class TXLDecoder:
         return result
 
 
+class XLNetDecoder(TXLDecoder):
+    """Left-to-right sampling from an `XLNetLMHeadModel` through the permutation mask, with memory.
+
+    Each call appends a dummy position after the real tokens: `perm_mask` hides it from every position and makes the
+    real tokens causal (token i's content stream sees the memory and tokens <= i), `target_mapping` reads the query
+    stream at the dummy, whose prediction is the next token; only the real tokens are cached (`reuse_len`). This is
+    XLNet's natural factorisation order, so a token's content state never changes after it is written to the
+    memory: incremental decoding equals one full pass with a causal `perm_mask` (tests/test_generate.py). A padding
+    prefix (the XLNet repository's advice for short prompts) is just text in front of the prompt (`--prefix`).
+    """
+
+    _config_overrides = {"bi_data": False}
+    default_mem_len = 512
+
+    @staticmethod
+    def _pure_forward(graphdef, mem_len, params, ids, mems, mem_valid):
+        from xlgen.models.relative_attention import advance_memory_validity
+
+        model = nnx.merge(graphdef, params)
+        b, n = ids.shape
+        q = n + 1
+        x = jnp.concatenate([ids, jnp.zeros((b, 1), ids.dtype)], axis=1)  # the dummy's id is never seen
+        i, j = jnp.arange(q)[:, None], jnp.arange(q)[None, :]
+        perm = jnp.broadcast_to((j > i) | (j == n), (b, q, q)).astype(jnp.float32)
+        target = jax.nn.one_hot(jnp.full((b, 1), n), q, dtype=jnp.float32)
+        logits, new_mems = model(
+            x, None, mems=mems, perm_mask=perm, target_mapping=target, mem_len=mem_len, reuse_len=n, mem_valid=mem_valid
+        )
+        log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1)
+        return log_probs, new_mems, advance_memory_validity(mem_valid, n, mem_len)
+
+
+DECODERS = {"TransformerXLLM": TXLDecoder, "XLNetLMHeadModel": XLNetDecoder}
+
+
+def decoder_for(module, mem_len: Optional[int] = None) -> TXLDecoder:
+    """The incremental decoder of a language model module (Transformer-XL or the XLNet LM head)."""
+    name = type(module).__name__
+    if name not in DECODERS:
+        raise ValueError(
+            f"a {name}: `xlgen generate` samples from Transformer-XL and XLNet language models (not finetuned heads "
+            "or Funnel)"
+        )
+    return DECODERS[name](module, mem_len)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Loading: workdir or HF directory, with the tokenizer
 # ----------------------------------------------------------------------------------------------------------------
@@ -233,10 +284,10 @@ def load_for_generation(workdir: Optional[str] = None, model: Optional[str] = No
     from xlgen.export import unwrap
 
     module = unwrap(loaded)
-    if type(module).__name__ != "TransformerXLLM":
+    if type(module).__name__ not in DECODERS:
         raise ValueError(
-            f"{workdir or model}: a {type(module).__name__}; `xlgen generate` samples from Transformer-XL language "
-            "models (XLNet generation is not supported: see docs/generation.md)"
+            f"{workdir or model}: a {type(module).__name__}; `xlgen generate` samples from Transformer-XL and XLNet "
+            "language models (see docs/generation.md)"
         )
     if workdir is not None:
         from xlgen import config as config_lib
@@ -257,6 +308,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     src.add_argument("--workdir", help="xlgen pretraining workdir (latest checkpoint)")
     src.add_argument("--model", help="Hugging Face TransfoXL directory (e.g. one written by xlgen export)")
     p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--prefix", default="", help="text fed before the prompt and not printed (XLNet: padding text)")
     p.add_argument("--max_new_tokens", type=int, default=200)
     p.add_argument("--top_k", type=int, default=40, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus: the smallest set with probability >= p")
@@ -271,8 +323,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
     try:
         module, tokenizer = load_for_generation(args.workdir, args.model)
-        prompt_ids = list(tokenizer.encode(args.prompt))
-        decoder = TXLDecoder(module, args.mem_len)
+        prompt_ids = list(tokenizer.encode(args.prefix + args.prompt))
+        decoder = decoder_for(module, args.mem_len)
         res = decoder.generate(
             prompt_ids,
             max_new_tokens=args.max_new_tokens,

@@ -38,6 +38,7 @@ from flax import nnx
 from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
+    memory_validity_mask,
     relative_attention,
     relative_position_sequence,
     segment_scores,
@@ -141,12 +142,20 @@ def half_batch_is_forward(batch_size: int) -> np.ndarray:
 
 
 def attention_masks(
-    qlen: int, mlen: int, *, attn_type: str, same_length: bool = False, input_mask=None, perm_mask=None
+    qlen: int,
+    mlen: int,
+    *,
+    attn_type: str,
+    same_length: bool = False,
+    input_mask=None,
+    perm_mask=None,
+    mem_valid=None,
 ):
     """Query-stream mask M_g `[b or 1, qlen, mlen+qlen]` (True = may NOT attend) and content mask M_h = M_g & i!=j.
 
     input_mask `[b, qlen]` (1 = padding), perm_mask `[b, qlen, qlen]` (1 = i may not attend to j). Memory
-    columns are never masked by data; the causal mask ("uni") is the Transformer-XL one (optionally
+    columns are never masked by data, except the empty rows of a fixed-length buffer (`mem_valid` `[b]`: how many
+    trailing memory rows are real, `relative_attention.memory_validity_mask`); the causal mask ("uni") is the Transformer-XL one (optionally
     `same_length`). Returns (None, None) when nothing is masked (attn_type="bi" and no data masks).
     """
     klen = mlen + qlen
@@ -168,6 +177,10 @@ def attention_masks(
         if mlen > 0:
             data = jnp.pad(data, [(0, 0), (0, 0), (mlen, 0)])
         mask = data if mask is None else (mask | data)
+    if mem_valid is not None and mlen > 0:  # fixed-length memory buffer: its not-yet-written rows are masked
+        empty = memory_validity_mask(mem_valid, mlen, qlen)[:, 0]  # [b, 1, mlen + qlen]
+        empty = jnp.broadcast_to(empty, (empty.shape[0], qlen, mlen + qlen))
+        mask = empty if mask is None else (mask | empty)
     if mask is None:
         return None, None
     not_self = ~(jnp.arange(qlen)[:, None] + mlen == jnp.arange(klen)[None, :])
@@ -350,13 +363,15 @@ class XLNetModel(nnx.Module):
         mem_len=None,
         reuse_len=None,
         inputs_embeds=None,
+        mem_valid=None,
     ):
         """input_ids `[b,l]` int (or inputs_embeds `[b,l,d]`); token_type_ids `[b,l]` (any number of segment
         ids; None = no segment term);
         input_mask `[b,l]` (1 = pad, original) XOR attention_mask `[b,l]` (1 = real, HF); mems
         `[n_layer,b,mlen,d]`; perm_mask `[b,l,l]` (1 = i may not attend j); target_mapping `[b,m,l]` one-hot
         rows (zero rows = padding); is_forward `[b]` bool (bi_data direction; default: all forward, or the
-        half-batch layout when config.bi_data). mem_len/reuse_len override the config.
+        half-batch layout when config.bi_data). mem_len/reuse_len override the config. mem_valid `[b]`: the
+        memory is a fixed-length buffer whose last mem_valid rows are real (the rest masked; incremental decoding).
 
         Returns (output, new_mems): output = final query stream `[b,m,d]` if target_mapping is given else the
         content stream `[b,l,d]`; new_mems `[n_layer,b,mem_len,d]` or None (mem_len 0/None).
@@ -378,7 +393,13 @@ class XLNetModel(nnx.Module):
         if attention_mask is not None:
             input_mask = 1 - jnp.asarray(attention_mask)
         mask_g, mask_h = attention_masks(
-            qlen, mlen, attn_type=cfg.attn_type, same_length=cfg.same_length, input_mask=input_mask, perm_mask=perm_mask
+            qlen,
+            mlen,
+            attn_type=cfg.attn_type,
+            same_length=cfg.same_length,
+            input_mask=input_mask,
+            perm_mask=perm_mask,
+            mem_valid=mem_valid,
         )
         seg_mat = None
         if token_type_ids is not None:
