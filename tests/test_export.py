@@ -324,3 +324,24 @@ def test_funnel_xlgen_to_hf_to_xlgen_and_unrepresentable_models(tmp_path):
     shared = dataclasses.replace(cfg, block_sizes="2x2-1", hf_block1_residual=False)
     with pytest.raises(ValueError, match="block 1"):
         export.to_hf(nnx.eval_shape(lambda: F.FunnelForMaskedLM(shared, rngs=nnx.Rngs(0))))
+
+
+def test_subword_tokenizer_files_encode_like_xlgen(tmp_path):
+    """SentencePiece -> spiece.model (XLNetTokenizer) and WordPiece -> vocab.txt (FunnelTokenizer): transformers'
+    tokenizers read from the exported files give xlgen's ids."""
+    from data_pipelines import vocab as V
+    from data_pipelines.corpus import EMBEDDED
+
+    text = V.read_text(EMBEDDED["tinyshakespeare"]).splitlines()[:3000]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(text))
+    sp = V.load_tokenizer("sentencepiece", V.train_sentencepiece([str(corpus)], str(tmp_path / "sp"), vocab_size=300))
+    wp = V.load_tokenizer("wordpiece", V.train_wordpiece([str(corpus)], str(tmp_path / "wp"), vocab_size=300))
+    sample = "ROMEO: But, soft! what light through yonder window breaks?"
+    for tok, model_type, cls in ((sp, "xlnet", "XLNetTokenizer"), (wp, "funnel", "FunnelTokenizer")):
+        out = tmp_path / model_type
+        out.mkdir()
+        export.write_tokenizer(tok, str(out), model_type)
+        hf_tok = transformers.AutoTokenizer.from_pretrained(out, use_fast=False)
+        assert type(hf_tok).__name__ == cls
+        assert hf_tok.encode(sample, add_special_tokens=False) == list(tok.encode(sample)), model_type
