@@ -70,6 +70,11 @@ def test_start_block_summary_and_printed_commands_work(tmp_path, compile_cache):
     assert summary["parameters"] == 21450 and summary["steps"] == 4 and summary["tokens_seen"] == 4 * 128
     assert summary["last_eval"]["step"] == 4 and summary["best_eval"]["loss"] <= summary["last_eval"]["loss"]
     assert summary["tokens_per_sec"] > 0 and summary["wall_time_s"] > 0 and summary["mfu"] is None
+    from xlgen.train import tokenizer_store
+
+    assert json.load(open(os.path.join(wd, "config.json")))["xlgen"]["tokenizer"] == "tokenizer/vocab.json"
+    tok = tokenizer_store.load(wd)  # what from_pretrained(wd).tokenizer returns
+    assert tok.vocab_size == 74 and tok.decode(tok.encode("ROMEO: hi", add_eos=False)) == "ROMEO: hi"
     cmds = printed_commands(p.stdout)
     assert set(cmds) == {"extend", "evaluate", "plot", "tensorboard", "Python"}, cmds
     env = xlgen_env(compile_cache, devices=1)
@@ -302,3 +307,50 @@ def test_plan_without_libtpu_is_an_error(tmp_path):
         "xlgen plan: error: compiling for a TPU topology needs libtpu, which is not installed: "
         "pip install -c constraints.txt -e '.[tpu]'  (or `make test`, which installs it)\n"
     )
+
+
+def test_workdir_keeps_its_tokenizer_and_a_different_one_is_an_error(tmp_path):
+    """tokenizer_store: the tokenizer file lands in DIR/tokenizer/ and config.json names it; finetuning from the
+    workdir uses it without --config.tokenizer; a different tokenizer (for finetuning or for resuming) is an error
+    naming both."""
+    from ml_collections import ConfigDict
+
+    from data_pipelines import vocab as vocab_lib
+    from data_pipelines.tasks import synthetic
+    from xlgen.finetune.data import load_tokenizer
+    from xlgen.train import tokenizer_store
+
+    texts = [f"the {w} sat on the mat near {v}" for w in ("cat", "dog", "cow") for v in ("home", "town", "sea")] * 20
+    a, b = str(tmp_path / "a.model"), str(tmp_path / "b.model")
+    synthetic.train_sentencepiece(texts, a, vocab_size=60)
+    synthetic.train_sentencepiece(texts[:30], b, vocab_size=40)
+    va, vb = (vocab_lib.SentencePieceTokenizer(p).vocab_size for p in (a, b))
+    wd = tmp_path / "pretrain"
+    wd.mkdir()
+    (wd / "config.json").write_text(json.dumps({"xlgen": {"kind": "pretrain"}}))
+    rec = tokenizer_store.save(str(wd), vocab_lib.SentencePieceTokenizer(a))
+    assert rec["tokenizer"] == "tokenizer/spiece.model" and rec["tokenizer_vocab_size"] == va
+    assert json.loads((wd / "config.json").read_text())["xlgen"]["tokenizer"] == "tokenizer/spiece.model"
+    assert (wd / "tokenizer" / "spiece.model").read_bytes() == open(a, "rb").read()
+    assert tokenizer_store.load(str(wd / "checkpoints" / "7")).vocab_size == va  # a checkpoint path names its run
+    # resuming with other data/tokenizer
+    with pytest.raises(ValueError, match=r"differs from the one this workdir was trained with: .*spiece\.model"):
+        tokenizer_store.save(str(wd), vocab_lib.SentencePieceTokenizer(b))
+    # finetuning from the workdir: its tokenizer by default; a different one names both files
+    cfg = ConfigDict(
+        {
+            "tokenizer": "",
+            "init_from": str(wd),
+            "data": {"lower": None},
+            "model": {"family": "xlnet", "vocab_size": 100},
+        }
+    )
+    assert load_tokenizer(cfg).vocab_size == va
+    cfg.tokenizer = a
+    assert load_tokenizer(cfg).vocab_size == va
+    cfg.tokenizer = b
+    with pytest.raises(ValueError) as e:
+        load_tokenizer(cfg)
+    msg = str(e.value)
+    assert msg.startswith(f"tokenizer mismatch: {b} ({vb} symbols, sha256 ")
+    assert f"{wd}/tokenizer/spiece.model ({va} symbols, sha256 " in msg

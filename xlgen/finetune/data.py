@@ -38,6 +38,14 @@ def load_tokenizer(config):
     from data_pipelines.tasks.tokenization import load_task_tokenizer
 
     path = config.tokenizer or (config.init_from if config.init_from else "")
+    if config.init_from:  # an xlgen pretraining workdir carries its tokenizer (xlgen/train/tokenizer_store.py)
+        from xlgen.train import tokenizer_store
+
+        stored = tokenizer_store.file_path(config.init_from)
+        if stored and config.tokenizer:
+            tokenizer_store.check_same(config.init_from, config.tokenizer)
+        elif stored:
+            path = stored
     if not path:
         raise ValueError("config.tokenizer is empty and there is no init_from to find spiece.model / vocab.txt in")
     lower = None if config.data.lower is None else bool(config.data.lower)

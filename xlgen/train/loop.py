@@ -28,7 +28,7 @@ from data_pipelines import paths
 from xlgen import config as config_lib
 from xlgen import sharding
 from xlgen.checkpointing import Checkpointer
-from xlgen.train import guards, report
+from xlgen.train import guards, report, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
 
@@ -212,6 +212,8 @@ def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, 
 
     # The data first: a missing corpus fails before anything is compiled.
     train_pipe = make_pipeline(config.data, "train")
+    if is_main:  # the run's tokenizer into workdir/tokenizer/, named in config.json (a different one is an error)
+        tokenizer_store.save(workdir, getattr(train_pipe, "tokenizer", None))
     data_vocab = getattr(train_pipe, "vocab_size", None)
     model_vocab = config.model.get("vocab_size")
     if data_vocab and model_vocab and int(model_vocab) < int(data_vocab):

@@ -55,6 +55,23 @@ def load_params(workdir: str, step: Optional[int] = None):
 
 
 def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
+    """The workdir's model with the HF-convention caller; `.tokenizer` is the run's tokenizer (encode/decode;
+    None when the workdir stores none)."""
+    model = _from_workdir(path, step, **kwargs)
+    from data_pipelines import paths
+    from xlgen.train import tokenizer_store
+
+    wd = paths.as_path(path)
+    if wd.name.isdigit() and wd.parent.name == "checkpoints":
+        wd = wd.parent.parent
+    try:
+        model.tokenizer = tokenizer_store.load(str(wd))
+    except AttributeError:  # pragma: no cover - a wrapper without instance attributes
+        pass
+    return model
+
+
+def _from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
     config, program, params, step = load_params(path, step)
     module = program.make_model(params, train=False)
     family = config.model.family
