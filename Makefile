@@ -11,9 +11,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Tests: xlgen (editable) with the test, parity and tpu extras (libtpu: `xlgen plan` tests), pinned by constraints.txt.
+# Tests: xlgen (editable) with the test, parity, tpu (libtpu: `xlgen plan` tests) and tensorboard (the printed
+# TensorBoard command is run by a test) extras, pinned by constraints.txt.
 $(STAMP): $(PY) setup.py constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tensorboard]"
 	touch $(STAMP)
 
 # Demo: only what it runs: xlgen itself (jax CPU, matplotlib for the plot) + the TensorBoard server it mentions.

@@ -94,6 +94,7 @@ def test_start_block_summary_and_printed_commands_work(tmp_path, compile_cache):
     assert r.returncode == 0 and r.stdout.strip() == "TransfoXLPretrained", r.stderr[-3000:]
     if platforms.detect() == "cpu":
         assert r.stderr == "", r.stderr[-3000:]  # libtpu installed, no TPU, nothing asked: no probe, no noise
+    assert cmds["tensorboard"].endswith(f"tensorboard --logdir {wd}/tensorboard"), cmds["tensorboard"]
     tb = subprocess.Popen(
         ["bash", "-c", "exec " + cmds["tensorboard"] + " --port 0"],
         env=env,
