@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from xlgen.models.layers import Dense, LayerNorm, normal, param
+from xlgen.models.layers import Dense, Dropout, LayerNorm, normal, param
 
 MASK_VALUE = -1e30  # added to masked scores (float32); equals the original implementations' convention
 
@@ -284,8 +284,8 @@ class RelativeMultiHeadAttention(nnx.Module):
         self.segments = segments
         self.own_biases = own_biases
         self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps, rngs=rngs)
-        self.drop = nnx.Dropout(dropout, rngs=rngs)
-        self.dropatt = nnx.Dropout(dropatt, rngs=rngs)
+        self.drop = Dropout(dropout, rngs=rngs)
+        self.dropatt = Dropout(dropatt, rngs=rngs)
 
     def biases(self, shared: Optional[dict]) -> dict:
         """The u / v / b_s biases to use: this layer's own (untie_r) or the model-wide `shared` ones."""

@@ -112,6 +112,19 @@ def global_batch(local: Dict[str, np.ndarray], shardings: Dict[str, Any], spec: 
     return out
 
 
+def _train_batches(pipeline, start: int, end: int, depth: int):
+    """(step, pipeline.batch(step)) for start <= step < end, built `depth` steps ahead on a worker thread
+    (`data_pipelines.prefetch`) so the input work overlaps the jitted step; depth 0 builds them in line. Batches
+    are the same pure functions of the step either way (resume is unchanged)."""
+    if depth <= 0 or getattr(pipeline, "num_steps", None) is not None:
+        for s in range(start, end):
+            yield s, pipeline.batch(s)
+        return
+    from data_pipelines.prefetch import prefetch
+
+    yield from prefetch(pipeline, start_step=start, num_steps=end - start, depth=depth)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Evaluation
 # ----------------------------------------------------------------------------------------------------------------
@@ -291,10 +304,11 @@ def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, 
         n_dev = len(mesh.devices.flat)
         t_last, s_last = time.time(), start
         record = None
+        end = total if stop_at is None else min(int(stop_at), total)
+        batches = _train_batches(train_pipe, start, end, int(config.get("prefetch", 2)))
         try:
-            end = total if stop_at is None else min(int(stop_at), total)
-            for s in range(start, end):
-                batch = global_batch(train_pipe.batch(s), program.batch_shardings, bspec)
+            for s, local in batches:
+                batch = global_batch(local, program.batch_shardings, bspec)
                 state, mems, m = program.train_step(state, batch, mems)
                 nonfinite.add(m.pop("nonfinite"))
                 step = s + 1
@@ -343,6 +357,7 @@ def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, 
             if eval_every != 0 and end > start and end == total:
                 do_eval(total)
         finally:
+            batches.close()  # stops the prefetch worker
             stop.restore()
             progress.close()
             ckpt.close()

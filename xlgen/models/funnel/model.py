@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from xlgen.models.layers import Dense, LayerNorm, PositionwiseFF, activation, normal, param, zeros
+from xlgen.models.layers import Dense, Dropout, LayerNorm, PositionwiseFF, activation, normal, param, zeros
 from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
     factorized_position_encodings,
@@ -333,7 +333,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
         self.attention_type = cfg.attention_type
         self.separate_cls = cfg.separate_cls
         self.d_model = cfg.d_model
-        self.pos_drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.pos_drop = Dropout(cfg.dropout, rngs=rngs)
 
     def __call__(self, query: jax.Array, kv: jax.Array, ai: AttentionInputs) -> jax.Array:
         """query `[b, q, d]`, kv `[b, k, d]` -> LN(query + Attn) `[b, q, d]`."""
@@ -410,7 +410,7 @@ class FunnelEmbeddings(nnx.Module):
     def __init__(self, cfg: FunnelConfig, *, rngs: nnx.Rngs):
         self.word_embeddings = param(rngs, normal(cfg.init_std), (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed"))
         self.layer_norm = LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps, rngs=rngs)
-        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.drop = Dropout(cfg.dropout, rngs=rngs)
         self.dtype = cfg.compute_dtype
 
     def __call__(self, input_ids: jax.Array) -> jax.Array:

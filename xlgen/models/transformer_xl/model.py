@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
-from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
+from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.output_layers import OUTPUT_LAYER_NAMES, OutputConfig, SpectralEmbedding, make_output_layer
 from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
@@ -312,7 +312,7 @@ class TransformerXLLM(nnx.Module):
             self.r_w_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
             self.r_r_bias = param(rngs, normal(c.init_std), (c.n_head, c.d_head), ("heads", "kv"))
         self.layers = stacked_layers(lambda r: TransformerXLBlock(c, rngs=r), c.n_layer, rngs, scan=c.scan_layers)
-        self.drop = nnx.Dropout(c.dropout, rngs=rngs)
+        self.drop = Dropout(c.dropout, rngs=rngs)
 
     def regularization(self):
         """(penalty, {term: value}) of the output-embedding regularisers (CosReg, spectrum control); 0 without."""

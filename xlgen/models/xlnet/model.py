@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xlgen.models.layers import PositionwiseFF, normal, param, stacked_layers
+from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
     memory_validity_mask,
@@ -335,7 +335,7 @@ class XLNetModel(nnx.Module):
             self.r_r_bias = param(rngs, normal(std), hd, ax)
             self.r_s_bias = param(rngs, normal(std), hd, ax)
         self.layers = stacked_layers(lambda r: XLNetLayer(cfg, rngs=r), cfg.n_layer, rngs, scan=cfg.scan_layers)
-        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.drop = Dropout(cfg.dropout, rngs=rngs)
 
     def shared_biases(self):
         if self.config.untie_r:
