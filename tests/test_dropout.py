@@ -16,7 +16,9 @@ def test_dropout_mask_statistics_determinism_and_sharding():
     y1, y2, z1 = a(x), a(x), b(x)
     kept = np.asarray(y1) != 0
     assert abs(kept.mean() - 0.75) < 0.01  # P(keep) = 1 - rate
-    np.testing.assert_array_equal(np.asarray(y1)[kept], np.float32(1) / np.float32(0.75))  # kept values rescaled, others zero
+    np.testing.assert_array_equal(
+        np.asarray(y1)[kept], np.float32(1) / np.float32(0.75)
+    )  # kept values rescaled, others zero
     np.testing.assert_array_equal(y1, z1)  # a pure function of the stream's key...
     assert (np.asarray(y1) != np.asarray(y2)).mean() > 0.2  # ...which advances per call
     # neighbouring elements and the two calls are uncorrelated

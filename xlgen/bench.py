@@ -687,7 +687,9 @@ def write_into(path: str, after: Dict[str, Any], before: Optional[Dict[str, Any]
     os.replace(tmp, path)
 
 
-def run_standard(out_dir: str, into: Optional[str], before: Optional[str], only: Optional[List[str]] = None) -> int:
+def run_standard(
+    out_dir: str, into: Optional[str], before: Optional[str], only: Optional[List[str]] = None, label=None
+) -> int:
     os.makedirs(out_dir, exist_ok=True)
     for key, title, argv in STANDARD:
         if only and key not in only:
@@ -701,7 +703,7 @@ def run_standard(out_dir: str, into: Optional[str], before: Optional[str], only:
     prev = _load_dir(before) if before else None
     print("\n" + render_table(after, prev))
     if into:
-        write_into(into, after, prev, f"results in {before}" if before else "")
+        write_into(into, after, prev, label or f"results in {before}")
         print(f"\nwrote {into}")
     return 0
 
@@ -730,6 +732,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out_dir", default="bench_results", help="--standard: JSON results directory")
     p.add_argument("--into", default=None, help="--standard: regenerate the table in this markdown file")
     p.add_argument("--before", default=None, help="--standard: a results directory for the 'before' column")
+    p.add_argument("--before_label", default=None, help="--standard: what the 'before' column is (e.g. a commit)")
     p.add_argument("--only", default=None, help="--standard: comma-separated workload keys")
     p.add_argument("--report", action="store_true", help="--standard: only re-render from --out_dir")
     return p
@@ -751,9 +754,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             prev = _load_dir(args.before) if args.before else None
             print(render_table(after, prev))
             if args.into:
-                write_into(args.into, after, prev, f"results in {args.before}" if args.before else "")
+                write_into(args.into, after, prev, args.before_label or f"results in {args.before}")
             return 0
-        return run_standard(args.out_dir, args.into, args.before, args.only.split(",") if args.only else None)
+        return run_standard(
+            args.out_dir, args.into, args.before, args.only.split(",") if args.only else None, args.before_label
+        )
     if not args.config:
         print("xlgen bench: error: --config is required (or --standard)", file=sys.stderr)
         return 2
