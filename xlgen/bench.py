@@ -486,6 +486,78 @@ def bench_eval(config, *, mem_lens: List[int], segment: int, blocks: int, compar
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Benchmark (`xlgen bench --generate`)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def bench_generate(
+    config, *, mem_len: int, new_tokens: int, batch: int, blocks: int, compare_hf: bool
+) -> Dict[str, Any]:
+    """Sampling speed of a random-weight Transformer-XL of `config.model` (top-k 40, prompt 8 tokens): xlgen's
+    incremental decoder vs HF `TransfoXLLMHeadModel.generate` (which also carries `mems`), in interleaved blocks,
+    tokens/s over the whole generation (prompt included, xlgen's compile excluded)."""
+    import numpy as np
+
+    import xlgen
+    from xlgen.export import unwrap
+    from xlgen.generate import TXLDecoder
+
+    if config.model.family != "transformer_xl":
+        raise SystemExit("xlgen bench --generate: sampling is measured for Transformer-XL configs")
+    prompt = list(np.random.default_rng(0).integers(0, int(config.model.vocab_size), 8))
+    out: Dict[str, Any] = {"mem_len": mem_len, "new_tokens": new_tokens, "batch": batch}
+    with tempfile.TemporaryDirectory(prefix="xlgen-bench-gen-") as root:
+        path = _hf_txl_dir(config, root)
+        dec = TXLDecoder(unwrap(xlgen.from_pretrained(path)), mem_len)
+        kw = dict(max_new_tokens=new_tokens, num_samples=batch, top_k=40)
+        first = dec.generate(prompt, seed=0, **kw)  # compiles
+        out["xlgen_compile_s"] = round(first["prefill_s"] + first["compile_s"], 2)
+
+        def run_ours(i):
+            t = time.perf_counter()
+            dec.generate(prompt, seed=i, **kw)
+            return (time.perf_counter() - t) / (new_tokens * batch)
+
+        if compare_hf:
+            torch = _torch()
+            import transformers as tr
+
+            hf = tr.TransfoXLLMHeadModel.from_pretrained(path).eval()
+            hf.reset_memory_length(mem_len)
+            ids = torch.as_tensor(np.tile(np.asarray(prompt)[None], (batch, 1)))
+
+            def run_hf(i=0):
+                torch.manual_seed(i)
+                t = time.perf_counter()
+                with torch.no_grad():
+                    hf.generate(ids, max_new_tokens=new_tokens, do_sample=True, top_k=40, pad_token_id=0)
+                return (time.perf_counter() - t) / (new_tokens * batch)
+
+            out["hf_torch_threads"] = pick_torch_threads(run_hf)
+        a, b = [], []
+        for i in range(blocks):
+            a.append(run_ours(i + 1))
+            if compare_hf:
+                b.append(run_hf(i + 1))
+        out["xlgen_tokens_per_sec"] = 1.0 / _median(a)
+        out["xlgen_step_compiles"] = dec.step_compilations()
+        if compare_hf:
+            out["hf_tokens_per_sec"] = 1.0 / _median(b)
+            out["ratio_xlgen_over_hf"] = _median(b) / _median(a)
+    print(
+        f"[bench] generate {batch} x {new_tokens} tokens, mem {mem_len}: xlgen {out['xlgen_tokens_per_sec']:.0f} tokens/s"
+        + (
+            f", HF {out['hf_tokens_per_sec']:.0f} tokens/s, ratio {out['ratio_xlgen_over_hf']:.2f}"
+            if compare_hf
+            else ""
+        )
+        + f"  (step compiles {out['xlgen_step_compiles']}, load {load_average()[0]})",
+        flush=True,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The standard set (`make bench`) and docs/performance.md
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -787,8 +859,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     peak = matmul_peak()
     print(f"[bench] f32 matmul peak (JAX, this run): {peak / 1e9:.1f} GFLOP/s  (load {load_average()[0]})", flush=True)
     if args.generate:
-        from xlgen.generate import bench_generate
-
         res["generate"] = bench_generate(
             config,
             mem_len=args.gen_mem_len,

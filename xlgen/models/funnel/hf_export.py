@@ -95,7 +95,7 @@ def _funnel(p, src: str, dst: str, cfg, decoder: bool, sd) -> None:
 
 def to_hf(module) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config, state dict) of an xlgen Funnel module (an ELECTRA model exports its discriminator)."""
-    from xlgen.export import flat_params
+    from xlgen.models.flat_params import flat_params
 
     arch = type(module).__name__
     if arch == "FunnelElectra":

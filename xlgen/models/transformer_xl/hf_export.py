@@ -67,7 +67,7 @@ def _inv_freq(d_model: int) -> np.ndarray:
 
 def to_hf(module: TransformerXLLM) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config, `TransfoXLLMHeadModel` state dict) of a `TransformerXLLM`."""
-    from xlgen.export import flat_params
+    from xlgen.models.flat_params import flat_params
 
     c = module.config
     if c.output_layer not in ("adaptive", "softmax"):

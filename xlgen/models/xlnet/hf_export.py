@@ -71,7 +71,7 @@ def _linear(p: Dict[str, np.ndarray], src: str, dst: str, sd: Dict[str, np.ndarr
 
 def to_hf(module) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config, state dict) of an xlgen XLNet module; the HF class is the module's class name."""
-    from xlgen.export import flat_params
+    from xlgen.models.flat_params import flat_params
 
     arch = type(module).__name__
     c = module.config
