@@ -73,11 +73,16 @@ def run(
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     setup_runtime(platform or default_platform(), distributed)
+    from xlgen.train.guards import TrainingDiverged
+
     try:
         res = evaluate(config, workdir) if eval_only else finetune(config, workdir)
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except TrainingDiverged as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     if _is_main():
         print(
             f"\n{config.task} @ step {res.get('step')}: "

@@ -28,6 +28,7 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     from xlgen import sharding
     from xlgen.checkpointing import Checkpointer
     from xlgen.tasks import get_task
+    from xlgen.train import guards
     from xlgen.train import metrics as metrics_lib
     from xlgen.train.loop import global_batch
     from xlgen.train.program import build_program
@@ -111,23 +112,29 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
                         write_test_predictions(config, predictor, state["params"], tokenizer, workdir)
 
         t_last, s_last = time.time(), start
+        nonfinite = guards.NonFiniteGuard(int(config.get("max_nonfinite_steps", 10)))  # skipped updates (program)
         try:
             for s in range(start, total):
                 local = pipe.batch(s)
                 local = {k: v[r0:r1] for k, v in local.items()} if (r1 - r0) != gb else local
                 batch = global_batch(local, program.batch_shardings, bspec)
                 state, _, m = program.train_step(state, batch, None)
+                nonfinite.add(m.pop("nonfinite"))
                 step = s + 1
                 if step % log_every == 0 or step == total:
+                    nonfinite.check(step)
                     vals = {k: float(v) for k, v in jax.device_get(m).items()}
                     dt = max(time.time() - t_last, 1e-9)
                     rec = {"step": step, **vals, "tokens_per_sec": (step - s_last) * tokens / dt}
+                    if nonfinite.total:
+                        rec["nonfinite_steps"] = nonfinite.take_window()
                     writer.write(rec)
                     progress.update(step, rec)
                     t_last, s_last = time.time(), step
                 else:
                     progress.update(step)
                 if (every > 0 and step % every == 0) or step == total:
+                    nonfinite.check(step)
                     writer.flush()  # records up to `step` are durable before its checkpoint (gs://: no append)
                     ckpt.save(step, state, None, {"step": step, "task": task.name})
                 if eval_every > 0 and step % eval_every == 0 and step != total:
