@@ -317,12 +317,13 @@ def derive_timing(report: Dict[str, Any]) -> Dict[str, Any]:
     if report.get("tokens_per_step"):
         report["tokens_per_sec"] = report["tokens_per_step"] / step
     bw = report.get("ici_bytes_per_s_per_device")
+    if report.get("ideal_comm_bytes_per_device") and bw:
+        report["ideal_comm_time_s"] = report["ideal_comm_bytes_per_device"] / bw
     if "comm_bytes_per_device" in report and bw:
         # communication at the ICI bandwidth of one axis ring; the step needs at least max(compute, comm) (perfect
         # overlap) and at most about compute + comm (no overlap)
         comm_s = report["comm_bytes_per_device"] / bw
         report["comm_time_s"] = comm_s
-        report["ideal_comm_time_s"] = report["ideal_comm_bytes_per_device"] / bw
         report["step_time_bound_s"] = max(step, comm_s)
         report["step_time_no_overlap_s"] = step + comm_s
         bound = report["step_time_bound_s"]
@@ -349,10 +350,12 @@ def traced_matmul_flops(config) -> float:
     return jaxpr_matmul_flops(traced.jaxpr.jaxpr)[0]
 
 
-def refresh(path: str) -> Dict[str, Any]:
+def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
     """Recompute what a saved `--json` report derives from the analytic model and the trace (model FLOPs, matmul
     FLOPs of the traced step, step time, MFU, tokens/s) from its own `config` + `overrides`, without compiling; the
-    compiled measurements (memory, fits, XLA's cost analysis, compile time) are kept. Rewrites `path` atomically."""
+    compiled measurements (memory, fits, XLA's cost analysis, compile time) are kept. Rewrites `path` atomically.
+    `ideal`: also (re)compute the FSDP ideal communication for the report's topology (`fsdp_ideal`; needs libtpu for
+    the topology's devices, compiles nothing), e.g. for plans compiled before communication was measured."""
     from xlgen import flops
     from xlgen.config import load_config, parse_overrides
 
@@ -372,9 +375,34 @@ def refresh(path: str) -> Dict[str, Any]:
         raise SystemExit(f"{path}: cannot reload its config {report['config']!r}: {e}") from e
     report["flops_per_step"]["analytic_model"] = float(flops.train_flops_per_step(config))
     report["flops_per_step"]["matmul_jaxpr"] = traced_matmul_flops(config)
+    if ideal:
+        fsdp, bw = fsdp_ideal(config, report["topology"], int(report.get("num_slices", 1)))
+        report["ideal_comm_bytes_per_device"] = float(fsdp["total"])
+        report["ideal_comm_breakdown"] = {k: float(v) for k, v in fsdp.items() if k != "total"}
+        report["ici_bytes_per_s_per_device"] = bw
     derive_timing(report)
     _write_json(path, report)
     return report
+
+
+def fsdp_ideal(config, topology: str, num_slices: int = 1):
+    """(`xlgen.comm.ideal_fsdp_bytes` of the config's program on `topology`, ICI bytes/s per device); builds the
+    program's shardings for the topology's compile-only devices, compiles nothing."""
+    from xlgen import comm
+    from xlgen import topology as topo
+    from xlgen.train.program import build_program
+
+    t = topo.parse_topology(topology, num_slices)
+    devices = topo.topology_devices(t)
+    program = build_program(config, build_mesh(config, devices, num_slices))
+    ideal = comm.ideal_fsdp_bytes(
+        program.train_spec.shapes,
+        program.param_specs,
+        dict(program.mesh.shape),
+        remat=bool(config.model.get("remat", False)),
+        grad_accum_steps=int(config.optimizer.get("grad_accum_steps", 1)) if "optimizer" in config else 1,
+    )
+    return ideal, topo.ici_bytes_per_s_per_device(t, devices)
 
 
 def _write_json(path: str, report: Dict[str, Any]) -> None:
@@ -598,8 +626,13 @@ def _ratio(r: Dict[str, Any]) -> str:
 def _comm_cells(r: Dict[str, Any]) -> str:
     """comm / device, comm ≥, step ≥ (no overlap), MFU ≤ (with comm); '-' for plans compiled before comm was
     measured."""
-    if "comm_time_s" not in r:
-        return f"- | - | {r['step_time_s'] * 1e3:.0f} ms | {100 * r['mfu']:.0f}% (-)"
+    if "comm_time_s" not in r:  # compiled before collectives were measured: the FSDP ideal only (from --refresh)
+        if "ideal_comm_time_s" in r:
+            return (
+                f"not measured (ideal {_bytes(r['ideal_comm_bytes_per_device'])}) | ideal "
+                f"{r['ideal_comm_time_s'] * 1e3:.0f} ms | {r['step_time_s'] * 1e3:.0f} ms (-) | {100 * r['mfu']:.0f}% (-)"
+            )
+        return f"- | - | {r['step_time_s'] * 1e3:.0f} ms (-) | {100 * r['mfu']:.0f}% (-)"
     return (
         f"{_bytes(r['comm_bytes_per_device'])} ({_ratio(r)}) | {r['comm_time_s'] * 1e3:.0f} ms | "
         f"{r['step_time_bound_s'] * 1e3:.0f} ms ({r['step_time_no_overlap_s'] * 1e3:.0f} ms) | "
@@ -694,6 +727,12 @@ def _parser() -> argparse.ArgumentParser:
         "from their config + overrides (no compile; compiled measurements kept) and exit",
     )
     p.add_argument(
+        "--ideal",
+        action="store_true",
+        help="with --refresh: also compute the FSDP ideal communication for the report's topology (needs libtpu; "
+        "no compile)",
+    )
+    p.add_argument(
         "--into", metavar="DOC.md", help="with --table: replace the table between the pod-table markers of DOC.md"
     )
     return p
@@ -710,7 +749,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(rest)
     if args.refresh:
         for path in args.refresh:
-            r = refresh(path)
+            r = refresh(path, ideal=args.ideal)
             fl = r["flops_per_step"]
             print(
                 f"{path}: model {_flops(fl['analytic_model'])}, matmuls (jaxpr) {_flops(fl['matmul_jaxpr'])}, "

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from xlgen.sharding import UNCONSTRAINED, constrain
+
 LogicalAxes = Sequence[Optional[str]]
 
 
@@ -128,8 +130,15 @@ class Dense(nnx.Module):
         )
         self.bias = param(rngs, zeros, tuple(out_shape), tuple(out_axes)) if use_bias else None
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        k = self.kernel[...].astype(x.dtype)
+    def __call__(self, x: jax.Array, *, gather_input_dims: bool = False) -> jax.Array:
+        """`gather_input_dims`: the kernel's input dimensions are gathered (replicated) before the product, the
+        others left to the partitioner. For an input every device holds whole (position encodings `[r, d]`), a
+        product against an fsdp-sharded `embed` would otherwise be formed as partial sums and all-reduced, a
+        transfer the size of the output, instead of gathering the (smaller) weight as FSDP does elsewhere."""
+        k = self.kernel[...]
+        if gather_input_dims:
+            k = constrain(k, (None,) * self.n_in + (UNCONSTRAINED,) * (k.ndim - self.n_in))
+        k = k.astype(x.dtype)
         y = jnp.tensordot(x, k, axes=(tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))))
         if self.bias is not None:
             y = y + self.bias[...].astype(y.dtype)
@@ -173,7 +182,10 @@ class PositionwiseFF(nnx.Module):
         self.drop_out = Dropout(dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        h = self.drop_inner(activation(self.act_name)(self.layer_1(x)))
+        h = activation(self.act_name)(self.layer_1(x))
+        if h.ndim == 3:  # the hidden [b, l, d_inner]: rows over the batch axes, d_inner over `tensor` (fsdp_tp)
+            h = constrain(h, ("activation_batch", "activation_length", "activation_mlp"))
+        h = self.drop_inner(h)
         return self.layer_norm(x + self.drop_out(self.layer_2(h)))
 
 

@@ -35,6 +35,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xlgen.models.layers import Dense, Dropout, LayerNorm, normal, param
+from xlgen.sharding import constrain
+
+SCORES = ("activation_batch", "activation_heads", "activation_length", "activation_kv_length")  # [b, n, q, k]
+STREAM = ("activation_batch", "activation_length", "activation_embed")  # residual stream / memory [b, l, d]
 
 MASK_VALUE = -1e30  # added to masked scores (float32); equals the original implementations' convention
 
@@ -228,7 +232,8 @@ def relative_attention(
     scores = scores * scale
     if mask is not None:
         scores = jnp.where(mask, MASK_VALUE, scores)
-    probs = jax.nn.softmax(scores, axis=-1)
+    scores = constrain(scores, SCORES)
+    probs = constrain(jax.nn.softmax(scores, axis=-1), SCORES)
     probs_d = dropatt(probs) if dropatt is not None else probs
     attn_vec = jnp.einsum("bnij,bjnd->bind", probs_d.astype(v_head.dtype), v_head)
     return (attn_vec, probs) if return_probs else attn_vec
@@ -298,6 +303,11 @@ class RelativeMultiHeadAttention(nnx.Module):
             raise ValueError("layer built with own_biases=False needs the model's shared biases")
         return shared
 
+    def position_heads(self, pos_emb: jax.Array) -> jax.Array:
+        """W_r R: position keys `[r, n, d]` (or `[..., r, n, d]`) of the encodings `pos_emb [..., r, d_model]`,
+        with W_r's `embed` gathered first (the encodings are whole on every device; see `Dense`)."""
+        return self.r(pos_emb, gather_input_dims=True)
+
     def kv_heads(self, h: jax.Array, mem: Optional[jax.Array] = None) -> tuple:
         """Key and value heads `[b, m+l, n, d]` of `[mem; h]` for h `[b,l,d]` and a stop-gradient memory mem
         `[b,m,d]` (or None). Memory and segment are projected separately, `[k(mem); k(h)]`: one matmul over the
@@ -361,7 +371,7 @@ class RelativeMultiHeadAttention(nnx.Module):
             query_input,
             self.k(kv_input),
             self.v(kv_input),
-            self.r(pos_emb),
+            self.position_heads(pos_emb),
             klen=kv_input.shape[1],
             offset=offset,
             stride=stride,

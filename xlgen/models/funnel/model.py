@@ -48,7 +48,7 @@ from xlgen.models.relative_attention import (
     segment_scores,
     sinusoid_embedding,
 )
-from xlgen.sharding import constrain
+from xlgen.sharding import UNCONSTRAINED, constrain
 
 CLS_TOKEN_TYPE = 2  # token type id marking <cls> (treated as "same segment" as everything)
 
@@ -291,12 +291,7 @@ def _unsharded_embed(kernel: jax.Array) -> jax.Array:
     left alone, the partitioner keeps D sharded like W_r's fsdp-sharded `embed` and moves the (much larger)
     activations instead -- all-gathers of the global batch, all-to-alls and partial-sum all-reduces every layer.
     Gathering the 2 MB weight, as FSDP does for every other projection, keeps the activations batch-sharded."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return kernel
-    free = jax.sharding.PartitionSpec.UNCONSTRAINED
-    spec = jax.sharding.PartitionSpec(None, *([free] * (kernel.ndim - 1)))
-    return jax.lax.with_sharding_constraint(kernel, spec)
+    return constrain(kernel, (None,) + (UNCONSTRAINED,) * (kernel.ndim - 1))
 
 
 _STREAM = ("activation_batch", "activation_length", "activation_embed")
@@ -356,7 +351,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
             dist = relative_distances(ai.q_pos, ai.k_pos, ai.k_stride, ai.shift)
             enc = self.pos_drop(sinusoid_embedding(jnp.asarray(dist), self.d_model, dtype))
             pos = position_scores(
-                q_head, self.r(enc), b["r_r_bias"], klen=klen, offset=ai.shift * qlen, stride=ai.shift
+                q_head, self.position_heads(enc), b["r_r_bias"], klen=klen, offset=ai.shift * qlen, stride=ai.shift
             )
         seg = segment_scores(q_head, self.seg_embed[...], b["r_s_bias"], ai.segment_same())
         if self.separate_cls:  # func_mask: no position / segment bias on scores involving <cls>

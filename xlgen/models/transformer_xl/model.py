@@ -35,6 +35,7 @@ from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax,
 from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.output_layers import OUTPUT_LAYER_NAMES, OutputConfig, SpectralEmbedding, make_output_layer
 from xlgen.models.relative_attention import (
+    STREAM,
     RelativeMultiHeadAttention,
     advance_memory_validity,
     memory_validity_mask,
@@ -42,6 +43,7 @@ from xlgen.models.relative_attention import (
     shift_offset,
     sinusoid_embedding,
 )
+from xlgen.sharding import constrain
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config
@@ -237,18 +239,19 @@ class TransformerXLBlock(nnx.Module):
     ) -> jax.Array:
         """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[1|b,1,l,m+l]` -> `[b,l,d]`."""
         attn = self.attn
+        h, mem = constrain(h, STREAM), constrain(mem, STREAM)  # rows over the batch axes, d_model whole
         k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
         out = attn.attend(
             h,
             k_head,
             v_head,
-            attn.r(pos_emb),
+            attn.position_heads(pos_emb),
             klen=k_head.shape[1],
             offset=shift_offset(h.shape[1], "txl"),
             mask=mask,
             shared_biases=shared_biases,
         )
-        return self.ff(out)
+        return constrain(self.ff(constrain(out, STREAM)), STREAM)
 
 
 def _apply_block(block, h, mem, pos_emb, mask, shared):

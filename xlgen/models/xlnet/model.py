@@ -37,6 +37,7 @@ from flax import nnx
 
 from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.relative_attention import (
+    STREAM,
     RelativeMultiHeadAttention,
     memory_validity_mask,
     relative_attention,
@@ -45,6 +46,7 @@ from xlgen.models.relative_attention import (
     shift_offset,
     sinusoid_embedding,
 )
+from xlgen.sharding import constrain
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config
@@ -242,34 +244,44 @@ class XLNetLayer(nnx.Module):
             rngs=rngs,
         )
 
-    def __call__(self, h, g, mem, pos_emb, ctx: dict, shared_biases):
-        """h `[b,l,d]`, g `[b,m,d]` or None, mem `[b,mlen,d]` or None, pos_emb `[r,d]` or `[2,r,d]`."""
+    def __call__(self, h, g, mem, pos_emb, ctx: dict, shared_biases, *, content: bool = True):
+        """h `[b,l,d]`, g `[b,m,d]` or None, mem `[b,mlen,d]` or None, pos_emb `[r,d]` or `[2,r,d]`.
+
+        `content=False` (the last layer when only the query stream is used): the content stream's keys/values are
+        formed, its own attention and FFN are not, and h is returned unchanged."""
         attn = self.rel_attn
+        h = constrain(h, STREAM)  # residual streams and memory rows over the batch axes, d_model whole
+        g = None if g is None else constrain(g, STREAM)
+        mem = None if mem is None else constrain(mem, STREAM)
         k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
         klen, qlen = k_head.shape[1], h.shape[1]
-        k_head_r = attn.r(pos_emb.astype(h.dtype))
+        k_head_r = attn.position_heads(pos_emb.astype(h.dtype))
         if ctx["is_forward"] is not None:  # per-row direction: [2,r,n,d] -> [b,r,n,d]
             k_head_r = jnp.where(ctx["is_forward"][:, None, None, None], k_head_r[0], k_head_r[1])
         offset = shift_offset(qlen, ctx["attn_type"])
         mask_h = None if ctx["mask_h"] is None else ctx["mask_h"][:, None]
-        h_out = attn.attend(
-            h,
-            k_head,
-            v_head,
-            k_head_r,
-            klen=klen,
-            offset=offset,
-            mask=mask_h,
-            seg_mat=ctx["seg_mat"],
-            shared_biases=shared_biases,
-        )
+        h_out = None
+        if content:  # (the same call order as before: attention h, attention g, FFN g, FFN h; dropout keys follow it)
+            h_out = attn.attend(
+                h,
+                k_head,
+                v_head,
+                k_head_r,
+                klen=klen,
+                offset=offset,
+                mask=mask_h,
+                seg_mat=ctx["seg_mat"],
+                shared_biases=shared_biases,
+            )
         g_out = None
         if g is not None:
             g_out = query_stream_attention(
                 attn, g, k_head, v_head, k_head_r, klen=klen, offset=offset, ctx=ctx, shared_biases=shared_biases
             )
-            g_out = self.ff(g_out)
-        return self.ff(h_out), g_out
+            g_out = constrain(self.ff(constrain(g_out, STREAM)), STREAM)
+        if not content:
+            return h, g_out
+        return constrain(self.ff(constrain(h_out, STREAM)), STREAM), g_out
 
 
 def query_stream_attention(
@@ -434,13 +446,15 @@ class XLNetModel(nnx.Module):
         shared = self.shared_biases()
         keep_mems = bool(mem_len) and mem_len > 0
 
-        def layer_fn(layer, h, g, mem):
-            new_mem = cache_mems(h, mem, mem_len, reuse_len) if keep_mems else None
-            h, g = layer(h, g, mem, pos_emb, ctx, shared)
-            return h, g, new_mem
+        def make_layer_fn(content: bool):
+            def layer_fn(layer, h, g, mem):
+                new_mem = cache_mems(h, mem, mem_len, reuse_len) if keep_mems else None
+                h, g = layer(h, g, mem, pos_emb, ctx, shared, content=content)
+                return h, g, new_mem
 
-        if cfg.remat:
-            layer_fn = nnx.remat(layer_fn)
+            return nnx.remat(layer_fn) if cfg.remat else layer_fn
+
+        layer_fn = make_layer_fn(True)
 
         if cfg.scan_layers:
 
@@ -449,12 +463,26 @@ class XLNetModel(nnx.Module):
                 h, g, new_mem = layer_fn(layer, h, g, mem)
                 return (h, g), new_mem
 
-            if mems is None:
-                scan = nnx.scan(lambda c, l: body(c, l, None), in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
-                (h, g), new_mems = scan((h, g), self.layers)
-            else:
+            def scan_layers(h, g, layers, mems):
+                if mems is None:
+                    scan = nnx.scan(lambda c, l: body(c, l, None), in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+                    return scan((h, g), layers)
                 scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))
-                (h, g), new_mems = scan((h, g), self.layers, mems)
+                return scan((h, g), layers, mems)
+
+            if g is None or cfg.n_layer < 2:
+                (h, g), new_mems = scan_layers(h, g, self.layers, mems)
+            else:
+                # Only the query stream leaves the model: the last layer's content stream is dead. XLA removes dead
+                # code, but not from one iteration of a loop, so scan the first n-1 layers and run the last one
+                # without its content attention and FFN (about 3% of an XLNet-Large step).
+                graphdef, state = nnx.split(self.layers)
+                first = nnx.merge(graphdef, jax.tree.map(lambda x: x[:-1], state))
+                last = nnx.merge(graphdef, jax.tree.map(lambda x: x[-1], state))
+                (h, g), new_mems = scan_layers(h, g, first, None if mems is None else mems[:-1])
+                h, g, last_mem = make_layer_fn(False)(last, h, g, None if mems is None else mems[-1])
+                if keep_mems:
+                    new_mems = jnp.concatenate([new_mems, last_mem[None]], axis=0)
         else:
             new_mems = []
             for i, layer in enumerate(self.layers):
