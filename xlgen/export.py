@@ -221,21 +221,17 @@ def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
 
 
 def workdir_tokenizer(config, workdir: str):
-    """The tokenizer a workdir's model reads: the finetuning tokenizer, the workdir's own tokenizer file (named in
-    config.json), or the one the pretraining data source defines (embedded corpus / text file / prepared dir)."""
-    from data_pipelines import corpus, paths
-    from data_pipelines import vocab as vocab_lib
+    """The tokenizer a workdir's model reads: the finetuning tokenizer, the one stored in the workdir
+    (`xlgen.train.tokenizer_store`), or for older workdirs the one the pretraining data source defines."""
+    from data_pipelines import corpus
     from xlgen import finetune
+    from xlgen.train import tokenizer_store
 
     if finetune.is_finetune_workdir(workdir):
         return finetune.load_tokenizer(config)
-    t = config.get("tokenizer") if hasattr(config, "get") else None
-    if t and isinstance(t, dict) or hasattr(t, "get"):
-        kind, name = t.get("kind"), t.get("file") or t.get("path")
-        if kind and name:
-            path = name if paths.as_path(name).is_absolute() else paths.join(workdir, name)
-            if paths.as_path(path).exists():
-                return vocab_lib.load_tokenizer(kind, str(path), **dict(t.get("settings", {})))
+    stored = tokenizer_store.load(workdir)
+    if stored is not None:
+        return stored
     layout = {"transformer_xl": "lm"}.get(config.model.family, "sentences")
     try:
         return corpus.corpus_from_config(config.data, "train", layout).tokenizer
