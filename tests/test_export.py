@@ -320,7 +320,7 @@ def test_funnel_xlgen_to_hf_to_xlgen_and_unrepresentable_models(tmp_path):
     assert err < TOL
     # models HF cannot represent are refused with the reason, never exported wrong
     with pytest.raises(ValueError, match="answerability"):
-        export.to_hf(FH.FunnelForQuestionAnswering(cfg, answerability=True, rngs=nnx.Rngs(0)))
+        export.to_hf(nnx.eval_shape(lambda: FH.FunnelForQuestionAnswering(cfg, answerability=True, rngs=nnx.Rngs(0))))
     shared = dataclasses.replace(cfg, block_sizes="2x2-1", hf_block1_residual=False)
     with pytest.raises(ValueError, match="block 1"):
         export.to_hf(nnx.eval_shape(lambda: F.FunnelForMaskedLM(shared, rngs=nnx.Rngs(0))))
