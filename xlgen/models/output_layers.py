@@ -346,13 +346,22 @@ class PLIF(_SingleSoftmax):
         return lambda x: plif(x, slopes, t)
 
 
+def latent_init_std(d_in: int) -> float:
+    """Init std of the MoS / Mixtape context projections: PyTorch's default `nn.Linear` scale 1/sqrt(3 d_in), as in
+    the original MoS code. With the model's init_std (0.02) tanh(W h) starts ~6x smaller than h at d = 64, the logits
+    start near-uniform and the mixture lags the softmax for hundreds of steps."""
+    return 1.0 / math.sqrt(3.0 * d_in)
+
+
 class _Experts(nnx.Module):
     """h_{c,k} = tanh(W_k h + b_k) `[N, K, d_model]` (with dropout) and log π_c = log softmax(W_π h) `[N, K]`."""
 
     def __init__(self, d_model: int, n_experts: int, dropout: float, init_std: float, rngs: nnx.Rngs):
+        del init_std  # the original MoS initialisation, see latent_init_std
+        std = latent_init_std(d_model)
         self.n_experts = n_experts
-        self.latent = Dense((d_model,), (n_experts, d_model), ("embed",), (None, "embed"), init_std=init_std, rngs=rngs)
-        self.prior = Dense((d_model,), (n_experts,), ("embed",), (None,), init_std=init_std, rngs=rngs)
+        self.latent = Dense((d_model,), (n_experts, d_model), ("embed",), (None, "embed"), init_std=std, rngs=rngs)
+        self.prior = Dense((d_model,), (n_experts,), ("embed",), (None,), init_std=std, rngs=rngs)
         self.drop = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, h: jax.Array):
@@ -408,11 +417,12 @@ class Mixtape(OutputLayer):
         super().__init__(vocab_size, d_embed, d_proj, output, init_std=init_std, rngs=rngs, **kw)
         k, d2 = output.n_experts, output.d2
         sigmoid_tree_log_priors(jnp.zeros((max(k - 1, 1), 1)), k)  # validates K
-        self.latent = Dense((d_proj,), (k, d_proj), ("embed",), (None, "embed"), init_std=init_std, rngs=rngs)
+        std = latent_init_std(d_proj)
+        self.latent = Dense((d_proj,), (k, d_proj), ("embed",), (None, "embed"), init_std=std, rngs=rngs)
         self.drop = nnx.Dropout(output.expert_dropout, rngs=rngs)
         g = max(k - 1, 1)
-        self.gate_hidden = Dense((d_proj,), (g, d2), ("embed",), (None, None), init_std=init_std, rngs=rngs)
-        self.gate_linear = Dense((d_proj,), (g,), ("embed",), (None,), use_bias=False, init_std=init_std, rngs=rngs)
+        self.gate_hidden = Dense((d_proj,), (g, d2), ("embed",), (None, None), init_std=std, rngs=rngs)
+        self.gate_linear = Dense((d_proj,), (g,), ("embed",), (None,), use_bias=False, init_std=std, rngs=rngs)
         self.gate_vocab = param(rngs, normal(init_std), (vocab_size, d2), ("vocab", None))
         self.gate_bias = param(rngs, zeros, (vocab_size, g), ("vocab", None))
 
