@@ -308,7 +308,7 @@ def test_funnel_xlgen_to_hf_to_xlgen_and_unrepresentable_models(tmp_path):
     )
     cfg = dataclasses.replace(cfg, dropout=0.0, dropatt=0.0)
     module = random_module(FH.FunnelForQuestionAnswering, cfg, seed=3)
-    ours = FH.HFFunnel(module, "FunnelForQuestionAnswering", FAST)
+    ours = F.HFFunnel(module, "FunnelForQuestionAnswering", FAST)
     export.export_model(ours, tmp_path / "out")
     hf = reload_hf(transformers.FunnelForQuestionAnswering, tmp_path / "out")
     kw = funnel_inputs("FunnelForQuestionAnswering", np.random.default_rng(3))

@@ -15,7 +15,7 @@ from xlgen.models.transformer_xl.model import (
     TransformerXLLM,
     attention_mask,
     count_params,
-    load_params,
+    from_params,
 )
 
 SMALL = dict(
@@ -42,7 +42,7 @@ SMALL = dict(
 def random_params(abstract, seed: int = 0, std: float = 0.3) -> dict:
     """{path: N(0, std) array} for every nnx.Param of an abstract module (LayerNorm scales around 1).
 
-    Tests build models from NumPy draws through `load_params` / `nnx.update` rather than by running the
+    Tests build models from NumPy draws through `from_params` / `nnx.update` rather than by running the
     initialisers: a jitted random init compiles one threefry kernel per parameter, the slowest part on CPU."""
     rng = np.random.default_rng(seed)
     out = {}
@@ -57,7 +57,7 @@ def make_model(seed: int = 0, std: float = 0.3, **overrides) -> TransformerXLLM:
     cfg = TransformerXLConfig(**{**SMALL, **overrides})
     unscanned = dataclasses.replace(cfg, scan_layers=False, remat=False)
     abstract = nnx.eval_shape(lambda: TransformerXLLM(unscanned, rngs=nnx.Rngs(0)))
-    model = load_params(cfg, random_params(abstract, seed, std))
+    model = from_params(cfg, random_params(abstract, seed, std))
     model.eval()
     return model
 
@@ -82,7 +82,7 @@ def unscanned_params_of(state) -> dict:
 
 
 def unscanned_params(model: TransformerXLLM) -> dict:
-    """Parameters of an unscanned model in the `load_params` input format."""
+    """Parameters of an unscanned model in the `from_params` input format."""
     assert not model.config.scan_layers
     return unscanned_params_of(nnx.state(model, nnx.Param))
 
@@ -321,7 +321,7 @@ def test_scanned_equals_unscanned():
     """scan_layers=True (stacked "layers" params, here with remat) gives the same NLL, memory and gradients as
     the unscanned layer loop."""
     plain = make_model(untie_r=False, same_length=True, clamp_len=3, scan_layers=False, cutoffs=(), div_val=1)
-    scanned = load_params(dataclasses.replace(plain.config, scan_layers=True, remat=True), unscanned_params(plain))
+    scanned = from_params(dataclasses.replace(plain.config, scan_layers=True, remat=True), unscanned_params(plain))
     scanned.eval()
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, SMALL["vocab_size"], (2, 5)))

@@ -18,6 +18,7 @@ from flax import nnx  # noqa: E402
 from transformers.models.xlnet import modeling_xlnet as hf_xlnet  # noqa: E402
 
 import xlgen  # noqa: E402
+from xlgen.models.params import materialize  # noqa: E402
 from xlgen.models.xlnet import heads as XH  # noqa: E402
 from xlgen.models.xlnet import model as X  # noqa: E402
 
@@ -266,7 +267,7 @@ def build(cls, cfg, seed=0):
             return 1.0 + 0.1 * rng.randn(*shape)
         return cfg.initializer_range * rng.randn(*shape)
 
-    model = X.materialize(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))), value, seed)
+    model = materialize(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))), value, seed=seed)
     model.eval()
     return model
 
@@ -419,7 +420,7 @@ def test_scan_layers_and_remat_equal_unscanned_in_value_and_gradient():
         return np.stack([params[f"{head}.layers.{i}.{rest}"] for i in range(n_layer)])
 
     cfg_scan = small_config(mem_len=4, reuse_len=3, scan_layers=True, remat=True)
-    scanned = X.materialize(nnx.eval_shape(lambda: X.XLNetLMHeadModel(cfg_scan, rngs=nnx.Rngs(0))), stacked)
+    scanned = materialize(nnx.eval_shape(lambda: X.XLNetLMHeadModel(cfg_scan, rngs=nnx.Rngs(0))), stacked)
 
     @nnx.jit
     def value_and_grad(m):
@@ -461,13 +462,13 @@ def test_shared_biases_equal_untied_copies_and_bf16_is_close():
                 return params[b]
         return params[name]
 
-    untied = X.materialize(
+    untied = materialize(
         nnx.eval_shape(lambda: X.XLNetModel(small_config(untie_r=True), rngs=nnx.Rngs(0))), untied_value
     )
     untied.eval()
     out = np.asarray(apply(tied, kw)[0])
     np.testing.assert_allclose(apply(untied, kw)[0], out, atol=1e-6)
-    bf16 = X.materialize(
+    bf16 = materialize(
         nnx.eval_shape(lambda: X.XLNetModel(small_config(untie_r=False, dtype="bfloat16"), rngs=nnx.Rngs(0))),
         lambda n, s: params[n],
     )

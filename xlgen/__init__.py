@@ -4,9 +4,8 @@ Public Python API:
     xlgen.from_pretrained(path, **kwargs) -> a callable model (see README, "Python API").
 """
 
-__version__ = "0.1.0"
-
 from xlgen import platforms as _platforms
+from xlgen.version import __version__
 
 # No TPU probe (libtpu noise) on a machine without one unless the user asks for it (JAX_PLATFORMS / --platform).
 _platforms.quiet_default()

@@ -224,7 +224,7 @@ def write_resolved_config(config: ConfigDict, workdir: str) -> str:
     """Write `workdir/config.json` (the resolved config, tagged with an `xlgen` key so that
     `xlgen.from_pretrained(workdir)` knows it is an xlgen workdir and not a Hugging Face directory)."""
     from data_pipelines import paths
-    from xlgen import __version__
+    from xlgen.version import __version__
 
     paths.makedirs(workdir)
     path = paths.join(workdir, "config.json")

@@ -24,7 +24,6 @@ bytes or whitespace-separated words), plus `tokenizer_config.json` / `special_to
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import shutil
@@ -34,34 +33,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from xlgen.models.flat_params import flat_params  # noqa: F401  (re-exported: the writers' shared helper)
-
-# module class name -> "module:function" writing (hf_config, state_dict); filled per family (see `register_writer`)
-_WRITERS: Dict[str, str] = {
-    "TransformerXLLM": "xlgen.models.transformer_xl.hf_export:to_hf",
-    "XLNetLMHeadModel": "xlgen.models.xlnet.hf_export:to_hf",
-    "XLNetModel": "xlgen.models.xlnet.hf_export:to_hf",
-    "XLNetForSequenceClassification": "xlgen.models.xlnet.hf_export:to_hf",
-    "XLNetForMultipleChoice": "xlgen.models.xlnet.hf_export:to_hf",
-    "XLNetForQuestionAnswering": "xlgen.models.xlnet.hf_export:to_hf",
-    "FunnelModel": "xlgen.models.funnel.hf_export:to_hf",
-    "FunnelBaseModel": "xlgen.models.funnel.hf_export:to_hf",
-    "FunnelForMaskedLM": "xlgen.models.funnel.hf_export:to_hf",
-    "FunnelForPreTraining": "xlgen.models.funnel.hf_export:to_hf",
-    "FunnelElectra": "xlgen.models.funnel.hf_export:to_hf",
-    "FunnelForSequenceClassification": "xlgen.models.funnel.hf_export:to_hf",
-    "FunnelForMultipleChoice": "xlgen.models.funnel.hf_export:to_hf",
-    "FunnelForQuestionAnswering": "xlgen.models.funnel.hf_export:to_hf",
-}
-
-
-def register_writer(class_name: str, spec: str) -> None:
-    """Register `"module:function"` writing `(hf_config, state_dict)` for modules of class `class_name`."""
-    _WRITERS[class_name] = spec
-
+from xlgen.models import registry
+from xlgen.models.params import flat_params  # noqa: F401  (re-exported: the writers' shared helper)
 
 # ----------------------------------------------------------------------------------------------------------------
-# Parameters of an NNX module as flat NumPy dicts
+# The module inside a loaded model, and its family's writer (`Family.to_hf`, `xlgen.models.<family>.hf_export`)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -81,11 +57,10 @@ def unwrap(model):
 def to_hf(model) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config dict, HF state dict {name: float32 array}) of an xlgen model (module or from_pretrained result)."""
     module = unwrap(model)
-    name = type(module).__name__
-    if name not in _WRITERS:
-        raise ValueError(f"{name}: no Hugging Face writer (exportable: {sorted(_WRITERS)})")
-    mod, fn = _WRITERS[name].split(":")
-    return getattr(importlib.import_module(mod), fn)(module)
+    family = registry.family_of(module)
+    if family.to_hf is None:
+        raise ValueError(f"{type(module).__name__}: no Hugging Face writer for model.family={family.name!r}")
+    return family.to_hf(module)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -53,8 +53,9 @@ Two semantics (`optimizer.layer_decay_mode`):
   0.0013 in `lr` mode (`effective_layer_ratios`; table in docs/training.md).
 
 Parameters live in a flat dict {dotted_name: array}; stacked layers (a leading `layers` logical axis) get a
-per-row scale vector. `layer_ids` is the only place that numbers parameters into layers (the trainer, finetuning
-and every objective use it); a new model family gets its numbering there.
+per-row scale vector. `layer_ids` is the only way parameters are numbered into layers (the trainer, finetuning
+and every objective use it); it asks the family registry: the numberings live in `xlgen.models.numbering`
+(Transformer-XL, XLNet) and `xlgen.models.funnel.numbering`, and a new model family registers its own.
 """
 
 from __future__ import annotations
@@ -158,99 +159,19 @@ def effective_layer_ratios(
     return step / step[-1]
 
 
-FAMILIES = ("transformer_xl", "xlnet", "funnel")
-
-
-def _stack_axis(axes) -> Optional[int]:
-    return list(axes).index("layers") if axes and "layers" in axes else None
-
-
-def _slice_ids(shape, axis, offset) -> np.ndarray:
-    """Layer indices `offset + i` of a stacked parameter, shaped to broadcast along its `layers` axis."""
-    bshape = [1] * len(shape)
-    bshape[axis] = shape[axis]
-    return (offset + np.arange(shape[axis])).reshape(bshape)
-
-
-def _funnel_position(parts):
-    """(tower, kind, block, index) of a Funnel parameter name split on '.', or None outside the layers.
-    kind: "input" | "block" | "decoder"; index None for a stacked (scanned) block/decoder."""
-    for i, p in enumerate(parts):
-        tower = ".".join(parts[:i])
-        nxt = parts[i + 1 :]
-        if p == "embeddings" or (p == "encoder" and nxt[:1] == ["input_projection"]):
-            return tower, "input", None, None
-        if p == "encoder" and nxt[:1] == ["blocks"] and len(nxt) > 1 and nxt[1].isdigit():
-            b = int(nxt[1])
-            j = int(nxt[2]) if len(nxt) > 2 and nxt[2].isdigit() else None
-            return tower, "block", b, j
-        if p == "decoder" and nxt[:1] == ["layers"]:
-            k = int(nxt[1]) if len(nxt) > 1 and nxt[1].isdigit() else None
-            return tower, "decoder", None, k
-    return None
-
-
 def layer_ids(
     meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
 ) -> Tuple[Dict[str, Optional[np.ndarray]], int]:
     """Layer index of every parameter of a `family` model from its name (and, for stacked parameters, its shape):
     {name: None (outside the layer stack) | int array broadcastable to the parameter}, and n_layer = 1 + max index.
 
-    meta: {dotted name: (shape, logical axes)} (what `ModelSpec.meta()` returns). See the module docstring for the
-    numbering of each family."""
-    if family not in FAMILIES:
-        raise ValueError(f"layer_ids: family={family!r}: expected one of {FAMILIES}")
-    ids: Dict[str, Optional[np.ndarray]] = {}
-    if family in ("transformer_xl", "xlnet"):
-        for name, (shape, axes) in meta.items():
-            parts = name.split(".")
-            ids[name] = None
-            if "layers" not in parts:
-                continue
-            i = parts.index("layers")
-            if i + 1 < len(parts) and parts[i + 1].isdigit():
-                ids[name] = np.asarray(int(parts[i + 1]))
-            elif _stack_axis(axes) is not None:
-                ids[name] = _slice_ids(shape, _stack_axis(axes), 0)
-    else:
-        pos = {name: _funnel_position(name.split(".")) for name in meta}
-        # parameter layers per (tower, block), from the unscanned indices or the stacked axis length
-        sizes: Dict[Tuple[str, int], int] = {}
-        for name, where in pos.items():
-            if where is None or where[1] != "block":
-                continue
-            tower, _, b, j = where
-            shape, axes = meta[name]
-            n = j + 1 if j is not None else (shape[_stack_axis(axes)] if _stack_axis(axes) is not None else 1)
-            sizes[(tower, b)] = max(sizes.get((tower, b), 0), n)
-        n_blocks: Dict[str, int] = {}
-        for tower, b in sizes:
-            n_blocks[tower] = max(n_blocks.get(tower, 0), b + 1)
-        for tower, b in [(t, b) for t, n in n_blocks.items() for b in range(n)]:
-            if (tower, b) not in sizes:
-                raise ValueError(f"layer_ids: Funnel tower {tower!r} has no parameters for encoder block {b}")
+    meta: {dotted name: (shape, logical axes)} (what `ModelSpec.meta()` returns). The numbering is the family's
+    (`Family.layer_ids` in the registry; see the module docstring)."""
+    from xlgen.models import registry
 
-        def offset(tower, b):
-            return 1 + sum(sizes[(tower, c)] for c in range(b))
-
-        for name, where in pos.items():
-            shape, axes = meta[name]
-            ids[name] = None
-            if where is None:
-                continue
-            tower, kind, b, j = where
-            if kind == "input":
-                ids[name] = np.asarray(0)
-                continue
-            base = offset(tower, b) if kind == "block" else offset(tower, n_blocks.get(tower, 0))
-            if j is not None:
-                ids[name] = np.asarray(base + j)
-            elif _stack_axis(axes) is not None:
-                ids[name] = _slice_ids(shape, _stack_axis(axes), base)
-            else:
-                raise ValueError(f"layer_ids: cannot tell which Funnel layer {name!r} belongs to")
-    found = [int(np.max(v)) for v in ids.values() if v is not None]
-    return ids, (max(found) + 1 if found else 0)
+    if family not in registry.names():
+        raise ValueError(f"layer_ids: family={family!r}: expected one of {registry.names()}")
+    return registry.get(family).layer_ids(meta)
 
 
 def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: float) -> Dict[str, np.ndarray]:
@@ -270,10 +191,12 @@ def layer_decay_scales(
     rate 1.0 needs no numbering (all 1.0); any other rate needs a family `layer_ids` knows."""
     if rate == 1.0:
         return {name: np.float32(1.0) for name in meta}
-    if family not in FAMILIES:
+    from xlgen.models import registry
+
+    if family not in registry.names():
         raise ValueError(
-            f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family in {FAMILIES} "
-            f"(got {family!r}); set it to 1.0 or number the new family's layers in xlgen.optim.layer_ids"
+            f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family in {registry.names()} "
+            f"(got {family!r}); set it to 1.0 or give the new family a numbering (`Family.layer_ids`)"
         )
     ids, n = layer_ids(meta, family)
     return scales_from_ids(ids, n, rate)

@@ -1,9 +1,9 @@
 """`xlgen.from_pretrained`: dispatch on what a path holds.
 
 * A Hugging Face model directory (`config.json` + `model.safetensors` or `pytorch_model.bin`): dispatched on
-  `config.json["model_type"]` ("transfo-xl", "xlnet", "funnel") to the loader each model family registers with
-  `register_hf_loader`. The loader picks the head from `config.json["architectures"]`.
-* An xlgen workdir or checkpoint directory: registered by the trainer via `register_xlgen_loader`.
+  `config.json["model_type"]` ("transfo-xl", "xlnet", "funnel") to the family's HF loader (`Family.from_hf` in
+  `xlgen.models.registry`). The loader picks the head from `config.json["architectures"]`.
+* An xlgen workdir or checkpoint directory: `xlgen.train.workdir_model.from_workdir`.
 
 `path` may be a URL (`gs://bucket/models/xlnet-base-cased`, `gs://bucket/run`): files are read through etils.epath;
 a remote `pytorch_model.bin` is read into memory for torch.
@@ -14,28 +14,11 @@ from __future__ import annotations
 import io
 import json
 import os
-from typing import Any, Callable, Dict
+from typing import Any, Dict
 
 import numpy as np
 
 from data_pipelines import paths
-
-HFLoader = Callable[[Dict[str, Any], Dict[str, np.ndarray], Dict[str, Any]], Any]
-
-_HF_LOADERS: Dict[str, str] = {
-    # model_type -> "module:function" (imported lazily so `import xlgen` stays cheap)
-    "transfo-xl": "xlgen.models.transformer_xl:from_hf",
-    "xlnet": "xlgen.models.xlnet:from_hf",
-    "funnel": "xlgen.models.funnel:from_hf",
-}
-_XLGEN_LOADER = "xlgen.train.workdir_model:from_workdir"
-
-
-def _resolve(spec: str) -> Callable:
-    import importlib
-
-    module, fn = spec.split(":")
-    return getattr(importlib.import_module(module), fn)
 
 
 def read_hf_state_dict(path: str) -> Dict[str, np.ndarray]:
@@ -77,11 +60,15 @@ def from_pretrained(path: str, **kwargs) -> Any:
         except json.JSONDecodeError as e:
             raise ValueError(f"{cfg_path}: invalid JSON ({e})") from e
     if hf_cfg is not None and "model_type" in hf_cfg and "xlgen" not in hf_cfg:
+        from xlgen.models import registry  # imported here so that `import xlgen` stays cheap
+
         model_type = hf_cfg["model_type"]
-        if model_type not in _HF_LOADERS:
+        if model_type not in registry.hf_model_types():
             raise ValueError(
-                f"{cfg_path}: model_type={model_type!r} is not supported; supported: {sorted(_HF_LOADERS)}"
+                f"{cfg_path}: model_type={model_type!r} is not supported; supported: {sorted(registry.hf_model_types())}"
             )
         weights = read_hf_state_dict(path)
-        return _resolve(_HF_LOADERS[model_type])(hf_cfg, weights, kwargs)
-    return _resolve(_XLGEN_LOADER)(path, **kwargs)
+        return registry.by_hf_model_type(model_type).from_hf(hf_cfg, weights, kwargs)
+    from xlgen.train.workdir_model import from_workdir
+
+    return from_workdir(path, **kwargs)

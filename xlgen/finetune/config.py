@@ -41,21 +41,19 @@ def pretrained_model_section(init_from: str) -> Dict[str, Any]:
     if hf is not None:
         import dataclasses
 
+        from xlgen.models import registry
+
         mt = hf["model_type"]
-        if mt == "xlnet":
-            from xlgen.models.xlnet import XLNetConfig
-
-            cfg, fam = XLNetConfig.from_hf(hf), "xlnet"
-        elif mt == "funnel":
-            from xlgen.models.funnel import FunnelConfig
-
-            cfg, fam = FunnelConfig.from_hf(hf), "funnel"
-        else:
+        finetunable = [f.hf_model_type for f in map(registry.get, registry.names()) if f.heads]
+        if mt not in finetunable:
             raise ValueError(
-                f"{init_from}/config.json: model_type={mt!r} cannot be finetuned here (supported: xlnet, funnel)"
+                f"{init_from}/config.json: model_type={mt!r} cannot be finetuned here (supported: "
+                f"{', '.join(finetunable)})"
             )
+        family = registry.by_hf_model_type(mt)
+        cfg = family.config_class.from_hf(hf)
         d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-        return {"family": fam, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}}
+        return {"family": family.name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}}
     workdir, _ = _split_checkpoint_path(init_from)
     old = config_lib.read_workdir_config(workdir)
     if old is None:
@@ -119,8 +117,8 @@ def load_finetune_config(config_path: Optional[str], overrides: Dict[str, str], 
 
 def write_finetune_config(config, workdir: str) -> None:
     from data_pipelines import paths
-    from xlgen import __version__
     from xlgen import config as config_lib
+    from xlgen.version import __version__
 
     paths.makedirs(workdir)
     d = config_lib.to_json_dict(config)

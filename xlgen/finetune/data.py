@@ -51,7 +51,9 @@ def load_tokenizer(config):
     lower = None if config.data.lower is None else bool(config.data.lower)
     tok = load_task_tokenizer(_local_tokenizer_file(path), lower=lower)
     # The input layout follows the model: XLNet (<cls> last, left padding) or Funnel/BERT (<cls> first).
-    tok.style = "xlnet" if config.model.family == "xlnet" else "funnel"
+    from xlgen.models import registry
+
+    tok.style = registry.get(config.model.family).input_style
     if tok.vocab_size > int(config.model.vocab_size):
         raise ValueError(f"tokenizer {path} has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}")
     return tok

@@ -10,27 +10,16 @@ import numpy as np
 from xlgen.finetune.config import _is_hf_dir, _split_checkpoint_path
 
 
-def _module_params(module) -> Dict[str, np.ndarray]:
-    from flax import nnx
-
-    _, params, _ = nnx.split(module, nnx.Param, ...)
-    return {
-        ".".join(str(getattr(p, "key", p)) for p in path): np.asarray(
-            v.get_value() if hasattr(v, "get_value") else v.value
-        )
-        for path, v in nnx.to_flat_state(params)
-    }
-
-
 def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
     """Flat {name: array} of the pretrained model (HF directory via `xlgen.from_pretrained`, or the best/latest
     checkpoint of an xlgen workdir)."""
     if _is_hf_dir(init_from) is not None:
-        import xlgen
+        from xlgen.models.params import flat_params
+        from xlgen.pretrained import from_pretrained
 
-        loaded = xlgen.from_pretrained(init_from)
+        loaded = from_pretrained(init_from)
         module = getattr(loaded, "module", None) or getattr(loaded, "model", None) or loaded  # Funnel / XLNet
-        return _module_params(module)
+        return flat_params(module, dtype=None)
     import jax
 
     from xlgen import config as config_lib

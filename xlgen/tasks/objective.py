@@ -18,26 +18,17 @@ Losses (XLNet `function_builder.py`, Funnel `classifier.py`/`squad.py`):
 
 from __future__ import annotations
 
-import importlib
 from typing import Dict
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from xlgen.models import registry
 from xlgen.tasks import get_task
 from xlgen.train import objectives as obj_lib
 
 NEG = -1e30
-
-
-def _family_module(config):
-    fam = config.model.family
-    if fam == "xlnet":
-        return importlib.import_module("xlgen.models.xlnet.heads"), "XLNetConfig"
-    if fam == "funnel":
-        return importlib.import_module("xlgen.models.funnel.heads"), "FunnelConfig"
-    raise ValueError(f"model.family={fam!r}: finetuning supports 'xlnet' and 'funnel'")
 
 
 def num_labels(config) -> int:
@@ -46,34 +37,18 @@ def num_labels(config) -> int:
 
 
 def model_cfg(config):
-    fam = config.model.family
-    module = "xlgen.models.xlnet" if fam == "xlnet" else "xlgen.models.funnel"
-    cls = "XLNetConfig" if fam == "xlnet" else "FunnelConfig"
-    over = {}
-    if fam == "xlnet":
-        over = dict(num_labels=num_labels(config), mem_len=None, reuse_len=None, bi_data=False)
-    return obj_lib.model_config(config, module, cls, **over)
+    """The family's config dataclass for finetuning (`Family.finetune_overrides`)."""
+    family = registry.get(config.model.family)
+    return obj_lib.model_config(config, **family.finetune_overrides(num_labels(config)))
 
 
 def make_model(config, rngs, train: bool):
+    """The family's head for the task's kind (`Family.heads`)."""
     task = get_task(config.task)
-    cfg = model_cfg(config)
-    mod, _ = _family_module(config)
-    if config.model.family == "xlnet":
-        name = {
-            "classification": "XLNetForSequenceClassification",
-            "regression": "XLNetForSequenceClassification",
-            "multiple_choice": "XLNetForMultipleChoice",
-            "squad": "XLNetForQuestionAnswering",
-        }[task.kind]
-        if not hasattr(mod, name):
-            raise ValueError(f"xlgen.models.xlnet.heads has no {name} (needed for task {task.name})")
-        return getattr(mod, name)(cfg, rngs=rngs)
-    if task.kind in ("classification", "regression"):
-        return mod.FunnelForSequenceClassification(cfg, num_labels(config), rngs=rngs)
-    if task.kind == "multiple_choice":
-        return mod.FunnelForMultipleChoice(cfg, rngs=rngs)
-    return mod.FunnelForQuestionAnswering(cfg, answerability=task.version == "v2.0", rngs=rngs)
+    family = registry.get(config.model.family)
+    return family.head(
+        task.kind, model_cfg(config), num_labels=num_labels(config), answerability=task.version == "v2.0", rngs=rngs
+    )
 
 
 def batch_spec(config, split: str):
@@ -116,27 +91,10 @@ def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
         out = model(batch["input_ids"], **common)
         logits = out[0] if isinstance(out, tuple) else out.logits  # XLNet: (logits, mems); Funnel: FunnelOutput
         return {"logits": logits.astype(jnp.float32)}
-    if fam == "funnel":
-        out = model(batch["input_ids"], **common, p_mask=batch["p_mask"], cls_index=batch["cls_index"])
-        res = {"start_logits": out.start_logits, "end_logits": out.end_logits}
-        if out.cls_logits is not None:
-            res["cls_logits"] = out.cls_logits
-        return res
-    kw = dict(p_mask=batch["p_mask"], cls_index=batch["cls_index"])
-    if train:
-        kw["start_positions"] = batch["start_positions"]
-    out = model(batch["input_ids"], **common, **kw)
-    out = out[0] if isinstance(out, tuple) else out  # XLNet heads return (outputs, new_mems)
-    if train:
-        return {n: out[n] for n in ("start_logits", "end_logits", "cls_logits")}
-    b = out["start_top_index"].shape[0]
-    return {
-        "start_top_log_probs": out["start_top_log_probs"],
-        "start_top_index": out["start_top_index"],
-        "end_top_log_probs": out["end_top_log_probs"].reshape(b, -1),  # [b, S, E] -> [b, S*E], row k*E + j
-        "end_top_index": out["end_top_index"].reshape(b, -1),
-        "cls_logits": out["cls_logits"],
-    }
+    family = registry.get(fam)
+    if family.squad_outputs is None:
+        raise ValueError(f"model.family={fam!r}: no SQuAD head")
+    return family.squad_outputs(model, batch, train=train)
 
 
 def _masked_log_softmax(logits, p_mask):

@@ -18,13 +18,15 @@ Layer-wise LR decay is not per objective: the optimizer numbers parameters into 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from xlgen.models import registry
+from xlgen.models.funnel.heads import electra_loss, mlm_loss
 
 Batch = Dict[str, jax.Array]
 ShapeDtype = Tuple[Tuple[int, ...], Any]
@@ -56,7 +58,6 @@ class Objective:
 
 
 OBJECTIVES: Dict[str, Objective] = {}
-DEFAULT_OBJECTIVE = {"transformer_xl": "txl_lm", "xlnet": "xlnet_plm", "funnel": "funnel_mlm"}
 
 
 def register_objective(obj: Objective) -> Objective:
@@ -65,26 +66,15 @@ def register_objective(obj: Objective) -> Objective:
 
 
 def get_objective(config) -> Objective:
-    name = config.get("objective") or DEFAULT_OBJECTIVE.get(config.model.family)
-    if name is None:
-        raise ValueError(f"model.family={config.model.family!r}: unknown; expected one of {sorted(DEFAULT_OBJECTIVE)}")
+    name = config.get("objective") or registry.get(config.model.family).default_objective
     if name not in OBJECTIVES:
         raise ValueError(f"objective={name!r}: unknown; registered: {sorted(OBJECTIVES)}")
     return OBJECTIVES[name]
 
 
-def model_config(config, module: str, cls_name: str, **overrides):
+def model_config(config, **overrides):
     """The family's frozen config dataclass from `config.model` (minus `family`), with clear errors."""
-    mod = importlib.import_module(module)
-    cls = getattr(mod, cls_name)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    kw = {k: v for k, v in config.model.to_dict().items() if k != "family"}
-    unknown = sorted(set(kw) - fields)
-    if unknown:
-        raise ValueError(f"config.model.{unknown[0]}: not a field of {cls_name}; valid fields: {sorted(fields)}")
-    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kw.items()}
-    kw.update(overrides)
-    return cls(**kw)
+    return registry.get(config.model.family).model_config(config.model.to_dict(), **overrides)
 
 
 def _reset_rows(mems: jax.Array, stream_reset: jax.Array) -> jax.Array:
@@ -100,18 +90,17 @@ def _reset_rows(mems: jax.Array, stream_reset: jax.Array) -> jax.Array:
 
 def _txl_cfg(config, train: bool):
     if train:
-        return model_config(config, "xlgen.models.transformer_xl", "TransformerXLConfig")
+        return model_config(config)
     ev = config.eval
     over = {}
     for key in ("same_length", "clamp_len"):
         if key in ev and ev[key] is not None:
             over[key] = ev[key]
-    return model_config(config, "xlgen.models.transformer_xl", "TransformerXLConfig", **over)
+    return model_config(config, **over)
 
 
 def _txl_model(config, rngs, train):
-    mod = importlib.import_module("xlgen.models.transformer_xl")
-    return mod.TransformerXLLM(_txl_cfg(config, train), rngs=rngs)
+    return registry.get("transformer_xl").models["lm"](_txl_cfg(config, train), rngs=rngs)
 
 
 def _batch_size(config, split):
@@ -232,8 +221,7 @@ def check_xlnet_memory(config) -> None:
 
 def _xlnet_model(config, rngs, train):
     check_xlnet_memory(config)
-    mod = importlib.import_module("xlgen.models.xlnet")
-    return mod.XLNetLMHeadModel(model_config(config, "xlgen.models.xlnet", "XLNetConfig"), rngs=rngs)
+    return registry.get("xlnet").models["lm"](model_config(config), rngs=rngs)
 
 
 def _xlnet_batch_spec(config, split):
@@ -302,18 +290,16 @@ register_objective(
 
 
 def _funnel_cfg(config):
-    return model_config(config, "xlgen.models.funnel", "FunnelConfig")
+    return model_config(config)
 
 
 def _funnel_mlm_model(config, rngs, train):
-    mod = importlib.import_module("xlgen.models.funnel")
-    return mod.FunnelForMaskedLM(_funnel_cfg(config), rngs=rngs)
+    return registry.get("funnel").models["mlm"](_funnel_cfg(config), rngs=rngs)
 
 
 def _funnel_electra_model(config, rngs, train):
-    heads = importlib.import_module("xlgen.models.funnel.heads")
     o = config.objective_options
-    return heads.FunnelElectra(
+    return registry.get("funnel").models["electra"](
         _funnel_cfg(config), width_shrink=float(o.generator_width), disc_coeff=float(o.disc_coeff), rngs=rngs
     )
 
@@ -335,13 +321,12 @@ def _max_predictions(config):
 
 
 def _funnel_mlm_loss(model, batch, mems, rng, config):
-    heads = importlib.import_module("xlgen.models.funnel.heads")
-    loss, parts = heads.mlm_loss(model, batch, max_predictions=_max_predictions(config))
+    loss, parts = mlm_loss(model, batch, max_predictions=_max_predictions(config))
     return loss, {k: v for k, v in parts.items() if k != "mlm_loss"}, None
 
 
 def _funnel_mlm_weight(batch, config):
-    """The number of predicted positions (at most `max_predictions` per row, as `funnel_heads.mlm_loss`)."""
+    """The number of predicted positions (at most `max_predictions` per row, as `funnel.heads.mlm_loss`)."""
     w = batch["label_mask"].astype(jnp.float32)
     k = _max_predictions(config)
     if k is not None and k < w.shape[1]:
@@ -350,15 +335,13 @@ def _funnel_mlm_weight(batch, config):
 
 
 def _funnel_mlm_eval(model, batch, mems, config):
-    heads = importlib.import_module("xlgen.models.funnel.heads")
-    loss, _ = heads.mlm_loss(model, batch)
+    loss, _ = mlm_loss(model, batch)
     count = batch["label_mask"].astype(jnp.float32).sum()
     return loss * count, count, None
 
 
 def _funnel_electra_loss(model, batch, mems, rng, config):
-    heads = importlib.import_module("xlgen.models.funnel.heads")
-    loss, parts = heads.electra_loss(
+    loss, parts = electra_loss(
         model,
         batch,
         jax.random.fold_in(rng, 0x5A3),
@@ -370,8 +353,7 @@ def _funnel_electra_loss(model, batch, mems, rng, config):
 
 def _funnel_electra_eval(model, batch, mems, config):
     """ELECTRA eval: the batch-mean objective (fixed sampling key), averaged over batches."""
-    heads = importlib.import_module("xlgen.models.funnel.heads")
-    loss, _ = heads.electra_loss(
+    loss, _ = electra_loss(
         model, batch, jax.random.key(0), disc_target=config.objective_options.get("disc_target", "original")
     )
     return loss, jnp.ones((), jnp.float32), None

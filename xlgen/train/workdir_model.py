@@ -8,8 +8,6 @@ ELECTRA workdirs: the discriminator, `FunnelForPreTraining`).
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 from typing import Any, Optional
 
 import jax
@@ -74,18 +72,6 @@ def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
 def _from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
     config, program, params, step = load_params(path, step)
     module = program.make_model(params, train=False)
-    family = config.model.family
-    if family == "transformer_xl":
-        txl = importlib.import_module("xlgen.models.transformer_xl")
-        if kwargs:
-            module.config = dataclasses.replace(module.config, **kwargs)
-        return txl.TransfoXLPretrained(module)
-    if family == "xlnet":
-        xlnet = importlib.import_module("xlgen.models.xlnet")
-        return xlnet.XLNetFromHF(module, "XLNetLMHeadModel", {"use_mems_eval": True, **kwargs})
-    if family == "funnel":
-        heads = importlib.import_module("xlgen.models.funnel.heads")
-        if hasattr(module, "discriminator"):  # ELECTRA: the discriminator is the model that gets finetuned
-            return heads.HFFunnel(module.discriminator, "FunnelForPreTraining")
-        return heads.HFFunnel(module, "FunnelForMaskedLM")
-    return module
+    from xlgen.models import registry
+
+    return registry.get(config.model.family).wrap(module, kwargs)

@@ -1,5 +1,6 @@
 """Funnel-Transformer (Dai et al., 2020): `model` (config, pooling encoder, decoder, MLM), `heads` (ELECTRA,
-finetuning heads, objectives, Hugging Face loading) and `cost` (analytic FLOPs and parameter counts)."""
+finetuning heads, objectives), `hf` (Hugging Face loading), `cost` (analytic FLOPs and parameter counts),
+`numbering` (layers for LR decay) and `family` (the registry record)."""
 
 from xlgen.models.funnel.heads import (
     FunnelElectra,
@@ -7,11 +8,11 @@ from xlgen.models.funnel.heads import (
     FunnelForPreTraining,
     FunnelForQuestionAnswering,
     FunnelForSequenceClassification,
-    HFFunnel,
     electra_loss,
     mlm_loss,
 )
-from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel, from_hf
+from xlgen.models.funnel.hf import HFFunnel, from_hf
+from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel
 
 __all__ = [
     "FunnelBaseModel",

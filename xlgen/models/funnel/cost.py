@@ -174,6 +174,54 @@ def train_flops_per_step(config) -> float:
     return 3.0 * fwd * int(config.data.batch_size)
 
 
+def _funnel_position_work(cfg, seq_len: int) -> float:
+    """Forward FLOPs of one sequence's position work whose other factor is a constant, as counted by
+    `flops_per_sequence`: relative_shift: the position keys W_r·R (2·R·d·H per layer application);
+    factorized: the products with the sinusoid factors (2·q·k·n·2d)."""
+
+    def work(q, k, r):
+        if cfg.attention_type == "relative_shift":
+            return 2.0 * r * cfg.d_model * cfg.n_head * cfg.d_head
+        return 2.0 * q * k * cfg.n_head * 2 * cfg.d_model
+
+    lengths, total, prev = pooled_lengths(seq_len, cfg), 0.0, seq_len
+    for m, (n_layers, reps) in enumerate(zip(cfg.block_sizes, cfg.block_repeats)):
+        t, applications = lengths[m], n_layers * reps
+        if t != prev:  # the pooling layer: queries at t, keys at prev
+            total += work(t, prev, 2 * t + prev) if cfg.pool_q_only else work(t, t, 2 * t)
+            applications -= 1
+        total += applications * work(t, t, 2 * t)
+        prev = t
+    return total + cfg.num_decoder_layers * work(seq_len, seq_len, 2 * seq_len)
+
+
+def train_flops(config) -> float:
+    """`train_flops_per_step` (3 x its per-sequence forward x batch) with the position work counted as
+    the math needs it: relative_shift's position keys W_r·R do not depend on the example (projected once per batch,
+    weight gradient only: 2x); factorized's products with the constant sinusoid factors need the gradient w.r.t. the
+    query side only (2x)."""
+    total = float(train_flops_per_step(config))
+    cfg = config_from_model_section(config.model)
+    nets = [cfg]
+    if str(config.get("objective") or "funnel_mlm") == "funnel_electra":
+        from xlgen.models.funnel.heads import generator_config
+
+        width = float((config.get("objective_options") or {}).get("generator_width", 0.25))
+        nets.append(generator_config(cfg, width))
+    batch, seq_len = int(config.data.batch_size), int(config.data.seq_len)
+    for net in nets:
+        work = _funnel_position_work(net, seq_len)
+        total -= (3.0 * batch - 2.0) * work if net.attention_type == "relative_shift" else batch * work
+    # funnel_cost puts the MLM softmax (and its d_model -> d_embed transform) at every position; with
+    # objective_options.max_predictions = k the heads run on the k selected positions only
+    k = int((config.get("objective_options") or {}).get("max_predictions", 0) or 0)
+    if 0 < k < seq_len:
+        mlm = nets[-1]  # the MLM model, or ELECTRA's generator
+        transform = mlm.d_model * mlm.embed_dim if (mlm.mlm_transform or mlm.embed_dim != mlm.d_model) else 0
+        total -= 3.0 * batch * (seq_len - k) * 2.0 * (mlm.embed_dim * mlm.vocab_size + transform)
+    return total
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The paper's counting rule
 # ----------------------------------------------------------------------------------------------------------------

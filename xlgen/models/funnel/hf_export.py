@@ -1,5 +1,5 @@
 """Funnel-Transformer -> Hugging Face Funnel classes (transformers 4.34.1): the inverse of
-`funnel_heads.load_hf` / `FunnelConfig.from_hf`.
+`funnel.hf.load_hf` / `FunnelConfig.from_hf`.
 
 Dense kernels `[in..., out...]` become torch Linear weights `[prod(out), prod(in)]`. The MLM softmax is tied to the
 input embedding in both libraries (`lm_head.weight` is written as the embedding). Configurations HF cannot express
@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Dict, Tuple
 
 import numpy as np
+
+from xlgen.models.params import flat_params
 
 
 def hf_config(cfg, architecture: str, num_labels: int = 2) -> Dict[str, Any]:
@@ -95,8 +97,6 @@ def _funnel(p, src: str, dst: str, cfg, decoder: bool, sd) -> None:
 
 def to_hf(module) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config, state dict) of an xlgen Funnel module (an ELECTRA model exports its discriminator)."""
-    from xlgen.models.flat_params import flat_params
-
     arch = type(module).__name__
     if arch == "FunnelElectra":
         module, arch = module.discriminator, type(module.discriminator).__name__

@@ -24,7 +24,8 @@ its choice of the block-1 residual when block 1 has repeated (shared) layers: th
 of block 1; HF adds the output after `block_sizes[0]` layer applications. `FunnelConfig.hf_block1_residual` selects
 HF's (set by `from_hf`); the default follows the paper/original.
 
-Heads, the ELECTRA objective and losses live in `xlgen.models.funnel_heads`.
+Heads, the ELECTRA objective and losses live in `xlgen.models.funnel.heads`, Hugging Face loading in
+`xlgen.models.funnel.hf`.
 """
 
 from __future__ import annotations
@@ -589,15 +590,3 @@ class FunnelForMaskedLM(nnx.Module):
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None) -> FunnelOutput:
         out = self.funnel(input_ids, token_type_ids, attention_mask)
         return out.replace(logits=self.logits_from_hidden(out.last_hidden_state))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Hugging Face loading (see funnel_heads for the head classes)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def from_hf(hf_config: dict, weights: dict, kwargs: dict):
-    """Build the xlgen model for a HF Funnel directory (`xlgen.from_pretrained`). See `funnel_heads.from_hf`."""
-    from xlgen.models.funnel.heads import load_hf
-
-    return load_hf(hf_config, weights, dict(kwargs or {}))

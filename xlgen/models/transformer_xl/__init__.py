@@ -1,14 +1,15 @@
-"""Transformer-XL (Dai et al., 2019): `model` (config, segment-recurrent LM, Hugging Face loading); the adaptive
-softmax it uses is shared in `xlgen.models.adaptive_softmax`."""
+"""Transformer-XL (Dai et al., 2019): `model` (config, segment-recurrent LM, HF calling convention), `hf` (Hugging
+Face loading), `cost` (analytic FLOPs) and `family` (the registry record); the adaptive softmax it uses is shared in
+`xlgen.models.adaptive_softmax`."""
 
+from xlgen.models.transformer_xl.hf import from_hf
 from xlgen.models.transformer_xl.model import (
     TransformerXLConfig,
     TransformerXLLM,
     TransfoXLPretrained,
     attention_mask,
     count_params,
-    from_hf,
-    load_params,
+    from_params,
 )
 
 __all__ = [
@@ -18,5 +19,5 @@ __all__ = [
     "attention_mask",
     "count_params",
     "from_hf",
-    "load_params",
+    "from_params",
 ]

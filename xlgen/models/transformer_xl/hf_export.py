@@ -1,5 +1,5 @@
 """Transformer-XL -> Hugging Face `TransfoXLLMHeadModel` (transformers 4.34.1): the inverse of
-`transformer_xl.hf_to_xlgen_params` / `TransformerXLConfig.from_hf`.
+`transformer_xl.hf.hf_to_xlgen_params` / `TransformerXLConfig.from_hf`.
 
 q/k/v kernels `[d_model, n, d_head]` go back into one `qkv_net.weight` `[3·n·d_head, d_model]` (torch Linear,
 out x in); projections `[d_emb, d_proj]` become HF's `[d_proj, d_emb]`. Tied tensors are written out in full at
@@ -12,6 +12,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
+from xlgen.models.params import flat_params
 from xlgen.models.transformer_xl.model import TransformerXLLM
 
 
@@ -67,8 +68,6 @@ def _inv_freq(d_model: int) -> np.ndarray:
 
 def to_hf(module: TransformerXLLM) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config, `TransfoXLLMHeadModel` state dict) of a `TransformerXLLM`."""
-    from xlgen.models.flat_params import flat_params
-
     c = module.config
     if c.output_layer not in ("adaptive", "softmax"):
         raise ValueError(

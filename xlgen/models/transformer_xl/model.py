@@ -34,6 +34,7 @@ from flax import nnx
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
 from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.output_layers import OUTPUT_LAYER_NAMES, OutputConfig, SpectralEmbedding, make_output_layer
+from xlgen.models.params import materialize, stack_layers
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
@@ -402,147 +403,22 @@ def count_params(model_or_state) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state)))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Hugging Face checkpoints: TransfoXLLMHeadModel / TransfoXLModel (transformers 4.34.1 names)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _path_str(path) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
-def hf_to_xlgen_params(
-    config: TransformerXLConfig, weights: Dict[str, np.ndarray], *, prefix: str, head: bool
-) -> Dict[str, np.ndarray]:
-    """Map HF state-dict arrays onto xlgen parameter paths ("layers/3/attn/q/kernel", unscanned layout).
-
-    HF keeps q/k/v in one `qkv_net` [3·n·d_head, d_model] (torch Linear: out x in) and projections as
-    [d_proj, d_emb]; we store kernels input-first with heads split ([d_model, n, d_head]) and projections as
-    [d_emb, d_proj]. Tied output tables / projections are not stored by us; if the HF file kept only the
-    output copy of a tied tensor (safetensors de-duplication), it is used for the input side.
-    """
-    c = config
-    n, dh, d = c.n_head, c.d_head, c.d_model
-
-    def get(*keys):
-        for k in keys:
-            if k in weights:
-                return np.asarray(weights[k], np.float32)
-        raise KeyError(f"HF Transformer-XL weights: missing {keys[0]!r} (have e.g. {sorted(weights)[:6]})")
-
-    out: Dict[str, np.ndarray] = {}
-    t = prefix + "word_emb."
-    n_tables = 1 if c.div_val == 1 else len(c.cutoffs) + 1
-    tie_projs = c.resolved_tie_projs
-    for i in range(n_tables):
-        alt = [f"crit.out_layers.{i}.weight"] if head and c.tie_word_embeddings else []
-        out[f"embedding/tables/{i}"] = get(f"{t}emb_layers.{i}.weight", *alt)
-        needs_proj = c.div_val != 1 or c.embed_dim != d
-        if needs_proj:
-            alt = [
-                f"crit.out_projs.{k}"
-                for k in range(len(tie_projs))
-                if head and tie_projs[k] and (k == i or c.div_val == 1)
-            ]
-            out[f"embedding/projs/{i}"] = get(f"{t}emb_projs.{i}", *alt).T
-    if not c.untie_r:
-        out["r_w_bias"] = get(prefix + "r_w_bias")
-        out["r_r_bias"] = get(prefix + "r_r_bias")
-    for layer in range(c.n_layer):
-        p, q = f"{prefix}layers.{layer}.", f"layers/{layer}/"
-        qkv = get(p + "dec_attn.qkv_net.weight")  # [3·n·dh, d]
-        if qkv.shape != (3 * n * dh, d):
-            raise ValueError(f"{p}dec_attn.qkv_net.weight has shape {qkv.shape}; config implies {(3 * n * dh, d)}")
-        for j, name in enumerate("qkv"):
-            out[q + f"attn/{name}/kernel"] = qkv[j * n * dh : (j + 1) * n * dh].T.reshape(d, n, dh)
-        out[q + "attn/r/kernel"] = get(p + "dec_attn.r_net.weight").T.reshape(d, n, dh)
-        out[q + "attn/o/kernel"] = get(p + "dec_attn.o_net.weight").T.reshape(n, dh, d)
-        out[q + "attn/layer_norm/scale"] = get(p + "dec_attn.layer_norm.weight")
-        out[q + "attn/layer_norm/bias"] = get(p + "dec_attn.layer_norm.bias")
-        if c.untie_r:
-            out[q + "attn/r_w_bias"] = get(p + "dec_attn.r_w_bias")
-            out[q + "attn/r_r_bias"] = get(p + "dec_attn.r_r_bias")
-        out[q + "ff/layer_1/kernel"] = get(p + "pos_ff.CoreNet.0.weight").T
-        out[q + "ff/layer_1/bias"] = get(p + "pos_ff.CoreNet.0.bias")
-        out[q + "ff/layer_2/kernel"] = get(p + "pos_ff.CoreNet.3.weight").T
-        out[q + "ff/layer_2/bias"] = get(p + "pos_ff.CoreNet.3.bias")
-        out[q + "ff/layer_norm/scale"] = get(p + "pos_ff.layer_norm.weight")
-        out[q + "ff/layer_norm/bias"] = get(p + "pos_ff.layer_norm.bias")
-    if head:
-        for i in range(n_tables):
-            out[f"softmax/biases/{i}"] = get(f"crit.out_layers.{i}.bias")
-            if not c.tie_word_embeddings:
-                out[f"softmax/tables/{i}"] = get(f"crit.out_layers.{i}.weight")
-        for k in range(len(c.cutoffs) + 1):
-            needs_proj = c.div_val != 1 or c.embed_dim != d
-            if needs_proj and not tie_projs[k]:
-                out[f"softmax/projs/{k}"] = get(f"crit.out_projs.{k}").T
-        if c.cutoffs:
-            out["softmax/cluster_weight"] = get("crit.cluster_weight")
-            out["softmax/cluster_bias"] = get("crit.cluster_bias")
-    return out
-
-
-def load_params(
+def from_params(
     config: TransformerXLConfig, params: Dict[str, np.ndarray], *, strict: bool = True, seed: int = 0
 ) -> TransformerXLLM:
-    """Build a `TransformerXLLM` whose parameters are `params` ({unscanned path: array}) without random init.
-
-    Layers are stacked for `scan_layers` configs. Parameters absent from `params` are zero (allowed only with
-    `strict=False`, e.g. the unused softmax of a headless TransfoXLModel); RNG streams are seeded with `seed`.
-    """
+    """A `TransformerXLLM` holding `params` ({unscanned "/"-joined path: array}, e.g. "layers/3/attn/q/kernel"),
+    built without random init (`xlgen.models.params.materialize`); layers are stacked for `scan_layers` configs.
+    Parameters absent from `params` are zero only with `strict=False` (the unused softmax of a headless
+    TransfoXLModel); RNG streams are seeded with `seed`."""
+    if config.scan_layers:
+        params = stack_layers(params, config.n_layer, sep="/")
     abstract = nnx.eval_shape(lambda: TransformerXLLM(config, rngs=nnx.Rngs(seed)))
-    graphdef, state = nnx.split(abstract)
-    pure = nnx.to_pure_dict(state)
-    used = set()
-    key_shapes = {}  # RNG-stream keys, made in one jitted call (eager per-shape ops each compile)
+    return materialize(abstract, params, sep="/", strict=strict, seed=seed)
 
-    def collect(path, leaf):
-        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            key_shapes[_path_str(path)] = leaf.shape
 
-    jax.tree_util.tree_map_with_path(collect, pure)
-    # raw key data drawn on the host and wrapped in one tiny jitted call (no threefry kernels to compile)
-    key_width = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape[-1]
-    host_rng = np.random.default_rng(seed)
-    key_data = {
-        name: host_rng.integers(0, 2**32, size=tuple(shape) + (key_width,), dtype=np.uint32)
-        for name, shape in sorted(key_shapes.items())
-    }
-    rng_keys = jax.jit(lambda d: {n: jax.random.wrap_key_data(v) for n, v in d.items()})(key_data)
-
-    def fill(path, leaf):
-        name = _path_str(path)
-        if name in rng_keys:
-            return rng_keys[name]
-        if "/rngs/" in name or name.startswith("rngs/"):
-            return jax.device_put(np.zeros(leaf.shape, leaf.dtype))
-        if config.scan_layers and name.startswith("layers/"):
-            rest = name[len("layers/") :]
-            names = [f"layers/{n}/{rest}" for n in range(config.n_layer)]
-            if all(k in params for k in names):
-                used.update(names)
-                value = np.stack([np.asarray(params[k]) for k in names])
-            else:
-                value = None
-        else:
-            value = params.get(name)
-            if value is not None:
-                used.add(name)
-        if value is None:
-            if strict:
-                raise KeyError(f"no value for parameter {name!r}")
-            return jax.device_put(np.zeros(leaf.shape, leaf.dtype))
-        if tuple(value.shape) != tuple(leaf.shape):
-            raise ValueError(f"parameter {name!r}: got shape {tuple(value.shape)}, model expects {tuple(leaf.shape)}")
-        return jax.device_put(np.asarray(value, leaf.dtype))  # (jnp.asarray would compile per shape)
-
-    pure = jax.tree_util.tree_map_with_path(fill, pure)
-    unused = sorted(set(params) - used)
-    if unused:
-        raise ValueError(f"parameters not used by the model: {unused[:8]}{' ...' if len(unused) > 8 else ''}")
-    nnx.replace_by_pure_dict(state, pure)
-    return nnx.merge(graphdef, state)
+# ----------------------------------------------------------------------------------------------------------------
+# The Hugging Face calling convention (loading HF checkpoints: `xlgen.models.transformer_xl.hf`)
+# ----------------------------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -701,22 +577,3 @@ class TransfoXLPretrained:
             mem_valid = jnp.broadcast_to(jnp.asarray(mv, jnp.int32), (ids.shape[0],))
         out = self._forward(self._state, ids, mem_arg, lab, mem_valid, mode=mode, mem_len=mem_len, layout=layout)
         return TransfoXLOutput(**out)
-
-
-def from_hf(hf_config: Dict[str, Any], weights: Dict[str, np.ndarray], kwargs: Dict[str, Any]) -> TransfoXLPretrained:
-    """`xlgen.from_pretrained` hook for HF `transfo-xl` directories (TransfoXLLMHeadModel or TransfoXLModel).
-
-    `kwargs` override config fields, e.g. `mem_len=1600, same_length=True, clamp_len=1000` (evaluation
-    settings) or `scan_layers=True, dtype="bfloat16"`.
-    """
-    config = TransformerXLConfig.from_hf(hf_config, **dict(kwargs))
-    if any(k.startswith("transformer.") for k in weights):
-        prefix, head = "transformer.", True
-    else:
-        prefix, head = "", any(k.startswith("crit.") for k in weights)
-    archs = hf_config.get("architectures") or []
-    if any(a not in ("TransfoXLLMHeadModel", "TransfoXLModel") for a in archs):
-        raise ValueError(f"config.json: architectures={archs}: xlgen loads TransfoXLLMHeadModel and TransfoXLModel")
-    params = hf_to_xlgen_params(config, weights, prefix=prefix, head=head)
-    module = load_params(config, params, strict=head)
-    return TransfoXLPretrained(module, has_head=head)

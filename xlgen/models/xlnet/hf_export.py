@@ -1,4 +1,4 @@
-"""XLNet -> Hugging Face XLNet classes (transformers 4.34.1): the inverse of `xlnet.hf_to_xlgen` /
+"""XLNet -> Hugging Face XLNet classes (transformers 4.34.1): the inverse of `xlnet.hf.hf_to_xlgen` /
 `XLNetConfig.from_hf`, for `XLNetModel`, `XLNetLMHeadModel` and the finetuning heads (sequence classification,
 multiple choice, question answering).
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any, Dict, Tuple
 
 import numpy as np
+
+from xlgen.models.params import flat_params
 
 
 def hf_config(config, architecture: str) -> Dict[str, Any]:
@@ -71,8 +73,6 @@ def _linear(p: Dict[str, np.ndarray], src: str, dst: str, sd: Dict[str, np.ndarr
 
 def to_hf(module) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config, state dict) of an xlgen XLNet module; the HF class is the module's class name."""
-    from xlgen.models.flat_params import flat_params
-
     arch = type(module).__name__
     c = module.config
     core = "" if arch == "XLNetModel" else "transformer."

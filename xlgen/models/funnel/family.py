@@ -1,0 +1,67 @@
+"""The Funnel-Transformer family record (`xlgen.models.registry`)."""
+
+from __future__ import annotations
+
+from xlgen.models.family import Family
+from xlgen.models.funnel.cost import train_flops
+from xlgen.models.funnel.heads import (
+    FunnelElectra,
+    FunnelForMultipleChoice,
+    FunnelForQuestionAnswering,
+    FunnelForSequenceClassification,
+)
+from xlgen.models.funnel.hf import HFFunnel, from_hf
+from xlgen.models.funnel.hf_export import to_hf
+from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel
+from xlgen.models.funnel.numbering import layer_ids
+
+
+def _sequence_head(cfg, *, num_labels, answerability, rngs):
+    return FunnelForSequenceClassification(cfg, num_labels, rngs=rngs)
+
+
+def _wrap(module, kwargs) -> HFFunnel:
+    """HF-convention caller of a trained MLM (FunnelForMaskedLM) or ELECTRA model (its discriminator, the model that
+    gets finetuned: FunnelForPreTraining)."""
+    if hasattr(module, "discriminator"):
+        return HFFunnel(module.discriminator, "FunnelForPreTraining")
+    return HFFunnel(module, "FunnelForMaskedLM")
+
+
+def _squad_outputs(model, batch, *, train: bool):
+    """start/end logits (and cls_logits with the answerability head), training and inference alike."""
+    out = model(
+        batch["input_ids"],
+        token_type_ids=batch["token_type_ids"],
+        attention_mask=batch["attention_mask"],
+        p_mask=batch["p_mask"],
+        cls_index=batch["cls_index"],
+    )
+    res = {"start_logits": out.start_logits, "end_logits": out.end_logits}
+    if out.cls_logits is not None:
+        res["cls_logits"] = out.cls_logits
+    return res
+
+
+FAMILY = Family(
+    name="funnel",
+    hf_model_type="funnel",
+    config_class=FunnelConfig,
+    default_objective="funnel_mlm",
+    models={"mlm": FunnelForMaskedLM, "electra": FunnelElectra, "base": FunnelBaseModel, "model": FunnelModel},
+    heads={
+        "classification": _sequence_head,
+        "regression": _sequence_head,
+        "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: FunnelForMultipleChoice(cfg, rngs=rngs),
+        "squad": lambda cfg, *, num_labels, answerability, rngs: FunnelForQuestionAnswering(
+            cfg, answerability=answerability, rngs=rngs
+        ),
+    },
+    squad_outputs=_squad_outputs,
+    input_style="funnel",
+    from_hf=from_hf,
+    to_hf=to_hf,
+    wrap=_wrap,
+    layer_ids=layer_ids,
+    train_flops=train_flops,
+)

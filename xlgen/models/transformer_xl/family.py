@@ -1,0 +1,33 @@
+"""The Transformer-XL family record (`xlgen.models.registry`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from xlgen.models.family import Family
+from xlgen.models.numbering import layer_stack_ids
+from xlgen.models.transformer_xl.cost import train_flops
+from xlgen.models.transformer_xl.hf import from_hf
+from xlgen.models.transformer_xl.hf_export import to_hf
+from xlgen.models.transformer_xl.model import TransformerXLConfig, TransformerXLLM, TransfoXLPretrained
+
+
+def _wrap(module: TransformerXLLM, kwargs) -> TransfoXLPretrained:
+    """A trained LM with HF's TransfoXLLMHeadModel calling convention; kwargs override config fields (mem_len...)."""
+    if kwargs:
+        module.config = dataclasses.replace(module.config, **kwargs)
+    return TransfoXLPretrained(module)
+
+
+FAMILY = Family(
+    name="transformer_xl",
+    hf_model_type="transfo-xl",
+    config_class=TransformerXLConfig,
+    default_objective="txl_lm",
+    models={"lm": TransformerXLLM},
+    from_hf=from_hf,
+    to_hf=to_hf,
+    wrap=_wrap,
+    layer_ids=layer_stack_ids,
+    train_flops=train_flops,
+)

@@ -1,0 +1,64 @@
+"""The XLNet family record (`xlgen.models.registry`)."""
+
+from __future__ import annotations
+
+from xlgen.models.family import Family
+from xlgen.models.numbering import layer_stack_ids
+from xlgen.models.xlnet.cost import train_flops
+from xlgen.models.xlnet.heads import XLNetForMultipleChoice, XLNetForQuestionAnswering, XLNetForSequenceClassification
+from xlgen.models.xlnet.hf import XLNetFromHF, from_hf
+from xlgen.models.xlnet.hf_export import to_hf
+from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, XLNetModel
+
+
+def _sequence_head(cfg, *, num_labels, answerability, rngs):
+    return XLNetForSequenceClassification(cfg, rngs=rngs)  # num_labels is a config field (finetune_overrides)
+
+
+def _squad_outputs(model, batch, *, train: bool):
+    """Training: start/end logits (ends conditioned on the gold start) and cls_logits; inference: the beam arrays,
+    end arrays flattened [b, S, E] -> [b, S*E] (row k*E + j)."""
+    kw = dict(
+        token_type_ids=batch["token_type_ids"],
+        attention_mask=batch["attention_mask"],
+        p_mask=batch["p_mask"],
+        cls_index=batch["cls_index"],
+    )
+    if train:
+        kw["start_positions"] = batch["start_positions"]
+    out = model(batch["input_ids"], **kw)
+    out = out[0] if isinstance(out, tuple) else out  # XLNet heads return (outputs, new_mems)
+    if train:
+        return {n: out[n] for n in ("start_logits", "end_logits", "cls_logits")}
+    b = out["start_top_index"].shape[0]
+    return {
+        "start_top_log_probs": out["start_top_log_probs"],
+        "start_top_index": out["start_top_index"],
+        "end_top_log_probs": out["end_top_log_probs"].reshape(b, -1),
+        "end_top_index": out["end_top_index"].reshape(b, -1),
+        "cls_logits": out["cls_logits"],
+    }
+
+
+FAMILY = Family(
+    name="xlnet",
+    hf_model_type="xlnet",
+    config_class=XLNetConfig,
+    default_objective="xlnet_plm",
+    models={"lm": XLNetLMHeadModel, "base": XLNetModel},
+    heads={
+        "classification": _sequence_head,
+        "regression": _sequence_head,
+        "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: XLNetForMultipleChoice(cfg, rngs=rngs),
+        "squad": lambda cfg, *, num_labels, answerability, rngs: XLNetForQuestionAnswering(cfg, rngs=rngs),
+    },
+    squad_outputs=_squad_outputs,
+    # finetuning: one segment per example, no recurrence memory, no bidirectional pipeline
+    finetune_overrides=lambda num_labels: dict(num_labels=num_labels, mem_len=None, reuse_len=None, bi_data=False),
+    input_style="xlnet",
+    from_hf=from_hf,
+    to_hf=to_hf,
+    wrap=lambda module, kwargs: XLNetFromHF(module, "XLNetLMHeadModel", {"use_mems_eval": True, **kwargs}),
+    layer_ids=layer_stack_ids,
+    train_flops=train_flops,
+)
