@@ -16,8 +16,9 @@ class Predictor:
         import jax
 
         from xlgen import sharding
+        from xlgen.models.params import materialize
         from xlgen.tasks.objective import batch_spec, forward
-        from xlgen.train.program import concrete_rest, merge_model
+        from xlgen.train.program import concrete_rest
 
         self.program = program
         config = program.config
@@ -28,7 +29,7 @@ class Predictor:
         rep = sharding.replicated(program.mesh)
 
         def predict(params, batch):
-            model = merge_model(spec, params, rest)
+            model = materialize(spec.abstract, params, rest=rest)
             return forward(model, batch, config, train=False)
 
         self._predict = jax.jit(

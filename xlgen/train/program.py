@@ -31,20 +31,16 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from xlgen import optim, sharding
+from xlgen.models.params import materialize, path_name
 from xlgen.train.objectives import Objective, get_objective
-
-
-def _name(path) -> str:
-    return ".".join(str(getattr(p, "key", p)) for p in path)
 
 
 @dataclasses.dataclass
 class ModelSpec:
-    """Abstract model split into graph + flat parameter metadata (no arrays allocated)."""
+    """An abstract model (no arrays allocated) and its flat parameter metadata; `materialize(spec.abstract, params,
+    rest=...)` (xlgen.models.params) makes the module for a flat {name: array} dict."""
 
-    graphdef: Any
-    param_paths: Dict[str, Tuple]  # name -> nnx path
-    param_vars: Dict[str, Any]  # name -> abstract nnx.Param (carries metadata)
+    abstract: nnx.Module  # from nnx.eval_shape, in train or eval mode
     rest: Any  # non-parameter state (RNG streams), abstract
     shapes: Dict[str, Tuple[int, ...]]
     dtypes: Dict[str, Any]
@@ -60,21 +56,15 @@ def abstract_model(make: Callable[[nnx.Rngs], nnx.Module], train: bool) -> Model
         model.train()
     else:
         model.eval()
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    paths, vars_, shapes, dtypes, logical = {}, {}, {}, {}, {}
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    shapes, dtypes, logical = {}, {}, {}
     for path, var in nnx.to_flat_state(params):
-        n = _name(path)
-        paths[n], vars_[n] = path, var
+        n = path_name(path)
         shapes[n] = tuple(var.shape)
         dtypes[n] = var.dtype
         axes = var.get_metadata().get("out_sharding")
         logical[n] = tuple(axes) if axes is not None else (None,) * len(shapes[n])
-    return ModelSpec(graphdef, paths, vars_, rest, shapes, dtypes, logical)
-
-
-def merge_model(spec: ModelSpec, params: Dict[str, jax.Array], rest) -> nnx.Module:
-    flat = [(spec.param_paths[n], spec.param_vars[n].replace(params[n])) for n in spec.param_paths]
-    return nnx.merge(spec.graphdef, nnx.from_flat_state(flat), rest)
+    return ModelSpec(model, rest, shapes, dtypes, logical)
 
 
 def seeded_rest(rest, key: jax.Array):
@@ -157,7 +147,7 @@ class Program:
 
     def make_model(self, params, train: bool = False) -> nnx.Module:
         spec = self.train_spec if train else self.eval_spec
-        return merge_model(spec, params, concrete_rest(spec.rest))
+        return materialize(spec.abstract, params, rest=concrete_rest(spec.rest))
 
 
 def _opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh):
@@ -240,12 +230,14 @@ def _build_program(config, mesh: Mesh) -> Program:
         )
 
     seed = int(config.seed)
-    graphdef_train, rest_train = train_spec, train_spec.rest
+    rest_train = train_spec.rest
 
     def init_fn():
         model = objective.make_model(config, nnx.Rngs(params=seed, dropout=seed + 1, sample=seed + 2), True)
         _, params, _ = nnx.split(model, nnx.Param, ...)
-        flat = {_name(p): v.get_value() if hasattr(v, "get_value") else v.value for p, v in nnx.to_flat_state(params)}
+        flat = {
+            path_name(p): v.get_value() if hasattr(v, "get_value") else v.value for p, v in nnx.to_flat_state(params)
+        }
         state = {
             "params": flat,
             "opt_state": tx.init(flat),
@@ -278,7 +270,7 @@ def _build_program(config, mesh: Mesh) -> Program:
 
     def loss_fn(params, batch, mems, key):
         rest = seeded_rest(rest_train, key)
-        model = merge_model(graphdef_train, params, rest)
+        model = materialize(train_spec.abstract, params, rest=rest)
         with sharding.activation_rules(config.mesh.rules):  # the models' activation constraints use these rules
             loss, aux, new_mems = objective.loss(model, batch, mems, key, config)
         return loss, (aux, new_mems)
@@ -414,7 +406,7 @@ def _make_eval_step(program: Program):
     rep = sharding.replicated(mesh)
 
     def eval_step(params, batch, mems):
-        model = merge_model(spec, params, seeded_rest(rest, jax.random.key(0)))
+        model = materialize(spec.abstract, params, rest=seeded_rest(rest, jax.random.key(0)))
         with sharding.activation_rules(config.mesh.rules):
             total, count, new_mems = objective.eval_loss(model, batch, mems, config)
         if mems is not None:
