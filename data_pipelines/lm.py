@@ -23,7 +23,7 @@ from data_pipelines import rng as rng_lib
 from data_pipelines.corpus import TokenCorpus
 
 
-def process_rows(global_batch_size: int, process_index: int, process_count: int, what: str = "batch_size"):
+def rows_of_process(global_batch_size: int, process_index: int, process_count: int, what: str = "batch_size"):
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"bad process_index={process_index} / process_count={process_count}")
     if global_batch_size % process_count:
@@ -49,7 +49,7 @@ class LMStreamPipeline:
     ):
         self.corpus, self.tgt_len, self.seed = corpus, int(tgt_len), int(seed)
         self.global_batch_size = int(global_batch_size)
-        self.row0, self.local_batch_size = process_rows(self.global_batch_size, process_index, process_count)
+        self.row0, self.local_batch_size = rows_of_process(self.global_batch_size, process_index, process_count)
         self.rotate_passes, self.finite = rotate_passes, finite
         n = corpus.num_tokens
         self.row_len = n // self.global_batch_size

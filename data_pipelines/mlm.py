@@ -31,7 +31,7 @@ import numpy as np
 
 from data_pipelines import rng as rng_lib
 from data_pipelines.corpus import TokenCorpus
-from data_pipelines.lm import process_rows
+from data_pipelines.lm import rows_of_process
 from data_pipelines.xlnet import RowView, trim_to_length
 
 
@@ -66,7 +66,7 @@ class MLMPipeline:
         ):
             raise ValueError("need 0 < mask_prob < 1, random_prob, keep_prob >= 0, random_prob + keep_prob <= 1")
         self.global_batch_size = int(global_batch_size)
-        self.row0, self.local_batch_size = process_rows(self.global_batch_size, process_index, process_count)
+        self.row0, self.local_batch_size = rows_of_process(self.global_batch_size, process_index, process_count)
         tok = corpus.tokenizer
         self.tokenizer, self.vocab_size = tok, tok.vocab_size
         sp = tok.special_ids

@@ -27,7 +27,7 @@ import numpy as np
 
 from data_pipelines import rng as rng_lib
 from data_pipelines.corpus import TokenCorpus
-from data_pipelines.lm import process_rows
+from data_pipelines.lm import rows_of_process
 
 _SCAN = 256  # window size when scanning for sentence boundaries
 
@@ -311,7 +311,7 @@ class XLNetPipeline:
             )
         if self.bi_data and self.global_batch_size % 2:
             raise ValueError(f"bi_data needs an even batch size, got {self.global_batch_size}")
-        self.row0, self.local_batch_size = process_rows(self.global_batch_size, process_index, process_count)
+        self.row0, self.local_batch_size = rows_of_process(self.global_batch_size, process_index, process_count)
         if self.bi_data and (self.row0 % 2 or self.local_batch_size % 2):
             raise ValueError("bi_data needs an even number of rows per process")
         tok = corpus.tokenizer

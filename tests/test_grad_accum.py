@@ -54,7 +54,7 @@ def _program(config_file, accum, mesh_over):
 def _batch_and_mems(program):
     """A global batch whose micro-batches differ in their number of target tokens, and non-zero memory."""
     rng = np.random.default_rng(0)
-    spec = program.objective.batch_spec(program.config, "train")
+    spec = program.objective.batch_shapes(program.config, "train")
     vocab = int(program.config.model.vocab_size)
     batch = {}
     for name, (shape, dtype) in spec.items():

@@ -44,4 +44,4 @@ def test_logical_rules_dedup_divisibility_and_presets():
 
 def test_process_rows_single_process():
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    assert sharding.process_rows(mesh, 16) == (0, 16)
+    assert sharding.addressable_batch_rows(mesh, 16) == (0, 16)

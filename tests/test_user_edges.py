@@ -220,7 +220,7 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path, compil
     """lr=1e30: step 1 is finite (its update blows the weights up to ~1e30), every later loss is NaN. Those updates
     are skipped (parameters stay those of step 1, finite, in every checkpoint), counted in metrics.jsonl, and the
     third in a row stops the run with a clear error."""
-    from xlgen.train.workdir_model import load_params
+    from xlgen.train.workdir_model import restore_params
 
     wd = str(tmp_path / "wd")
     over = {
@@ -242,7 +242,7 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path, compil
     assert steps == [1, 2, 3]
     first = None
     for step in steps:
-        _, _, params, _ = load_params(wd, step)
+        _, _, params, _ = restore_params(wd, step)
         params = {k: np.asarray(v) for k, v in params.items()}
         assert all(np.isfinite(v).all() for v in params.values()), step
         if first is None:

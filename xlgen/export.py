@@ -216,9 +216,9 @@ def workdir_tokenizer(config, workdir: str):
 
 def export_workdir(workdir: str, out_dir: str, step: Optional[int] = None, with_tokenizer: bool = True) -> str:
     """Export the latest (or `step`) checkpoint of an xlgen workdir (pretraining or finetuning) to `out_dir`."""
-    from xlgen.train.workdir_model import load_params
+    from xlgen.train.workdir_model import restore_params
 
-    config, program, params, _ = load_params(workdir, step)
+    config, program, params, _ = restore_params(workdir, step)
     module = program.make_model(params, train=False)
     if type(module).__name__ == "FunnelElectra":  # the discriminator is the model users finetune
         module = module.discriminator

@@ -186,7 +186,7 @@ def constrain(x: jax.Array, logical: Sequence[Optional[str]]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, activation_spec(logical, x.shape, rules, mesh))
 
 
-def batch_spec(ndim: int) -> P:
+def batch_partition_spec(ndim: int) -> P:
     """Batch-major arrays: split dim 0 over the data-parallel axes, replicate the rest."""
     return P(BATCH_AXES, *([None] * (ndim - 1)))
 
@@ -197,7 +197,7 @@ def mems_spec() -> P:
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-    return NamedSharding(mesh, batch_spec(ndim))
+    return NamedSharding(mesh, batch_partition_spec(ndim))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -208,8 +208,8 @@ def data_parallel_size(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
-def process_rows(mesh: Mesh, global_batch: int) -> Tuple[int, int]:
-    """The contiguous [start, stop) batch rows this process's devices hold under `batch_spec` (checks contiguity)."""
+def addressable_batch_rows(mesh: Mesh, global_batch: int) -> Tuple[int, int]:
+    """The contiguous [start, stop) batch rows this process's devices hold under `batch_partition_spec` (checks contiguity)."""
     sh = batch_sharding(mesh, 1)
     idx = sh.addressable_devices_indices_map((global_batch,))
     starts = sorted({s[0].start or 0 for s in idx.values()})

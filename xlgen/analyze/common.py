@@ -32,9 +32,9 @@ def setup(platform: str = "") -> None:
 
 def load_model(workdir: str, step=None) -> Tuple[Any, Any, int]:
     """(config, eval-mode model on one device, checkpoint step) of an xlgen pretraining workdir."""
-    from xlgen.train.workdir_model import load_params
+    from xlgen.train.workdir_model import restore_params
 
-    config, program, params, step = load_params(workdir, step)
+    config, program, params, step = restore_params(workdir, step)
     return config, program.make_model(params, train=False), step
 
 

@@ -216,11 +216,11 @@ def group_losses(
 ) -> Dict[str, Dict[int, np.ndarray]]:
     """losses[workdir][c] for a group of Transformer-XL workdirs on the same evaluation tokens."""
     from data_pipelines.corpus import corpus_from_config
-    from xlgen.train.workdir_model import load_params
+    from xlgen.train.workdir_model import restore_params
 
     losses, tokens, fingerprint = {}, None, None
     for wd in workdirs:
-        config, program, params, _ = load_params(wd)
+        config, program, params, _ = restore_params(wd)
         module = program.make_model(params, train=False)
         if type(module).__name__ != "TransformerXLLM":
             raise ValueError(f"{wd}: RECL is computed for Transformer-XL language models, not {type(module).__name__}")

@@ -17,13 +17,13 @@ class Predictor:
 
         from xlgen import sharding
         from xlgen.models.params import materialize
-        from xlgen.tasks.objective import batch_spec, forward
+        from xlgen.tasks.objective import batch_shapes, forward
         from xlgen.train.program import concrete_rest
 
         self.program = program
         config = program.config
         spec = program.eval_spec
-        self.bspec = batch_spec(config, "eval")
+        self.bspec = batch_shapes(config, "eval")
         self.shardings = {k: sharding.batch_sharding(program.mesh, len(s)) for k, (s, _) in self.bspec.items()}
         rest = concrete_rest(spec.rest)
         rep = sharding.replicated(program.mesh)
@@ -45,7 +45,7 @@ class Predictor:
         from xlgen.train.loop import global_batch
 
         gb = self.bspec["input_ids"][0][0]
-        r0, r1 = sharding.process_rows(self.program.mesh, gb)
+        r0, r1 = sharding.addressable_batch_rows(self.program.mesh, gb)
         n = len(features["input_ids"])
         outs: Dict[str, list] = {}
         for b in eval_batches(features, gb, keys=set(self.bspec)):

@@ -85,9 +85,9 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
                         flush=True,
                     )
             best = None
-        bspec = program.objective.batch_spec(config, "train")
+        bspec = program.objective.batch_shapes(config, "train")
         gb = bspec["input_ids"][0][0]
-        r0, r1 = sharding.process_rows(mesh, gb)
+        r0, r1 = sharding.addressable_batch_rows(mesh, gb)
         keys = set(bspec)
         pipe = FeaturePipeline(train_feats, global_batch_size=gb, seed=int(config.seed), keys=keys)
         predictor = Predictor(program)

@@ -51,7 +51,7 @@ def make_model(config, rngs, train: bool):
     )
 
 
-def batch_spec(config, split: str):
+def batch_shapes(config, split: str):
     task = get_task(config.task)
     d = config.data
     b = int(d.batch_size) if split == "train" else int(d.eval_batch_size)
@@ -132,7 +132,7 @@ def _eval_loss(model, batch, mems, config):
 
 
 def _tokens(config):
-    spec = batch_spec(config, "train")
+    spec = batch_shapes(config, "train")
     shape = spec["input_ids"][0]
     n = 1
     for s in shape:
@@ -145,7 +145,7 @@ FINETUNE = obj_lib.register_objective(
         name="finetune",
         family="any",
         make_model=make_model,
-        batch_spec=batch_spec,
+        batch_shapes=batch_shapes,
         loss=_loss,
         eval_loss=_eval_loss,
         tokens_per_step=_tokens,

@@ -133,7 +133,7 @@ def _train_batches(pipeline, start: int, end: int, depth: int):
 def run_eval(program: Program, params, pipeline, steps: int) -> Dict[str, float]:
     """Mean eval loss over `steps` batches, carrying (eval-length) memory across them; family metrics."""
     eval_step, zero_mems, shardings = make_eval_step(program)
-    spec = program.objective.batch_spec(program.config, "eval")
+    spec = program.objective.batch_shapes(program.config, "eval")
     mems = zero_mems()
     total, count = 0.0, 0.0
     for s in range(steps):
@@ -234,9 +234,9 @@ def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, 
             f"config.model.vocab_size={model_vocab} is smaller than the data's vocabulary "
             f"({data_vocab} symbols, data.source={config.data.get('source')!r})"
         )
-    bspec = program.objective.batch_spec(config, "train")
+    bspec = program.objective.batch_shapes(config, "train")
     gb = next(iter(bspec.values()))[0][0]
-    row0, row1 = sharding.process_rows(mesh, gb)
+    row0, row1 = sharding.addressable_batch_rows(mesh, gb)
     if getattr(train_pipe, "local_batch_size", row1 - row0) != row1 - row0:
         raise ValueError(
             f"the data pipeline gives {train_pipe.local_batch_size} rows per process but the mesh "

@@ -39,7 +39,7 @@ class Objective:
     # (config, rngs, train: bool) -> nnx.Module.  Eval modules may differ in static settings (same_length...)
     make_model: Callable[[Any, nnx.Rngs, bool], nnx.Module]
     # config -> {name: (global shape, dtype)} of a training batch (split="train") or eval batch
-    batch_spec: Callable[[Any, str], Dict[str, ShapeDtype]]
+    batch_shapes: Callable[[Any, str], Dict[str, ShapeDtype]]
     # (model, batch, mems, rng) -> (scalar loss, {metric: scalar}, new_mems or None)
     loss: Callable[..., Tuple[jax.Array, Dict[str, jax.Array], Optional[jax.Array]]]
     # (model, batch, mems) -> (sum of per-token losses, token count, new_mems)  -- for eval
@@ -179,7 +179,7 @@ register_objective(
         name="txl_lm",
         family="transformer_xl",
         make_model=_txl_model,
-        batch_spec=_lm_batch_spec,
+        batch_shapes=_lm_batch_spec,
         loss=_txl_loss,
         eval_loss=_txl_eval_loss,
         mems_shape=_txl_mems_shape,
@@ -273,7 +273,7 @@ register_objective(
         name="xlnet_plm",
         family="xlnet",
         make_model=_xlnet_model,
-        batch_spec=_xlnet_batch_spec,
+        batch_shapes=_xlnet_batch_spec,
         loss=_xlnet_loss,
         eval_loss=lambda model, batch, mems, config: _xlnet_forward(model, batch, mems),
         mems_shape=_xlnet_mems_shape,
@@ -368,7 +368,7 @@ register_objective(
         name="funnel_mlm",
         family="funnel",
         make_model=_funnel_mlm_model,
-        batch_spec=_mlm_batch_spec,
+        batch_shapes=_mlm_batch_spec,
         loss=_funnel_mlm_loss,
         eval_loss=_funnel_mlm_eval,
         tokens_per_step=_funnel_tokens,
@@ -382,7 +382,7 @@ register_objective(
         name="funnel_electra",
         family="funnel",
         make_model=_funnel_electra_model,
-        batch_spec=_mlm_batch_spec,
+        batch_shapes=_mlm_batch_spec,
         loss=_funnel_electra_loss,
         eval_loss=_funnel_electra_eval,
         tokens_per_step=_funnel_tokens,

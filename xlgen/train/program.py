@@ -133,7 +133,7 @@ class Program:
         return jax.ShapeDtypeStruct(self.mems_shape, self.mems_dtype, sharding=self.mems_sharding)
 
     def abstract_batch(self, split: str = "train") -> Dict[str, jax.ShapeDtypeStruct]:
-        spec = self.objective.batch_spec(self.config, split)
+        spec = self.objective.batch_shapes(self.config, split)
         return {
             k: jax.ShapeDtypeStruct(s, d, sharding=sharding.batch_sharding(self.mesh, len(s)))
             for k, (s, d) in spec.items()
@@ -219,7 +219,7 @@ def _build_program(config, mesh: Mesh) -> Program:
     mems_shape = objective.mems_shape(config, "train")
     mems_dtype = objective.mems_dtype(config)
     mems_sharding = NamedSharding(mesh, sharding.mems_spec()) if mems_shape is not None else None
-    bspec = objective.batch_spec(config, "train")
+    bspec = objective.batch_shapes(config, "train")
     batch_shardings = {k: sharding.batch_sharding(mesh, len(s)) for k, (s, _) in bspec.items()}
     global_batch = next(iter(bspec.values()))[0][0]
     dp = sharding.data_parallel_size(mesh)
@@ -401,7 +401,7 @@ def _make_eval_step(program: Program):
     rest = spec.rest
     mems_shape = objective.mems_shape(config, "eval")
     mems_sh = NamedSharding(mesh, sharding.mems_spec()) if mems_shape is not None else None
-    bspec = objective.batch_spec(config, "eval")
+    bspec = objective.batch_shapes(config, "eval")
     bsh = {k: sharding.batch_sharding(mesh, len(s)) for k, (s, _) in bspec.items()}
     rep = sharding.replicated(mesh)
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import jax
 
 
-def load_params(workdir: str, step: Optional[int] = None):
+def restore_params(workdir: str, step: Optional[int] = None):
     """(config, {param name: array}, step) of a workdir's checkpoint, restored onto one device."""
     from data_pipelines import paths
     from xlgen import config as config_lib
@@ -70,7 +70,7 @@ def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
 
 
 def _from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
-    config, program, params, step = load_params(path, step)
+    config, program, params, step = restore_params(path, step)
     module = program.make_model(params, train=False)
     from xlgen.models import registry
 
