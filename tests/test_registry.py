@@ -1,0 +1,114 @@
+"""The model-family registry (`xlgen.models.registry`) and the one module <-> flat-parameters path
+(`xlgen.models.params`). Cheap: abstract models (`nnx.eval_shape`) and NumPy only, nothing compiled."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from xlgen.models import registry
+from xlgen.models.params import flat_params, materialize, stack_layers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = {
+    "transformer_xl": dict(vocab_size=20, cutoffs=(), d_model=8, d_embed=8, n_head=2, d_head=4, d_inner=16, n_layer=2),
+    "xlnet": dict(vocab_size=20, d_model=8, n_head=2, d_head=4, d_inner=16, n_layer=2),
+    "funnel": dict(vocab_size=20, block_sizes=(1, 1), num_decoder_layers=1, d_model=8, n_head=2, d_head=4, d_inner=16),
+}
+
+
+def test_every_family_is_complete_and_found_by_name_hf_type_and_module():
+    assert set(registry.names()) == {"transformer_xl", "xlnet", "funnel"}
+    for name in registry.names():
+        fam = registry.get(name)
+        assert registry.by_hf_model_type(fam.hf_model_type) is fam
+        cfg = fam.model_config({"family": name, **TINY[name]})
+        assert isinstance(cfg, fam.config_class)
+        role, ctor = next(iter(fam.models.items()))  # the pretraining model
+        module = nnx.eval_shape(lambda: ctor(cfg, rngs=nnx.Rngs(0)))
+        assert registry.family_of(module) is fam, (name, role)
+        for fn in (fam.from_hf, fam.wrap, fam.layer_ids, fam.train_flops, fam.to_hf):
+            assert callable(fn)
+    with pytest.raises(ValueError, match="model.family='bert'.*expected one of"):
+        registry.get("bert")
+    with pytest.raises(ValueError, match="model_type='bert' is not supported"):
+        registry.by_hf_model_type("bert")
+    with pytest.raises(ValueError, match=r"config.model.n_layers: not a field of XLNetConfig"):
+        registry.get("xlnet").model_config({"n_layers": 3})
+
+
+def test_finetuning_heads_per_family():
+    """XLNet and Funnel have a head for every task kind; Transformer-XL none (a clear error)."""
+    kinds = {"classification", "regression", "multiple_choice", "squad"}
+    for name in ("xlnet", "funnel"):
+        fam = registry.get(name)
+        assert set(fam.heads) == kinds and fam.squad_outputs is not None and fam.input_style == name
+        cfg = fam.model_config(TINY[name], **fam.finetune_overrides(3))
+        head = nnx.eval_shape(lambda: fam.head("squad", cfg, num_labels=3, answerability=True, rngs=nnx.Rngs(0)))
+        assert registry.family_of(head) is fam
+    txl = registry.get("transformer_xl")
+    with pytest.raises(ValueError, match="no finetuning head"):
+        txl.head("classification", None, num_labels=2, answerability=False, rngs=None)
+
+
+def test_materialize_and_flat_params_round_trip_with_scanned_layers():
+    """flat_params(materialize(abstract, p)) == p exactly; a scanned model takes the stacked layout of the same
+    numbers (stack_layers) and gives them back unstacked (flat_params(scanned=...)); wrong inputs are errors that
+    name the parameter."""
+    fam = registry.get("xlnet")
+    cfg = fam.model_config(TINY["xlnet"])
+    abstract = nnx.eval_shape(lambda: fam.models["lm"](cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(0)
+    names = {n: v.shape for n, v in flat_params_abstract(abstract).items()}
+    values = {n: rng.normal(size=s).astype(np.float32) for n, s in names.items()}
+    model = materialize(abstract, values)
+    back = flat_params(model)
+    assert back.keys() == values.keys() and all(np.array_equal(back[n], values[n]) for n in values)
+
+    scan_cfg = fam.model_config({**TINY["xlnet"], "scan_layers": True})
+    scan_abstract = nnx.eval_shape(lambda: fam.models["lm"](scan_cfg, rngs=nnx.Rngs(0)))
+    scanned = materialize(scan_abstract, stack_layers(values, cfg.n_layer, prefix="transformer.layers"))
+    unstacked = flat_params(scanned, scanned=("transformer.layers",))
+    assert unstacked.keys() == values.keys() and all(np.array_equal(unstacked[n], values[n]) for n in values)
+
+    name = next(iter(values))
+    with pytest.raises(KeyError, match=name):
+        materialize(abstract, {n: v for n, v in values.items() if n != name})
+    with pytest.raises(ValueError, match="does not have: \\['extra'\\]"):
+        materialize(abstract, {**values, "extra": np.zeros(1)})
+    with pytest.raises(ValueError, match=f"parameter '{name}': got shape"):
+        materialize(abstract, {**values, name: np.zeros((1, 2, 3))})
+    zeros = flat_params(materialize(abstract, {n: v for n, v in values.items() if n != name}, strict=False))
+    assert not zeros[name].any()
+
+
+def flat_params_abstract(abstract):
+    """{name: abstract Param} of an abstract module (shapes only)."""
+    return {".".join(map(str, p)): v for p, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+
+
+def test_no_model_module_is_imported_by_string():
+    """Nothing asks for a model family by module name: no `importlib.import_module("xlgen.models...")`."""
+    offenders = []
+    for pkg in ("xlgen", "data_pipelines"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(dirpath, f)
+                tree = ast.parse(open(path, encoding="utf-8").read())
+                for node in ast.walk(tree):
+                    if (
+                        isinstance(node, ast.Call)
+                        and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+                        and node.args
+                        and isinstance(node.args[0], ast.Constant)
+                        and str(node.args[0].value).startswith("xlgen.models")
+                    ):
+                        offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+    assert not offenders, offenders
