@@ -101,12 +101,13 @@ def test_xlnet_incremental_decoding_equals_full_pass_with_causal_perm_mask():
     generated tokens with a causal perm_mask (query stream at t sees tokens < t, content stream tokens <= t); the
     step compiles once."""
     from xlgen.generate import XLNetDecoder
+    from xlgen.models.params import materialize
     from xlgen.models.xlnet import model as X
 
     cfg = X.XLNetConfig(vocab_size=29, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=24, dropout=0.0)
     rng = np.random.default_rng(7)
     abstract = nnx.eval_shape(lambda: X.XLNetLMHeadModel(cfg, rngs=nnx.Rngs(0)))
-    model = X.materialize(abstract, lambda name, shape: rng.normal(size=shape) * 0.5 + name.endswith("scale"))
+    model = materialize(abstract, lambda name, shape: rng.normal(size=shape) * 0.5 + name.endswith("scale"))
     model.eval()
     prompt, n_new = [4, 9, 2], 7
     dec = XLNetDecoder(model, 16)
