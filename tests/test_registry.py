@@ -49,8 +49,11 @@ def test_finetuning_heads_per_family():
         fam = registry.get(name)
         assert set(fam.heads) == kinds and fam.squad_outputs is not None and fam.input_style == name
         cfg = fam.model_config(TINY[name], **fam.finetune_overrides(3))
-        head = nnx.eval_shape(lambda: fam.head("squad", cfg, num_labels=3, answerability=True, rngs=nnx.Rngs(0)))
+        head = nnx.eval_shape(lambda: fam.head("squad", cfg, num_labels=3, answerability=False, rngs=nnx.Rngs(0)))
         assert registry.family_of(head) is fam
+        # from_pretrained(finetune workdir) calls the head with its own HF class (was: the LM's, wrong for QA)
+        wrapped = fam.wrap(head, {})
+        assert getattr(wrapped, "head", getattr(wrapped, "architecture", None)) == type(head).__name__
     txl = registry.get("transformer_xl")
     with pytest.raises(ValueError, match="no finetuning head"):
         txl.head("classification", None, num_labels=2, answerability=False, rngs=None)

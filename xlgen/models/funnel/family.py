@@ -10,7 +10,7 @@ from xlgen.models.funnel.heads import (
     FunnelForQuestionAnswering,
     FunnelForSequenceClassification,
 )
-from xlgen.models.funnel.hf import HFFunnel, from_hf
+from xlgen.models.funnel.hf import HF_CLASSES, HFFunnel, from_hf
 from xlgen.models.funnel.hf_export import to_hf
 from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel
 from xlgen.models.funnel.numbering import layer_ids
@@ -21,11 +21,12 @@ def _sequence_head(cfg, *, num_labels, answerability, rngs):
 
 
 def _wrap(module, kwargs) -> HFFunnel:
-    """HF-convention caller of a trained MLM (FunnelForMaskedLM) or ELECTRA model (its discriminator, the model that
-    gets finetuned: FunnelForPreTraining)."""
+    """HF-convention caller of a trained module: an ELECTRA model's discriminator (FunnelForPreTraining, the model
+    that gets finetuned), else the HF class of the same name (MLM, or a finetuned head)."""
     if hasattr(module, "discriminator"):
         return HFFunnel(module.discriminator, "FunnelForPreTraining")
-    return HFFunnel(module, "FunnelForMaskedLM")
+    name = type(module).__name__
+    return HFFunnel(module, name if name in HF_CLASSES else "FunnelForMaskedLM")
 
 
 def _squad_outputs(model, batch, *, train: bool):

@@ -30,7 +30,7 @@ from xlgen.models.funnel.model import (
 )
 from xlgen.models.params import materialize
 
-_HF_CLASSES = (
+HF_CLASSES = (
     "FunnelModel",
     "FunnelBaseModel",
     "FunnelForPreTraining",
@@ -142,8 +142,8 @@ def load_hf(hf_config: dict, weights: dict, kwargs: dict) -> HFFunnel:
     compiler_options = kwargs.pop("compiler_options", None)
     archs = hf_config.get("architectures") or ["FunnelModel"]
     arch = archs[0]
-    if arch not in _HF_CLASSES:
-        raise ValueError(f"config.json: architectures={archs!r} not supported; supported: {list(_HF_CLASSES)}")
+    if arch not in HF_CLASSES:
+        raise ValueError(f"config.json: architectures={archs!r} not supported; supported: {list(HF_CLASSES)}")
     try:
         return _load_hf(hf_config, weights, kwargs, arch, compiler_options)
     except KeyError as e:

@@ -6,13 +6,19 @@ from xlgen.models.family import Family
 from xlgen.models.numbering import layer_stack_ids
 from xlgen.models.xlnet.cost import train_flops
 from xlgen.models.xlnet.heads import XLNetForMultipleChoice, XLNetForQuestionAnswering, XLNetForSequenceClassification
-from xlgen.models.xlnet.hf import XLNetFromHF, from_hf
+from xlgen.models.xlnet.hf import HF_HEADS, XLNetFromHF, from_hf
 from xlgen.models.xlnet.hf_export import to_hf
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, XLNetModel
 
 
 def _sequence_head(cfg, *, num_labels, answerability, rngs):
     return XLNetForSequenceClassification(cfg, rngs=rngs)  # num_labels is a config field (finetune_overrides)
+
+
+def _wrap(module, kwargs) -> XLNetFromHF:
+    """HF-convention caller of a trained module: the HF class of the same name (LM, or a finetuned head)."""
+    head = type(module).__name__ if type(module).__name__ in HF_HEADS else "XLNetLMHeadModel"
+    return XLNetFromHF(module, head, {"use_mems_eval": True, **kwargs})
 
 
 def _squad_outputs(model, batch, *, train: bool):
@@ -58,7 +64,7 @@ FAMILY = Family(
     input_style="xlnet",
     from_hf=from_hf,
     to_hf=to_hf,
-    wrap=lambda module, kwargs: XLNetFromHF(module, "XLNetLMHeadModel", {"use_mems_eval": True, **kwargs}),
+    wrap=_wrap,
     layer_ids=layer_stack_ids,
     train_flops=train_flops,
 )
