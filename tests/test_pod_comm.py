@@ -144,7 +144,7 @@ def _one_step(config_file, mesh_over):
     program = build_program(config, mesh)
     rng = np.random.default_rng(0)
     batch = {}
-    for name, (shape, dtype) in program.objective.batch_spec(config, "train").items():
+    for name, (shape, dtype) in program.objective.batch_shapes(config, "train").items():
         if name in ("input_ids", "labels", "target_ids"):
             x = rng.integers(0, int(config.model.vocab_size), shape)
         elif name == "token_type_ids":
