@@ -238,13 +238,14 @@ def test_xlnet_xlgen_to_hf_to_xlgen_scanned_shared_biases(tmp_path):
     """An xlgen-only layout (scanned layers, one u/v/s shared by all layers) exports to an equivalent HF model."""
     from xlgen.models.xlnet import heads as XH
     from xlgen.models.xlnet import model as X
+    from xlgen.models.xlnet.hf import XLNetFromHF
 
     cfg = X.XLNetConfig(
         vocab_size=37, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=24, untie_r=False, scan_layers=True
     )
     cfg = dataclasses.replace(cfg, dropout=0.0, dropatt=0.0, num_labels=3, summary_last_dropout=0.0)
     module = random_module(XH.XLNetForSequenceClassification, cfg, seed=2)
-    ours = X.XLNetFromHF(module, "XLNetForSequenceClassification", {})
+    ours = XLNetFromHF(module, "XLNetForSequenceClassification", {})
     export.export_model(ours, tmp_path / "out")
     hf = reload_hf(transformers.XLNetForSequenceClassification, tmp_path / "out")
     kw = xlnet_inputs("XLNetForSequenceClassification", np.random.default_rng(2))
@@ -302,13 +303,14 @@ def test_funnel_hf_to_xlgen_to_hf(tmp_path, arch, extra):
 def test_funnel_xlgen_to_hf_to_xlgen_and_unrepresentable_models(tmp_path):
     from xlgen.models.funnel import heads as FH
     from xlgen.models.funnel import model as F
+    from xlgen.models.funnel.hf import HFFunnel
 
     cfg = F.FunnelConfig(
         vocab_size=30, block_sizes=(1, 1), num_decoder_layers=1, d_model=16, n_head=2, d_head=8, d_inner=32
     )
     cfg = dataclasses.replace(cfg, dropout=0.0, dropatt=0.0)
     module = random_module(FH.FunnelForQuestionAnswering, cfg, seed=3)
-    ours = F.HFFunnel(module, "FunnelForQuestionAnswering", FAST)
+    ours = HFFunnel(module, "FunnelForQuestionAnswering", FAST)
     export.export_model(ours, tmp_path / "out")
     hf = reload_hf(transformers.FunnelForQuestionAnswering, tmp_path / "out")
     kw = funnel_inputs("FunnelForQuestionAnswering", np.random.default_rng(3))
