@@ -292,7 +292,7 @@ def test_funnel_pretraining_rows_are_segment_pairs_and_train_both_seg_embed_slot
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _qa_random_label_accuracy(answer_class_start: str, steps: int = 150) -> float:
+def _qa_random_label_accuracy(answer_class_start: str, steps: int = 80) -> float:
     """Train a tiny XLNet QA head on fresh random inputs with RANDOM answerability labels (start = <cls> when
     "unanswerable", as the SQuAD features), then measure the training-path accuracy of cls_logits on fresh data.
     Nothing in the input predicts the label, so anything above chance is a leak."""
@@ -308,7 +308,7 @@ def _qa_random_label_accuracy(answer_class_start: str, steps: int = 150) -> floa
         vocab_size=32, d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32, dropout=0.0, dropatt=0.0,
         answer_class_start=answer_class_start,
     )  # fmt: skip
-    b, L = 64, 10
+    b, L = 32, 10
     graphdef, params, rest = nnx.split(XLNetForQuestionAnswering(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
     tx = optax.adam(3e-3)
 
@@ -369,7 +369,7 @@ def test_squad_answer_class_sees_the_same_input_in_training_and_inference():
 def test_squad_answer_class_random_labels_stay_at_chance_on_the_training_path():
     original, hf = _qa_random_label_accuracy("weighted"), _qa_random_label_accuracy("gold")
     print(f"random-label answerability accuracy, training path: original {original:.2f}, HF gold start {hf:.2f}")
-    assert original < 0.66  # chance: 0.5 (64 fresh examples)
+    assert original < 0.72  # chance: 0.5 (32 fresh examples: 0.72 is 2.5 standard deviations)
     assert hf > 0.9  # HF's gold-start input leaks the label: the test has power
 
 
@@ -430,7 +430,8 @@ def test_mlm_rows_hide_mask_tokens_from_attention():
 def test_electra_discriminator_target_is_one_for_original_tokens():
     """The original `electra_loss_func`: binary_target = equal(origin_input, sample_input), i.e. logit > 0 means
     "original". A discriminator that says "original" everywhere (a large positive output bias) must score the
-    fraction of original tokens as its accuracy, and `disc_target="replaced"` (HF's convention) the opposite."""
+    fraction of original tokens as its accuracy (`disc_target="replaced"`, HF's convention, would score the
+    fraction of replaced ones)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -458,17 +459,12 @@ def test_electra_discriminator_target_is_one_for_original_tokens():
         model.eval()
         head = model.discriminator.discriminator_predictions.dense_prediction
         head.bias.value = jnp.full(head.bias.shape, 20.0)  # says "original" (logit > 0) everywhere
-        out = {}
-        for target in ("original", "replaced"):
-            _, p = electra_loss(model, batch, jax.random.key(3), disc_target=target)
-            out[target] = (p["disc_accuracy"], p["replaced_ratio"])
-        return out
+        _, p = electra_loss(model, batch, jax.random.key(3))
+        return p["disc_accuracy"], p["replaced_ratio"]
 
-    out = _compile_cheap(parts, batch)
-    acc, replaced = (float(x) for x in out["original"])
+    acc, replaced = (float(x) for x in _compile_cheap(parts, batch))
     assert 0 < replaced < 0.5
-    assert acc == pytest.approx(1.0 - replaced, abs=1e-6)
-    assert float(out["replaced"][0]) == pytest.approx(replaced, abs=1e-6)
+    assert acc == pytest.approx(1.0 - replaced, abs=1e-6)  # HF's convention ("replaced") would score `replaced`
 
 
 @pytest.mark.parametrize("model_reuse", [None, 8])
