@@ -34,7 +34,7 @@ def _rank(workdir):
 
 
 def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path, compile_cache):
-    over = dict(SMALL, **{"model.output_layer": "mos", "model.output.n_experts": 3})
+    over = dict(SMALL, **{"model.output_layer": "mos", "model.output.n_experts": 3, "model.output.expert_dropout": 0.1})
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run_train(full, compile_cache, overrides=over)
     run_train(part, compile_cache, overrides=over, extra=[f"--stop_at_step={K}"])

@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from xlgen.models.adaptive_softmax import vocab_blocks
-from xlgen.models.layers import Dense, normal, param, zeros
+from xlgen.models.layers import Dense, Dropout, normal, param, zeros
 from xlgen.models.output_config import OUTPUT_LAYER_NAMES, OutputConfig, config_defaults  # noqa: F401
 from xlgen.sharding import constrain
 
@@ -362,7 +362,7 @@ class _Experts(nnx.Module):
         self.n_experts = n_experts
         self.latent = Dense((d_model,), (n_experts, d_model), ("embed",), (None, "embed"), init_std=std, rngs=rngs)
         self.prior = Dense((d_model,), (n_experts,), ("embed",), (None,), init_std=std, rngs=rngs)
-        self.drop = nnx.Dropout(dropout, rngs=rngs)
+        self.drop = Dropout(dropout, rngs=rngs)
 
     def __call__(self, h: jax.Array):
         hk = self.drop(jnp.tanh(self.latent(h)))
@@ -419,7 +419,7 @@ class Mixtape(OutputLayer):
         sigmoid_tree_log_priors(jnp.zeros((max(k - 1, 1), 1)), k)  # validates K
         std = latent_init_std(d_proj)
         self.latent = Dense((d_proj,), (k, d_proj), ("embed",), (None, "embed"), init_std=std, rngs=rngs)
-        self.drop = nnx.Dropout(output.expert_dropout, rngs=rngs)
+        self.drop = Dropout(output.expert_dropout, rngs=rngs)
         g = max(k - 1, 1)
         self.gate_hidden = Dense((d_proj,), (g, d2), ("embed",), (None, None), init_std=std, rngs=rngs)
         self.gate_linear = Dense((d_proj,), (g,), ("embed",), (None,), use_bias=False, init_std=std, rngs=rngs)
