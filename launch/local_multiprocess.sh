@@ -34,8 +34,9 @@ echo "launched $N processes (coordinator 127.0.0.1:$PORT); logs: $LOG_DIR/proces
 
 status=0
 for i in "${!pids[@]}"; do
-  if ! wait "${pids[$i]}"; then
-    s=$?; [[ $status -ne 0 ]] || status=$s
+  s=0; wait "${pids[$i]}" || s=$?
+  if [[ $s -ne 0 ]]; then
+    [[ $status -ne 0 ]] || status=$s
     echo "process $i exited with status $s (log: $LOG_DIR/process_$i.log)" >&2
     cleanup
   fi

@@ -139,3 +139,12 @@ def test_slurm_dry_run_one_process_per_gpu():
 def test_slurm_requires_config_and_workdir():
     r = run(SLURM, "--dry-run", "--config=configs/pretrain/txl_tiny.py")
     assert r.returncode == 2 and "--workdir" in r.stderr
+
+
+def test_local_multiprocess_reports_a_failing_process(tmp_path):
+    """The exit status is the first non-zero status of any process (it was 0: `if ! wait` resets `$?`)."""
+    script = os.path.join(ROOT, "launch", "local_multiprocess.sh")
+    env = {"XLGEN_PYTHON": "/bin/false", "XLGEN_PORT": "1", "XLGEN_LOG_DIR": str(tmp_path)}
+    r = run(script, "2", "train", env=env)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "process 0 exited with status 1" in r.stderr

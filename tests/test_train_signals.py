@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -61,6 +62,7 @@ def test_two_processes_reproduce_single_process_losses(tmp_path, compile_cache):
             "DEVICES_PER_PROCESS": "4",
             "XLGEN_XLA_FLAGS": "--xla_backend_optimization_level=0",
             "XLGEN_LOG_DIR": str(tmp_path / "logs"),
+            "XLGEN_PYTHON": sys.executable,  # this interpreter (a checkout without .venv/ would fall back to python3)
         }
     )
     cmd = ["bash", os.path.join(REPO, "launch/local_multiprocess.sh"), "2"] + train_cmd(multi, "txl_tiny.py", over)[3:]
