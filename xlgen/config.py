@@ -19,6 +19,7 @@ import difflib
 import importlib.util
 import json
 import os
+import re
 from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import ml_collections
@@ -80,47 +81,36 @@ def flat_keys(config: ConfigDict, prefix: str = "") -> List[str]:
     return sorted(keys)
 
 
-def _parse_value(key: str, text: str, current: Any) -> Any:
-    """Parse `text` as the type of `current` (the declared default)."""
+def _literal(key: str, text: str) -> Any:
+    """A field declared `None` (no type to parse by): any Python literal; a bare word is a string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
-    def literal():
-        try:
-            return ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return text  # a bare string
 
+def _expected(key: str, text: str, current: Any) -> ConfigError:
+    if isinstance(current, bool):
+        return ConfigError(f"--config.{key}={text}: expected a bool (True/False)")
+    if isinstance(current, (tuple, list)):
+        return ConfigError(f"--config.{key}={text}: expected a tuple like (1, 2) (declared default {current!r})")
+    kind = {int: "an int", float: "a float"}.get(type(current), type(current).__name__)
+    return ConfigError(f"--config.{key}={text}: expected {kind} (declared default {current!r})")
+
+
+def _flag_text(key: str, text: str, current: Any) -> str:
+    """The command-line spellings xlgen accepts beyond absl's parsers: yes/no for bools, 1e3 for ints."""
     if isinstance(current, bool):
         low = text.strip().lower()
-        if low in ("true", "1", "yes"):
-            return True
-        if low in ("false", "0", "no"):
-            return False
-        raise ConfigError(f"--config.{key}={text}: expected a bool (True/False)")
+        return {"yes": "true", "no": "false"}.get(low, low)
     if isinstance(current, int):
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            value = None
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"--config.{key}={text}: expected an int (declared default {current!r})")
-        return value
-    if isinstance(current, float):
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(f"--config.{key}={text}: expected a float (declared default {current!r})") from None
-    if isinstance(current, str):
-        return text
-    if isinstance(current, (tuple, list)):
-        value = literal()
-        if isinstance(value, (int, float, str)):
-            value = (value,)
-        if not isinstance(value, (tuple, list)):
-            raise ConfigError(f"--config.{key}={text}: expected a tuple like (1, 2)")
-        return type(current)(value)
-    return literal()  # declared None or other: any literal
+            return text
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+    return text
 
 
 def _unknown_key_error(key: str, valid: Sequence[str], where: str) -> ConfigError:
@@ -129,9 +119,8 @@ def _unknown_key_error(key: str, valid: Sequence[str], where: str) -> ConfigErro
     return ConfigError(f"unknown config key {key!r} ({where}).{hint}\nValid keys:\n  " + "\n  ".join(valid))
 
 
-def apply_override(config: ConfigDict, key: str, text: str) -> None:
-    """Set dotted `key` from the command-line string `text`, type-checked against the declared default."""
-    valid = flat_keys(config)
+def _field(config: ConfigDict, key: str, valid: Sequence[str]) -> Tuple[ConfigDict, str]:
+    """(parent section, leaf name) of dotted `key`; unknown keys and sections are errors naming the valid keys."""
     parts = key.split(".")
     node = config
     for i, part in enumerate(parts):
@@ -139,16 +128,50 @@ def apply_override(config: ConfigDict, key: str, text: str) -> None:
             raise _unknown_key_error(key, valid, "command line")
         if i < len(parts) - 1:
             node = node[part]
-    leaf = parts[-1]
-    current = node[leaf]
-    if isinstance(current, ConfigDict):
+    if isinstance(node[parts[-1]], ConfigDict):
         raise ConfigError(
             f"--config.{key}: is a section, set one of its keys: "
             + ", ".join(k for k in valid if k.startswith(key + "."))
         )
-    value = _parse_value(key, text, current)
-    with node.unlocked():
-        node[leaf] = value
+    return node, parts[-1]
+
+
+def apply_overrides(config: ConfigDict, overrides: Dict[str, str]) -> ConfigDict:
+    """Set dotted keys from command-line strings, in place. The values are parsed by `ml_collections.config_flags`
+    (absl's flag parsers, typed by each field's declared default); a field declared `None` takes any Python
+    literal. Every key is checked first: an unknown key is an error with a "did you mean" and the valid keys; a
+    value of the wrong type is an error naming the key and its declared default."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    valid = flat_keys(config)
+    typed: Dict[str, str] = {}
+    for key, text in overrides.items():
+        node, leaf = _field(config, key, valid)
+        current = node[leaf]
+        if current is None:  # config_flags has no parser for a None-declared field
+            with node.unlocked():
+                node[leaf] = _literal(key, text)
+        else:
+            typed[key] = _flag_text(key, text, current)
+    if typed:
+        argv = ["xlgen"] + [f"--config.{k}={v}" for k, v in typed.items()]
+        flag_values = flags.FlagValues()
+        config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=False, sys_argv=argv)
+        try:
+            flag_values(argv)
+        except flags.Error as e:
+            m = re.search(r"--config\.([\w.]+)=", str(e))
+            if m is None or m.group(1) not in typed:
+                raise ConfigError(f"command-line config overrides: {e}") from None
+            node, leaf = _field(config, m.group(1), valid)
+            raise _expected(m.group(1), overrides[m.group(1)], node[leaf]) from None
+    return config
+
+
+def apply_override(config: ConfigDict, key: str, text: str) -> None:
+    """Set dotted `key` from the command-line string `text`, type-checked against the declared default."""
+    apply_overrides(config, {key: text})
 
 
 def parse_overrides(argv: Iterable[str]) -> Tuple[Dict[str, str], List[str]]:
@@ -183,9 +206,7 @@ def load_config(path: str, overrides: Dict[str, str] | Sequence[str] = ()) -> Co
         overrides, rest = parse_overrides(overrides)
         if rest:
             raise ConfigError(f"not config overrides: {rest}")
-    for k, v in overrides.items():
-        apply_override(config, k, v)
-    return config
+    return apply_overrides(config, overrides)
 
 
 def check_keys(config: ConfigDict, schema: ConfigDict, where: str) -> None:
@@ -213,29 +234,26 @@ def _tuplify(x):
     return x
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to `path` (local or gs://) atomically: temp file + rename locally, one object upload on GCS."""
-    from data_pipelines import paths
-
-    paths.atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-def write_resolved_config(config: ConfigDict, workdir: str) -> str:
-    """Write `workdir/config.json` (the resolved config, tagged with an `xlgen` key so that
-    `xlgen.from_pretrained(workdir)` knows it is an xlgen workdir and not a Hugging Face directory)."""
+def write_resolved_config(
+    config: ConfigDict, workdir: str, kind: str = "pretrain", meta: Dict[str, Any] | None = None
+) -> str:
+    """Write `workdir/config.json` (the resolved config, tagged with an `xlgen` block {"version", "kind", **meta}
+    so that `xlgen.from_pretrained(workdir)` knows it is an xlgen workdir and not a Hugging Face directory).
+    Commands open runs through `xlgen.train.workdir.Workdir`, which calls this."""
     from data_pipelines import paths
     from xlgen.version import __version__
 
     paths.makedirs(workdir)
     path = paths.join(workdir, "config.json")
     d = to_json_dict(config)
-    d["xlgen"] = {"version": __version__, "kind": "pretrain"}
-    write_json_atomic(path, d)
+    d["xlgen"] = {"version": __version__, "kind": kind, **(meta or {})}
+    paths.write_json_atomic(path, d)
     return path
 
 
 def read_workdir_config(workdir: str) -> ConfigDict | None:
-    """`workdir/config.json` (local or gs://) as a ConfigDict, or None if there is none."""
+    """`workdir/config.json` (local or gs://) as a ConfigDict, or None if there is none (`Workdir.read_config`
+    also registers a finetune run's objective)."""
     from data_pipelines import paths
 
     path = paths.as_path(workdir) / "config.json"
