@@ -19,13 +19,10 @@ setup(
         "ml-collections>=1.1,<2",
         "sentencepiece>=0.2,<0.3",
         "tensorflow-datasets>=4.9.10,<5",
-        "grain>=0.2.18,<0.3",
-        "array-record>=0.8,<0.9",
         "numpy>=2.0,<3",
         "tensorboardX>=2.6,<3",
         "matplotlib>=3.8",  # xlgen plot
         "tqdm>=4.66",
-        "rich>=13",
         "scipy>=1.13",
         "scikit-learn>=1.5",
         "safetensors>=0.4",

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import uuid
 
@@ -60,15 +61,20 @@ def read_text(path, encoding: str = "utf-8") -> str:
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see either the old or the new file, never a partial one."""
+    """Write `data` to `path` so that readers see either the old or the new file, never a partial one: locally a
+    temp file in the same directory (created if missing), fsync, rename; on object stores one upload (an object
+    becomes visible only once complete). The one atomic-write helper of the code base."""
     p = as_path(path)
     if is_remote(p):
-        p.write_bytes(data)  # object stores: an upload becomes visible only once complete
+        p.write_bytes(data)
         return
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
     tmp = f"{p}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, p)
     finally:
         if os.path.exists(tmp):
@@ -77,6 +83,11 @@ def atomic_write_bytes(path, data: bytes) -> None:
 
 def atomic_write_text(path, text: str, encoding: str = "utf-8") -> None:
     atomic_write_bytes(path, text.encode(encoding))
+
+
+def write_json_atomic(path, obj) -> None:
+    """`obj` as indented, key-sorted JSON (+ newline), written atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def makedirs(path) -> None:

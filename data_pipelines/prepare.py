@@ -272,7 +272,7 @@ def prepare_corpus(
         },
         "skipped": skipped,
     }
-    vocab_lib.atomic_write_bytes(
+    paths.atomic_write_bytes(
         paths.join(output, corpus_lib.MANIFEST), json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8")
     )
     manifest["report"] = {
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             v = vocab_lib.SymbolVocab.build(
                 args.level, texts, min_freq=args.min_freq, max_size=args.max_size, lower=args.lower
             )
-            vocab_lib.atomic_write_bytes(args.output, v.to_json().encode("utf-8"))
+            paths.atomic_write_bytes(args.output, v.to_json().encode("utf-8"))
             print(f"wrote {args.output} ({v.vocab_size} symbols)")
         else:
             tok = resolve_tokenizer(args.tokenizer, args.train, args.output, args)

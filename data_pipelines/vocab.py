@@ -43,12 +43,6 @@ def sha256_file(path: str) -> str:
     return paths.sha256_of(path)
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Writes to a temp name then renames (local), or uploads in one object (gs://): readers never see a
-    half-written file."""
-    paths.atomic_write_bytes(path, data)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # XLNet text normalisation (prepro_utils.py)
 # ----------------------------------------------------------------------------------------------------------------
@@ -152,7 +146,7 @@ class SentencePieceTokenizer:
         return _sha256_bytes(self._proto)
 
     def save(self, directory: str) -> str:
-        atomic_write_bytes(paths.join(directory, "spiece.model"), self._proto)
+        paths.atomic_write_bytes(paths.join(directory, "spiece.model"), self._proto)
         return "spiece.model"
 
     def settings(self) -> dict:
@@ -277,7 +271,7 @@ class WordPieceTokenizer:
         return _sha256_bytes(self._bytes)
 
     def save(self, directory: str) -> str:
-        atomic_write_bytes(paths.join(directory, "vocab.txt"), self._bytes)
+        paths.atomic_write_bytes(paths.join(directory, "vocab.txt"), self._bytes)
         return "vocab.txt"
 
     def settings(self) -> dict:
@@ -405,7 +399,7 @@ class SymbolVocab:
         return json.dumps({"level": self.level, "lower": self.lower, "symbols": self.symbols}, ensure_ascii=False)
 
     def save(self, directory: str) -> str:
-        atomic_write_bytes(paths.join(directory, "vocab.json"), self.to_json().encode("utf-8"))
+        paths.atomic_write_bytes(paths.join(directory, "vocab.json"), self.to_json().encode("utf-8"))
         return "vocab.json"
 
     def fingerprint(self) -> str:

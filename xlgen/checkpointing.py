@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import orbax.checkpoint as ocp
@@ -31,13 +31,25 @@ log = logging.getLogger("xlgen")
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+    def __init__(
+        self,
+        directory: str,
+        *,
+        keep: int = 3,
+        async_save: bool = True,
+        best_fn: Optional[Callable[[Dict[str, Any]], Any]] = None,
+        best_mode: str = "max",
+    ):
+        """Keep the `keep` newest checkpoints (0: all); with `best_fn` (metrics -> sortable value, Orbax
+        `best_fn`/`best_mode`) the `keep` best by the metrics passed to `save(..., metrics=)` instead."""
         self.path = paths.as_path(directory)  # an epath: local (absolute) or gs://, never abspath'ed as a URL
         self.directory = str(self.path)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=int(keep) if keep and keep > 0 else None,
             enable_async_checkpointing=bool(async_save),
             create=True,
+            best_fn=best_fn,
+            best_mode=best_mode,
         )
         self.manager = ocp.CheckpointManager(self.path, options=options)
 
@@ -48,15 +60,30 @@ class Checkpointer:
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
 
+    def best_step(self) -> Optional[int]:
+        """The best step by `best_fn` (the latest without one); None if there is no checkpoint."""
+        return self.manager.best_step()
+
+    def metrics(self, step: int) -> Optional[Dict[str, Any]]:
+        """The metrics saved with `step` (None if none were)."""
+        return self.manager.metrics(step)
+
     # -- save ------------------------------------------------------------------------------------------------
-    def save(self, step: int, state: Any, mems: Optional[jax.Array], meta: Dict[str, Any]) -> bool:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        mems: Optional[jax.Array],
+        meta: Dict[str, Any],
+        metrics: Optional[Dict[str, Any]] = None,
+    ) -> bool:
         """Start an (async) save of `step`; returns False if a checkpoint of that step already exists."""
         if step in self.manager.all_steps():
             return False
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
         if mems is not None:
             items["mems"] = ocp.args.StandardSave({"mems": mems})
-        return self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        return self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -12,7 +12,6 @@ a remote `pytorch_model.bin` is read into memory for torch.
 from __future__ import annotations
 
 import io
-import json
 import os
 from typing import Any, Dict
 
@@ -52,14 +51,11 @@ def from_pretrained(path: str, **kwargs) -> Any:
         raise FileNotFoundError(
             f"{path}: not a directory (expected a Hugging Face model directory or an xlgen workdir)"
         )
+    from xlgen.train.workdir import hf_config
+
     cfg_path = paths.as_path(path) / "config.json"
-    hf_cfg = None
-    if cfg_path.exists():
-        try:
-            hf_cfg = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg_path}: invalid JSON ({e})") from e
-    if hf_cfg is not None and "model_type" in hf_cfg and "xlgen" not in hf_cfg:
+    hf_cfg = hf_config(path)  # None: an xlgen workdir (config.json with an `xlgen` block) or checkpoint directory
+    if hf_cfg is not None:
         from xlgen.models import registry  # imported here so that `import xlgen` stays cheap
 
         model_type = hf_cfg["model_type"]

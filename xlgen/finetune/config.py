@@ -3,41 +3,18 @@ command-line overrides, the stored `config.json` of a finetune workdir."""
 
 from __future__ import annotations
 
-import json
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
-
-def _is_hf_dir(path: str) -> Optional[dict]:
-    from data_pipelines import paths
-
-    cfg = paths.as_path(path) / "config.json"
-    if not cfg.exists():
-        return None
-    try:
-        d = json.loads(cfg.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg}: invalid JSON ({e})") from e
-    return d if ("model_type" in d and "xlgen" not in d) else None
-
-
-def _split_checkpoint_path(path: str) -> Tuple[str, Optional[int]]:
-    """`workdir` -> (workdir, None = best/latest); `workdir/checkpoints/<step>` -> (workdir, step)."""
-    from data_pipelines import paths
-
-    p = paths.as_path(path)  # local (absolute) or gs://
-    if p.name.isdigit() and p.parent.name in ("checkpoints", "best"):
-        return str(p.parent.parent), int(p.name)
-    return str(p), None
+from xlgen.train.workdir import Workdir, hf_config
 
 
 def pretrained_model_section(init_from: str) -> Dict[str, Any]:
     """The `config.model` dict (with `family`) of the model stored at `init_from`."""
     from data_pipelines import paths
-    from xlgen import config as config_lib
 
     if not paths.as_path(init_from).is_dir():
         raise FileNotFoundError(f"init_from={init_from}: not a directory (a HF model directory or an xlgen workdir)")
-    hf = _is_hf_dir(init_from)
+    hf = hf_config(init_from)
     if hf is not None:
         import dataclasses
 
@@ -54,8 +31,7 @@ def pretrained_model_section(init_from: str) -> Dict[str, Any]:
         cfg = family.config_class.from_hf(hf)
         d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
         return {"family": family.name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}}
-    workdir, _ = _split_checkpoint_path(init_from)
-    old = config_lib.read_workdir_config(workdir)
+    old = Workdir.parse(init_from)[0].read_config()
     if old is None:
         raise FileNotFoundError(f"init_from={init_from}: no config.json (neither a HF directory nor an xlgen workdir)")
     return old.model.to_dict()
@@ -86,15 +62,7 @@ def resolve_config(config, model_overrides: Dict[str, str] = ()):
 
 def is_finetune_workdir(workdir: str) -> bool:
     """True if `workdir/config.json` was written by `xlgen finetune` (hook for `xlgen eval`)."""
-    from data_pipelines import paths
-
-    p = paths.as_path(workdir) / "config.json"
-    try:
-        if not p.exists():
-            return False
-        return json.loads(p.read_text()).get("xlgen", {}).get("kind") == "finetune"
-    except (OSError, json.JSONDecodeError):
-        return False
+    return Workdir(workdir).kind == "finetune"
 
 
 def load_finetune_config(config_path: Optional[str], overrides: Dict[str, str], workdir: str):
@@ -116,11 +84,4 @@ def load_finetune_config(config_path: Optional[str], overrides: Dict[str, str], 
 
 
 def write_finetune_config(config, workdir: str) -> None:
-    from data_pipelines import paths
-    from xlgen import config as config_lib
-    from xlgen.version import __version__
-
-    paths.makedirs(workdir)
-    d = config_lib.to_json_dict(config)
-    d["xlgen"] = {"version": __version__, "kind": "finetune"}
-    config_lib.write_json_atomic(paths.join(workdir, "config.json"), d)
+    Workdir(workdir).write_config(config, "finetune")

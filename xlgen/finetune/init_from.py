@@ -7,13 +7,13 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from xlgen.finetune.config import _is_hf_dir, _split_checkpoint_path
+from xlgen.train.workdir import Workdir, hf_config
 
 
 def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
     """Flat {name: array} of the pretrained model (HF directory via `xlgen.from_pretrained`, or the best/latest
     checkpoint of an xlgen workdir)."""
-    if _is_hf_dir(init_from) is not None:
+    if hf_config(init_from) is not None:
         from xlgen.models.params import flat_params
         from xlgen.pretrained import from_pretrained
 
@@ -22,30 +22,11 @@ def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
         return flat_params(module, dtype=None)
     import jax
 
-    from xlgen import config as config_lib
-    from xlgen import sharding
-    from xlgen.checkpointing import Checkpointer
-    from xlgen.train.program import build_program
-
-    workdir, step = _split_checkpoint_path(init_from)
-    old = config_lib.read_workdir_config(workdir)
-    if old.get("objective") == "finetune":
-        import xlgen.tasks.objective  # noqa: F401  (registers the objective)
-    mesh = sharding.make_mesh(old.mesh)
-    program = build_program(old, mesh)
-    from data_pipelines import paths
-
-    sub = "best" if step is None and paths.as_path(workdir).joinpath("best").is_dir() else "checkpoints"
-    ckpt = Checkpointer(paths.join(workdir, sub), keep=0, async_save=False)
-    with jax.set_mesh(mesh):
-        if step is None:
-            restored = ckpt.restore_latest(program.abstract_state(), None)
-            if restored is None:
-                raise FileNotFoundError(f"{workdir}/{sub}: no checkpoint to initialise from")
-            state = restored[0]
-        else:
-            state = ckpt.restore(step, program.abstract_state(), None)[0]
-    ckpt.close()
+    workdir, step, sub = Workdir.parse(init_from)
+    if sub is None and step is not None:
+        sub = "checkpoints"
+    _, _, restored = workdir.open(step=step, sub=sub)
+    state = restored.state
     return {k: np.asarray(jax.device_get(v)) for k, v in state["params"].items()}
 
 

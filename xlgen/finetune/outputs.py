@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from xlgen.finetune.data import split_examples_and_features
 
@@ -13,14 +13,9 @@ EVAL_RESULTS = "eval_results.json"
 
 
 def _write_text(path: str, text: str) -> None:
-    """Atomic write, local (temp + fsync + rename) or gs:// (one object upload)."""
     from data_pipelines import paths
-    from xlgen.tasks.atomic import atomic_write_text
 
-    if paths.is_remote(path):
-        paths.atomic_write_text(path, text)
-    else:
-        atomic_write_text(path, text)
+    paths.atomic_write_text(path, text)
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -69,12 +64,3 @@ def write_test_predictions(config, predictor, params, tokenizer, workdir: str) -
         _write_text(path, glue_submission_text(task.label_names, [e.guid for e in examples], preds))
         written.append(path)
     return written
-
-
-def _read_results(workdir: str) -> Optional[Dict[str, Any]]:
-    from data_pipelines import paths
-
-    p = paths.as_path(workdir) / EVAL_RESULTS
-    if not p.exists():
-        return None
-    return json.loads(p.read_text())

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from xlgen.tasks.atomic import atomic_write_text
+from data_pipelines.paths import atomic_write_text
 
 
 def glue_submission_text(labels: Sequence[str] | None, ids: Sequence[str], preds: np.ndarray) -> str:

@@ -15,22 +15,21 @@ with status 143).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_pipelines import paths
-from xlgen import config as config_lib
 from xlgen import sharding
-from xlgen.checkpointing import Checkpointer
 from xlgen.train import guards, report, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
+from xlgen.train.workdir import Workdir
 
 log = logging.getLogger("xlgen")
 
@@ -60,8 +59,9 @@ def _shapes(config) -> Dict[str, Any]:
 
 def check_workdir_compatible(config, workdir: str) -> None:
     """A config that changes parameter or memory shapes against an existing workdir is an error."""
-    old = config_lib.read_workdir_config(workdir)
-    if old is None or not paths.as_path(workdir).joinpath("checkpoints").is_dir():
+    wd = Workdir(workdir)
+    old = wd.read_config()
+    if old is None or not wd.has_checkpoints():
         return
     old_model, new_model = old.model.to_dict(), config.model.to_dict()
     changed = sorted(k for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
@@ -197,60 +197,115 @@ class _StopFlag:
 
 
 def _fmt_metrics(d: Dict[str, float]) -> str:
-    return "  ".join(f"{k} {v:.4f}" for k, v in d.items())
+    return "  ".join(f"{k} {v:.4f}" for k, v in d.items() if isinstance(v, float))
 
 
-def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, Any]:
-    """Train (or resume) to config.total_steps. `stop_at` (CLI --stop_at_step) saves and stops early at that step
-    without changing the schedule, as an interruption would. Returns a summary dict (step, last record, eval).
-    A second live run on the same workdir fails at once (guards.WorkdirBusy)."""
-    workdir = paths.display(workdir)  # absolute if local; a URL stays a URL
-    with guards.WorkdirLock(workdir, enabled=jax.process_index() == 0):
-        return _train(config, workdir, stop_at=stop_at)
+# ----------------------------------------------------------------------------------------------------------------
+# Hooks: evaluation and the best checkpoint
+# ----------------------------------------------------------------------------------------------------------------
 
 
-def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, Any]:
-    t_begin = time.time()
+@dataclasses.dataclass
+class Evaluation:
+    """An evaluation hook of `run`: `fn(state, step) -> {metric: float}` on `split`, every `every` steps (> 0) and
+    at the end of training; `every=-1`: only at the end; `every=0`: never, unless `always_at_end` (finetuning
+    evaluates the final model, and a run resumed at its end that has no best checkpoint yet). With `best`, each
+    evaluation is offered to the best checkpoint."""
+
+    fn: Callable[[Dict[str, Any], int], Dict[str, float]]
+    split: str
+    every: int
+    always_at_end: bool = False
+    best: Optional["BestCheckpoint"] = None
+
+
+class BestCheckpoint:
+    """`DIR/best/`: the best checkpoint by `metric` (`mode` "max" | "min"), kept by Orbax (`best_fn`/`best_mode`,
+    one checkpoint; ties keep the earlier step). `on_new_best(step, state, metrics)` runs after a better one is
+    saved (finetuning writes eval_results.json and the prediction files there)."""
+
+    def __init__(self, wd: Workdir, metric: str, mode: str = "max", on_new_best: Optional[Callable] = None):
+        self.metric, self.mode, self.on_new_best = metric, mode, on_new_best
+        sign = 1.0 if mode == "max" else -1.0
+        self._key = lambda m: (sign * float(m[metric]), -int(m["step"]))  # larger is better
+        self.ckpt = wd.checkpointer("best", keep=1, best_fn=self._key, best_mode="max")
+
+    def best(self) -> Optional[Dict[str, Any]]:
+        """The metrics of the best checkpoint so far (with `step`), None if there is none."""
+        step = self.ckpt.best_step()
+        return None if step is None else self.ckpt.metrics(step)
+
+    def offer(self, step: int, state, metrics: Dict[str, float], meta: Dict[str, Any]) -> bool:
+        """Save `state` as the best checkpoint if `metrics` beat it; returns whether they did."""
+        metrics = {**metrics, "step": step}
+        old = self.best()
+        if old is not None and self._key(metrics) <= self._key(old):
+            return False
+        self.ckpt.save(step, state, None, {**meta, "results": metrics}, metrics=metrics)
+        self.ckpt.wait()
+        if self.on_new_best is not None:
+            self.on_new_best(step, state, metrics)
+        return True
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loop (pretraining and finetuning)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def run(
+    config,
+    wd: Workdir,
+    program: Program,
+    pipeline,
+    *,
+    evaluation: Optional[Evaluation] = None,
+    initialize: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+    stop_at: Optional[int] = None,
+    meta: Optional[Dict[str, Any]] = None,
+    save_mems: bool = False,
+    t_begin: Optional[float] = None,
+) -> Dict[str, Any]:
+    """Train `program` on `pipeline` (`pipeline.batch(step)`: this process's rows, or all rows of the global
+    batch) from the latest checkpoint of `wd` (else `program.init_state()`, then `initialize(state)`) to
+    config.total_steps, or `stop_at` (save and stop early; the schedule is unchanged). Checkpoints every
+    `checkpoint.every_steps`, at the end and on SIGTERM/SIGINT (then exits with status 143); metrics every
+    `log_every_steps` (tokens/s and MFU exclude compilation); `evaluation` as its hook says. Prints the start-of-run
+    block, skips non-finite updates (at most `max_nonfinite_steps` in a row) and writes summary.json at the end.
+    `t_begin`: when the command started (the first-step message counts from it). The caller holds the workdir lock.
+    Returns {workdir, start_step, step, last (record), eval (last eval record), summary}."""
+    t_begin = time.time() if t_begin is None else t_begin
     is_main = jax.process_index() == 0
-    check_workdir_compatible(config, workdir)
-    if is_main:
-        config_lib.write_resolved_config(config, workdir)
-
-    mesh = sharding.make_mesh(config.mesh)
-    program = build_program(config, mesh)
+    mesh = program.mesh
     total = int(config.total_steps)
     ckpt_cfg = config.checkpoint
-    save_mems = bool(ckpt_cfg.save_mems) and program.mems_shape is not None
-    summary: Dict[str, Any] = {"workdir": workdir}
-
-    # The data first: a missing corpus fails before anything is compiled.
-    train_pipe = make_pipeline(config.data, "train")
-    if is_main:  # the run's tokenizer into workdir/tokenizer/, named in config.json (a different one is an error)
-        tokenizer_store.save(workdir, getattr(train_pipe, "tokenizer", None))
-    data_vocab = getattr(train_pipe, "vocab_size", None)
-    model_vocab = config.model.get("vocab_size")
-    if data_vocab and model_vocab and int(model_vocab) < int(data_vocab):
-        raise ValueError(
-            f"config.model.vocab_size={model_vocab} is smaller than the data's vocabulary "
-            f"({data_vocab} symbols, data.source={config.data.get('source')!r})"
-        )
+    save_mems = bool(save_mems) and program.mems_shape is not None
+    summary: Dict[str, Any] = {"workdir": wd.path}
     bspec = program.objective.batch_shapes(config, "train")
     gb = next(iter(bspec.values()))[0][0]
     row0, row1 = sharding.addressable_batch_rows(mesh, gb)
-    if getattr(train_pipe, "local_batch_size", row1 - row0) != row1 - row0:
+    local_rows = getattr(pipeline, "local_batch_size", row1 - row0)
+    if local_rows not in (row1 - row0, gb):
         raise ValueError(
-            f"the data pipeline gives {train_pipe.local_batch_size} rows per process but the mesh "
+            f"the data pipeline gives {local_rows} rows per process but the mesh "
             f"places {row1 - row0} rows on process {jax.process_index()}"
         )
 
-    ckpt = Checkpointer(
-        paths.join(workdir, "checkpoints"), keep=int(ckpt_cfg.keep), async_save=bool(ckpt_cfg.async_save)
-    )
-    writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
+    def own_rows(b):
+        if local_rows == gb and row1 - row0 != gb:  # a pipeline of global batches: keep this process's rows
+            b = {k: v[row0:row1] for k, v in b.items()}
+        return b
+
+    ckpt = wd.checkpointer(keep=int(ckpt_cfg.keep), async_save=bool(ckpt_cfg.async_save))
+    writer = metrics_lib.MetricsWriter(wd.path, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
+    best = evaluation.best if evaluation is not None else None
     with jax.set_mesh(mesh):
-        restored = ckpt.restore_latest(program.abstract_state(), program.abstract_mems() if save_mems else None)
+        restored = wd.restore(program, mems=save_mems, checkpointer=ckpt)
         if restored is not None:
-            state, mems, meta, start = restored
+            state, mems, _, start = restored
             if program.mems_shape is not None and mems is None:
                 log.warning(
                     "checkpoint %d has no memory (checkpoint.save_mems=False): streams restart with empty memory", start
@@ -266,49 +321,51 @@ def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, 
         else:
             state, mems = program.init_state()
             start = 0
+            if initialize is not None:
+                state = initialize(state)
         summary["start_step"] = start
 
-        eval_every = int(config.eval_every_steps)
-        eval_pipe = None
-
         def do_eval(step):
-            nonlocal eval_pipe
-            if eval_pipe is None:
-                eval_pipe = make_pipeline(eval_data_config(config), config.eval.split)
-            res = run_eval(program, state["params"], eval_pipe, _eval_steps(config, eval_pipe))
-            rec = {"step": step, "split": config.eval.split, **res}
+            res = evaluation.fn(state, step)
+            rec = {"step": step, "split": evaluation.split, **res}
             writer.write(rec)
-            progress.message(f"eval @ step {step} ({config.eval.split}): {_fmt_metrics(res)}")
+            progress.message(f"eval @ step {step} ({evaluation.split}): {_fmt_metrics(res)}")
             summary["eval"] = rec
+            if best is not None:
+                best.offer(step, state, res, base_meta(step))
 
-        def save(step):
-            meta = {
+        def base_meta(step):
+            return {
                 "step": step,
                 "mems_shape": list(program.mems_shape) if program.mems_shape else None,
                 "family": config.model.family,
+                **(meta or {}),
             }
+
+        def save(step):
             writer.flush()  # records up to `step` are durable before its checkpoint can exist (gs://: no append)
-            ckpt.save(step, state, mems if save_mems else None, meta)
+            ckpt.save(step, state, mems if save_mems else None, base_meta(step))
 
         stop = _StopFlag()
         stop.install()
         if is_main and start < total:
-            print(report.start_block(config, program, mesh, train_pipe, workdir, start), flush=True)
+            print(report.start_block(config, program, mesh, pipeline, wd.path, start), flush=True)
             print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
         progress = metrics_lib.Progress(total, start, enabled=is_main)
         nonfinite = guards.NonFiniteGuard(int(config.get("max_nonfinite_steps", 10)))
         throughput = report.Throughput()
         log_every = max(int(config.log_every_steps), 1)
         every = int(ckpt_cfg.every_steps)
+        eval_every = evaluation.every if evaluation is not None else 0
         peak = float(config.get("peak_flops_per_device", 0.0))
         n_dev = len(mesh.devices.flat)
         t_last, s_last = time.time(), start
         record = None
         end = total if stop_at is None else min(int(stop_at), total)
-        batches = _train_batches(train_pipe, start, end, int(config.get("prefetch", 2)))
+        batches = _train_batches(pipeline, start, end, int(config.get("prefetch", 2)))
         try:
             for s, local in batches:
-                batch = global_batch(local, program.batch_shardings, bspec)
+                batch = global_batch(own_rows(local), program.batch_shardings, bspec)
                 state, mems, m = program.train_step(state, batch, mems)
                 nonfinite.add(m.pop("nonfinite"))
                 step = s + 1
@@ -354,8 +411,11 @@ def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, 
                 if (every > 0 and step % every == 0) or step == end:
                     nonfinite.check(step)
                     save(step)
-            if eval_every != 0 and end > start and end == total:
-                do_eval(total)
+            if evaluation is not None and end == total:
+                if (eval_every != 0 and end > start) or (
+                    evaluation.always_at_end and (end > start or (best is not None and best.best() is None))
+                ):
+                    do_eval(max(total, start))
         finally:
             batches.close()  # stops the prefetch worker
             stop.restore()
@@ -366,7 +426,7 @@ def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, 
     summary["last"] = record
     if is_main:
         summary["summary"] = report.write_summary(
-            workdir,
+            wd.path,
             config,
             program,
             step=summary["step"],
@@ -379,26 +439,73 @@ def _train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, 
     return summary
 
 
+def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, Any]:
+    """Pretrain (or resume) to config.total_steps. `stop_at` (CLI --stop_at_step) saves and stops early at that
+    step without changing the schedule, as an interruption would. Returns `run`'s summary. A second live run on
+    the same workdir fails at once (guards.WorkdirBusy)."""
+    t_begin = time.time()
+    wd = Workdir(workdir)
+    with guards.WorkdirLock(wd.path, enabled=jax.process_index() == 0):
+        return _train(config, wd, stop_at=stop_at, t_begin=t_begin)
+
+
+def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float) -> Dict[str, Any]:
+    check_workdir_compatible(config, wd.path)
+    if jax.process_index() == 0:
+        wd.write_config(config, "pretrain")
+    program = build_program(config, sharding.make_mesh(config.mesh))
+
+    # The data first: a missing corpus fails before anything is compiled.
+    train_pipe = make_pipeline(config.data, "train")
+    if (
+        jax.process_index() == 0
+    ):  # the run's tokenizer into DIR/tokenizer/, named in config.json (a different one: error)
+        tokenizer_store.save(wd.path, getattr(train_pipe, "tokenizer", None))
+    data_vocab = getattr(train_pipe, "vocab_size", None)
+    model_vocab = config.model.get("vocab_size")
+    if data_vocab and model_vocab and int(model_vocab) < int(data_vocab):
+        raise ValueError(
+            f"config.model.vocab_size={model_vocab} is smaller than the data's vocabulary "
+            f"({data_vocab} symbols, data.source={config.data.get('source')!r})"
+        )
+    eval_pipe = []
+
+    def lm_eval(state, step):
+        if not eval_pipe:
+            eval_pipe.append(make_pipeline(eval_data_config(config), config.eval.split))
+        return run_eval(program, state["params"], eval_pipe[0], _eval_steps(config, eval_pipe[0]))
+
+    evaluation = Evaluation(lm_eval, split=config.eval.split, every=int(config.eval_every_steps))
+    return run(
+        config,
+        wd,
+        program,
+        train_pipe,
+        evaluation=evaluation,
+        stop_at=stop_at,
+        save_mems=bool(config.checkpoint.save_mems),
+        t_begin=t_begin,
+    )
+
+
 def evaluate(config, workdir: str) -> Dict[str, Any]:
     """Evaluate the latest checkpoint of `workdir` on config.eval.split; appends the record to metrics.jsonl."""
-    workdir = paths.display(workdir)
-    ckpt_dir = paths.join(workdir, "checkpoints")
-    if not paths.as_path(ckpt_dir).is_dir():
+    wd = Workdir(workdir)
+    workdir = wd.path
+    if not wd.has_checkpoints():
         raise FileNotFoundError(
             f"{workdir}: no checkpoints/ directory (train first: xlgen train ... --workdir={workdir})"
         )
     check_workdir_compatible(config, workdir)
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)
-    ckpt = Checkpointer(ckpt_dir, keep=0, async_save=False)
     with jax.set_mesh(mesh):
-        restored = ckpt.restore_latest(program.abstract_state(), None)
+        restored = wd.restore(program)
         if restored is None:
-            raise FileNotFoundError(f"{ckpt_dir}: no checkpoint to evaluate")
-        state, _, _, step = restored
+            raise FileNotFoundError(f"{wd.checkpoint_dir()}: no checkpoint to evaluate")
+        state, step = restored.state, restored.step
         pipe = make_pipeline(eval_data_config(config), config.eval.split)
         res = run_eval(program, state["params"], pipe, _eval_steps(config, pipe))
-    ckpt.close()
     rec = {"step": step, "split": config.eval.split, **res}
     if jax.process_index() == 0:
         writer = metrics_lib.MetricsWriter(workdir, tensorboard=False)

@@ -10,46 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import jax
-
 
 def restore_params(workdir: str, step: Optional[int] = None):
-    """(config, {param name: array}, step) of a workdir's checkpoint, restored onto one device."""
-    from data_pipelines import paths
-    from xlgen import config as config_lib
-    from xlgen import sharding
-    from xlgen.checkpointing import Checkpointer
-    from xlgen.train.program import build_program
+    """(config, program, {param name: array}, step) of a workdir's checkpoint (`checkpoints/`, latest unless
+    `step` or a `DIR/checkpoints/<step>` path is given), restored onto one device."""
+    from xlgen.train.workdir import Workdir
 
-    wd = paths.as_path(workdir)  # local (absolute) or gs://
-    if wd.name.isdigit() and wd.parent.name == "checkpoints":
-        step = int(wd.name) if step is None else step
-        wd = wd.parent.parent
-    workdir = str(wd)
-    from xlgen import finetune
-
-    if finetune.is_finetune_workdir(workdir):
-        import xlgen.tasks.objective  # noqa: F401  (registers the finetune objective before the config resolves)
-    config = config_lib.read_workdir_config(workdir)
-    if config is None:
-        raise FileNotFoundError(f"{workdir}: no config.json (not an xlgen workdir)")
-    with config.mesh.unlocked():
-        config.mesh.update(dict(data=1, fsdp=1, tensor=1, num_devices=1))
-    mesh = sharding.make_mesh(config.mesh)
-    program = build_program(config, mesh)
-    ckpt = Checkpointer(paths.join(workdir, "checkpoints"), keep=0, async_save=False)
-    try:
-        with jax.set_mesh(mesh):
-            if step is None:
-                restored = ckpt.restore_latest(program.abstract_state(), None)
-                if restored is None:
-                    raise FileNotFoundError(f"{workdir}/checkpoints: no checkpoint")
-                state, _, _, step = restored
-            else:
-                state, _, _ = ckpt.restore(step, program.abstract_state(), None)
-    finally:
-        ckpt.close()
-    return config, program, state["params"], step
+    wd, path_step, sub = Workdir.parse(workdir)
+    step = path_step if step is None else step
+    config, program, restored = wd.open(
+        step=step, sub=sub or "checkpoints", mesh_config=dict(data=1, fsdp=1, tensor=1, num_devices=1)
+    )
+    return config, program, restored.state["params"], restored.step
 
 
 def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
