@@ -105,7 +105,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             + ", ".join(f"{k}: {v}" for k, v in rep["effective_rank"].items())
         )
     if args.json:
-        from xlgen.config import write_json_atomic
+        from data_pipelines.paths import write_json_atomic
 
         write_json_atomic(args.json, next(iter(reports.values())) if len(reports) == 1 else reports)
         print(f"json: {args.json}")

@@ -81,7 +81,7 @@ def n_params(overrides: Dict[str, str]) -> int:
 
 
 def _save(out: str, name: str, obj) -> str:
-    from xlgen.config import write_json_atomic
+    from data_pipelines.paths import write_json_atomic
 
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"{name}.json")

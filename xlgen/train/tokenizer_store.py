@@ -47,7 +47,6 @@ def _describe(rec: Dict[str, Any], where: str) -> str:
 
 def save(workdir: str, tokenizer) -> Optional[Dict[str, Any]]:
     """Store `tokenizer` in `workdir/tokenizer/` and name it in config.json (process 0; atomic writes)."""
-    from xlgen import config as config_lib
 
     if tokenizer is None or not hasattr(tokenizer, "save") or not hasattr(tokenizer, "fingerprint"):
         return None
@@ -74,7 +73,7 @@ def save(workdir: str, tokenizer) -> Optional[Dict[str, Any]]:
     p = paths.as_path(workdir) / "config.json"
     d = json.loads(p.read_text())
     d.setdefault("xlgen", {}).update(new)
-    config_lib.write_json_atomic(str(p), d)
+    paths.write_json_atomic(str(p), d)
     return new
 
 
