@@ -19,14 +19,19 @@ def test_config_kind_tokenizer_and_checkpoint_paths(tmp_path):
     config = load_config(os.path.join(ROOT, "configs/pretrain/txl_tiny.py"), ["--config.seed=7"])
     wd.write_config(config, "pretrain")
     assert wd.kind == "pretrain" and wd.read_config().seed == 7 and hf_config(wd.path) is None
-    # the run's tokenizer: copied into DIR/tokenizer/, named in config.json, kept when config.json is rewritten
-    src = tmp_path / "spiece.model"
-    src.write_bytes(b"\x00tokenizer bytes")
-    dest = wd.add_tokenizer(str(src))
-    assert dest == os.path.join(wd.path, "tokenizer", "spiece.model") and open(dest, "rb").read() == src.read_bytes()
-    assert json.load(open(wd.config_path))["xlgen"]["tokenizer"] == "tokenizer/spiece.model"
+    # the run's tokenizer: stored in DIR/tokenizer/ by the one store, named in config.json, kept when config.json is
+    # rewritten, and read back through the Workdir
+    from data_pipelines import vocab as vocab_lib
+    from xlgen.train import tokenizer_store
+
+    tok = vocab_lib.SymbolVocab.build("char", ["to be or not to be"])
+    rec = tokenizer_store.save(wd.path, tok)
+    dest = wd.tokenizer_file()
+    assert rec["tokenizer"] == "tokenizer/" + os.path.basename(dest)
+    assert os.path.dirname(dest) == os.path.join(wd.path, "tokenizer") and os.path.exists(dest)
     wd.write_config(config, "finetune")
     assert wd.kind == "finetune" and wd.tokenizer_file() == dest
+    assert wd.tokenizer().encode("to be") == tok.encode("to be")
     with pytest.raises(ValueError, match="kind='other'"):
         wd.write_config(config, "other")
     # a checkpoint path names its run, step and subdirectory

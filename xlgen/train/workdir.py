@@ -119,24 +119,18 @@ class Workdir:
         return config_lib.write_resolved_config(config, self.path, kind, kept)
 
     # -- tokenizer -------------------------------------------------------------------------------------------
-    def add_tokenizer(self, source: str) -> str:
-        """Copy the tokenizer file `source` (spiece.model, vocab.txt, vocab.json, ...; local or URL) into
-        `DIR/tokenizer/` and name it in config.json (when it exists; `write_config` keeps it). Returns the path."""
-        name = paths.as_path(source).name
-        rel = f"tokenizer/{name}"
-        dest = self.join("tokenizer", name)
-        paths.makedirs(self.join("tokenizer"))
-        paths.atomic_write_bytes(dest, paths.read_bytes(source))
-        d = read_json_config(self.path)
-        if d is not None and "xlgen" in d and d["xlgen"].get("tokenizer") != rel:
-            d["xlgen"]["tokenizer"] = rel
-            paths.write_json_atomic(self.config_path, d)
-        return dest
-
     def tokenizer_file(self) -> Optional[str]:
-        """The run's tokenizer file named in config.json, or None."""
-        rel = self.info().get("tokenizer")
-        return self.join(*rel.split("/")) if rel else None
+        """The run's tokenizer file (`DIR/tokenizer/<file>`, named in config.json), or None. Stored and checked by
+        `xlgen.train.tokenizer_store`, the one implementation."""
+        from xlgen.train import tokenizer_store
+
+        return tokenizer_store.file_path(self.path)
+
+    def tokenizer(self):
+        """The run's tokenizer (a data_pipelines.vocab object with encode/decode), or None if none is stored."""
+        from xlgen.train import tokenizer_store
+
+        return tokenizer_store.load(self.path)
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def checkpoint_dir(self, sub: str = "checkpoints") -> str:
