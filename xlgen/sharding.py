@@ -186,6 +186,48 @@ def constrain(x: jax.Array, logical: Sequence[Optional[str]]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, activation_spec(logical, x.shape, rules, mesh))
 
 
+def per_shard(fn, in_logical: Sequence, out_logical: Sequence[Optional[str]]):
+    """`fn` run by every device on its own block of the arguments (`jax.shard_map`), the blocks given by logical
+    names under the active rules; a plain call outside a mesh (or on a one-device mesh).
+
+    `in_logical` has one entry per positional argument: a tuple of logical names for an array, or None for an
+    argument (any pytree, e.g. weights) that every device gets whole, gathered before the call. `out_logical`
+    names the (single array) output's axes; its sizes are taken from the first argument's leading axes. For
+    token-wise computations whose data-dependent control flow (sorting tokens by cluster, per-chunk `switch`)
+    the partitioner cannot split: each device then works on its own tokens, as a data-parallel worker does."""
+
+    def call(*args):
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty or all(n == 1 for n in mesh.shape.values()):
+            return fn(*args)
+        rules = _ACTIVE_RULES.get() or RULE_PRESETS["dp"]
+        in_specs = tuple(
+            P() if names is None else activation_spec(names, a.shape, rules, mesh) for names, a in zip(in_logical, args)
+        )
+        out_spec = activation_spec(out_logical, args[0].shape[: len(out_logical)], rules, mesh)
+        split = tuple(
+            a
+            for spec in in_specs
+            for entry in spec
+            if entry is not None
+            for a in (entry if isinstance(entry, tuple) else (entry,))
+        )
+
+        def body(*blocks):
+            # whole arguments enter as varying over the split axes here, once: the transpose (their gradient's sum
+            # over devices) then happens once per call, not per iteration of a loop inside `fn`
+            if split:
+                blocks = [
+                    jax.tree.map(lambda w: jax.lax.pcast(w, split, to="varying"), b) if names is None else b
+                    for names, b in zip(in_logical, blocks)
+                ]
+            return fn(*blocks)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec)(*args)
+
+    return call
+
+
 def batch_partition_spec(ndim: int) -> P:
     """Batch-major arrays: split dim 0 over the data-parallel axes, replicate the rest."""
     return P(BATCH_AXES, *([None] * (ndim - 1)))

@@ -140,15 +140,26 @@ def content_scores(q_head: jax.Array, k_head: jax.Array, r_w_bias: jax.Array) ->
     return jnp.einsum("bind,bjnd->bnij", q_head + r_w_bias.astype(q_head.dtype), k_head)
 
 
+def position_contraction(qv: jax.Array, k_head_r: jax.Array) -> jax.Array:
+    """Raw position scores (q + v)·W_r R before the shift: qv `[b,q,n,d]`, position keys `[r,n,d]` (shared by
+    the batch) or `[b,r,n,d]` -> `[b,n,q,r]`.
+
+    Layout only (same math, same FLOPs as the plain einsum): the contraction is batched over (b, n), with shared
+    keys broadcast to `[b,r,n,d]`, so no `[b,n,q,r]` tensor goes through a layout transpose on XLA:CPU. The keys
+    pass an optimization barrier, whose transpose is a barrier on their cotangent: XLA would otherwise fold the
+    key gradient's sum over the batch (the broadcast's, or XLNet's direction select's transpose) into the dot as a
+    contracting dimension, which transposes the `[b,n,q,r]` cotangent again. A shared-key einsum spent 22% of a
+    Funnel seq-512 train step in such transposes."""
+    if k_head_r.ndim == 3:
+        k_head_r = jnp.broadcast_to(k_head_r, (qv.shape[0],) + k_head_r.shape)
+    return jnp.einsum("bind,bjnd->bnij", qv, jax.lax.optimization_barrier(k_head_r))
+
+
 def position_scores(
     q_head: jax.Array, k_head_r: jax.Array, r_r_bias: jax.Array, *, klen: int, offset: int, stride: int = 1
 ) -> jax.Array:
     """shift((q + v)·W_r R): q `[b,q,n,d]`, position keys `[r,n,d]` or `[b,r,n,d]`, v `[n,d]` -> `[b,n,q,klen]`."""
-    qv = q_head + r_r_bias.astype(q_head.dtype)
-    if k_head_r.ndim == 3:
-        raw = jnp.einsum("bind,jnd->bnij", qv, k_head_r)
-    else:
-        raw = jnp.einsum("bind,bjnd->bnij", qv, k_head_r)
+    raw = position_contraction(q_head + r_r_bias.astype(q_head.dtype), k_head_r)
     return relative_shift(raw, klen=klen, offset=offset, stride=stride)
 
 
