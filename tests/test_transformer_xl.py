@@ -276,6 +276,44 @@ def test_fixed_length_memory_buffer_equals_growing_memory(same_length):
     assert len(traces) == 1  # traced (compiled) once: nothing recompiled while the memory filled
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(scan_layers=True), dict(scan_layers=False, same_length=True, clamp_len=3, untie_r=False)],
+    ids=["scanned", "listed_same_length_clamp_shared_biases"],
+)
+def test_cached_evaluation_equals_projecting_the_memory(overrides):
+    """`TransfoXLPretrained` with its evaluation cache (position keys formed once per length; the returned memory
+    rows' keys/values reused when those very `mems` come back) gives the uncached results, segment after segment,
+    for HF-style zero memory and for the fixed-length buffer (`mem_valid`); other mems are projected as usual."""
+    from xlgen.models.transformer_xl.model import TransfoXLPretrained
+
+    L, M = 3, 5
+    ids = np.random.default_rng(2).integers(0, SMALL["vocab_size"], (2, 4 * L))
+    for valid in (None, 0):
+        runs = {}
+        for cache in (False, True):
+            wrapper = TransfoXLPretrained(make_model(mem_len=M, **overrides), cache=cache)
+            mems, mv, outs, used = None, valid, [], []
+            for k in range(4):
+                seg = ids[:, k * L : (k + 1) * L]
+                if cache and mems is not None:  # the previous output's own arrays: their heads are reused
+                    used.append(wrapper._cache_arg(mems, list(mems), "hf", L, M, mv is not None)["kv_mem"] is not None)
+                out = wrapper(input_ids=seg, mems=mems, mem_valid=mv)
+                outs.append((np.asarray(out.log_probs), np.stack([np.asarray(m) for m in out.mems])))
+                mems, mv = out.mems, out.mem_valid
+            runs[cache] = outs
+            if cache:
+                assert used == [True] * 3
+                fresh = [jnp.array(m) for m in mems]  # equal values, other arrays: projected, same result
+                assert wrapper._cache_arg(fresh, fresh, "hf", L, M, mv is not None)["kv_mem"] is None
+                a = wrapper(input_ids=ids[:, :L], mems=fresh, mem_valid=mv)
+                b = TransfoXLPretrained(wrapper.module, cache=False)(input_ids=ids[:, :L], mems=mems, mem_valid=mv)
+                np.testing.assert_allclose(np.asarray(a.log_probs), np.asarray(b.log_probs), atol=1e-5)
+        for (lp0, m0), (lp1, m1) in zip(runs[False], runs[True]):
+            np.testing.assert_allclose(lp1, lp0, atol=1e-5)
+            np.testing.assert_allclose(m1, m0, atol=1e-5)
+
+
 def test_no_gradient_flows_into_memory():
     """d loss / d mems is exactly zero, the new memory carries no gradient, parameters do get gradients."""
     model = make_model(n_layer=1, cutoffs=(), div_val=1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -236,27 +236,47 @@ class TransformerXLBlock(nnx.Module):
         )
 
     def __call__(
-        self, h: jax.Array, mem: jax.Array, pos_emb: jax.Array, mask: jax.Array, shared_biases: Optional[dict]
-    ) -> jax.Array:
-        """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[1|b,1,l,m+l]` -> `[b,l,d]`."""
+        self,
+        h: jax.Array,
+        mem: jax.Array,
+        pos_emb: jax.Array,
+        mask: jax.Array,
+        shared_biases: Optional[dict],
+        cache: Optional[dict] = None,
+    ):
+        """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[1|b,1,l,m+l]` -> `[b,l,d]`.
+
+        `cache` (evaluation): {"position_keys": W_r R `[m+l,n,d]` or None, "kv_mem": (keys, values) `[b,m,n,d]` of
+        the memory rows or None}; then returns `(out, (keys, values) [b,m+l,n,d])`: memory rows are never updated,
+        so the next segment's memory heads are slices of these."""
         attn = self.attn
         h, mem = constrain(h, STREAM), constrain(mem, STREAM)  # rows over the batch axes, d_model whole
-        k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
+        if cache is None:
+            k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
+            k_head_r = attn.position_heads(pos_emb)
+        else:
+            k_mem, v_mem = cache["kv_mem"] if cache["kv_mem"] is not None else attn.kv_heads(mem)
+            k_h, v_h = attn.kv_heads(h)
+            k_head = jnp.concatenate([k_mem.astype(h.dtype), k_h], axis=1)
+            v_head = jnp.concatenate([v_mem.astype(h.dtype), v_h], axis=1)
+            k_head_r = cache["position_keys"]
+            k_head_r = attn.position_heads(pos_emb) if k_head_r is None else k_head_r.astype(h.dtype)
         out = attn.attend(
             h,
             k_head,
             v_head,
-            attn.position_heads(pos_emb),
+            k_head_r,
             klen=k_head.shape[1],
             offset=shift_offset(h.shape[1], "txl"),
             mask=mask,
             shared_biases=shared_biases,
         )
-        return constrain(self.ff(constrain(out, STREAM)), STREAM)
+        out = constrain(self.ff(constrain(out, STREAM)), STREAM)
+        return out if cache is None else (out, (k_head, v_head))
 
 
-def _apply_block(block, h, mem, pos_emb, mask, shared):
-    return block(h, mem, pos_emb, mask, shared)
+def _apply_block(block, h, mem, pos_emb, mask, shared, cache=None):
+    return block(h, mem, pos_emb, mask, shared, cache)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -337,8 +357,15 @@ class TransformerXLLM(nnx.Module):
         *,
         mem_len: Optional[int] = None,
         mem_valid: Optional[jax.Array] = None,
+        cache: Optional[dict] = None,
     ):
         """Last-layer states `[b,l,d_model]` (after the final dropout) and the new memory (see module doc).
+
+        `cache` (cached evaluation, see `TransfoXLPretrained`): {"position_keys": `[n_layer, m+l, n, d]` from
+        `position_keys(l, m+l)` or None, "kv_mem": (keys, values) `[n_layer, b, m, n, d]` of the memory rows or
+        None (then projected from `mems`)}; the result then has a third element, the keys/values of the returned
+        memory rows. Same results as without (the memory's heads are those computed when its rows were the
+        segment), minus the memory and position projections.
 
         `mem_valid` int `[b]` (or scalar): the memory is a fixed-length buffer whose last `mem_valid[b]` rows are
         real and the rest (zeros) are masked (`relative_attention.memory_validity_mask`); with a buffer of
@@ -363,21 +390,57 @@ class TransformerXLLM(nnx.Module):
         h = self.drop(self.embedding(input_ids, dtype))
         shared = None if c.untie_r else {"r_w_bias": self.r_w_bias[...], "r_r_bias": self.r_r_bias[...]}
         apply = nnx.remat(_apply_block) if c.remat else _apply_block
+        layer_cache = None if cache is None else {"position_keys": None, "kv_mem": None, **cache}
         if c.scan_layers:
 
-            @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None, None), out_axes=(nnx.Carry, 0))
-            def body(h, block, mem, pos_emb, mask, shared):
-                return apply(block, h, mem, pos_emb, mask, shared), h
+            @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None, None, 0), out_axes=(nnx.Carry, 0))
+            def body(h, block, mem, pos_emb, mask, shared, lc):
+                if lc is None:
+                    return apply(block, h, mem, pos_emb, mask, shared), h
+                out, kv = apply(block, h, mem, pos_emb, mask, shared, lc)
+                return out, (h, kv)
 
-            h, hids = body(h, self.layers, mems, pos_emb, mask, shared)
+            h, hids = body(h, self.layers, mems, pos_emb, mask, shared, layer_cache)
+            if cache is not None:
+                hids, kvs = hids
         else:
-            hids = []
+            hids, kvs = [], []
             for n, block in enumerate(self.layers):
                 hids.append(h)
-                h = apply(block, h, mems[n], pos_emb, mask, shared)
+                if cache is None:
+                    h = apply(block, h, mems[n], pos_emb, mask, shared)
+                else:
+                    h, kv = apply(block, h, mems[n], pos_emb, mask, shared, jax.tree.map(lambda x: x[n], layer_cache))
+                    kvs.append(kv)
             hids = jnp.stack(hids)
+            kvs = jax.tree.map(lambda *x: jnp.stack(x), *kvs) if kvs else None
         new_mems = update_mems(mems, hids, mem_len) if mem_len > 0 else mems[:, :, :0]
-        return self.drop(h), new_mems
+        if cache is None:
+            return self.drop(h), new_mems
+        new_kv = tuple(update_mems(x[:, :, :0], x, mem_len) for x in kvs)  # the last mem_len rows' heads
+        return self.drop(h), new_mems, new_kv
+
+    def position_keys(self, qlen: int, klen: int) -> jax.Array:
+        """Every layer's position keys W_r R for `qlen` queries against `klen` keys `[n_layer, klen, n, d]`
+        (evaluation: no dropout on the encodings); a function of the parameters only, so cached evaluation forms
+        them once per memory length instead of once per segment."""
+        c = self.config
+        dtype = jnp.dtype(c.dtype)
+        pos_seq = relative_position_sequence(qlen, klen, "txl", c.clamp_len if c.clamp_len > 0 else None)
+        pos_emb = sinusoid_embedding(pos_seq, c.d_model, dtype)
+        return self._per_layer(lambda block: block.attn.position_heads(pos_emb))
+
+    def _per_layer(self, fn, *xs):
+        """fn(block, *x[n]) for every layer n, stacked on a leading layer axis (scanned or listed layers)."""
+        if self.config.scan_layers:
+
+            @nnx.scan(in_axes=(nnx.Carry, 0) + (0,) * len(xs), out_axes=(nnx.Carry, 0))
+            def body(carry, block, *x):
+                return carry, fn(block, *x)
+
+            return body(None, self.layers, *xs)[1]
+        outs = [fn(block, *(x[n] for x in xs)) for n, block in enumerate(self.layers)]
+        return jax.tree.map(lambda *o: jnp.stack(o), *outs)
 
     def __call__(
         self,
@@ -387,14 +450,16 @@ class TransformerXLLM(nnx.Module):
         labels: Optional[jax.Array] = None,
         mem_len: Optional[int] = None,
         mem_valid: Optional[jax.Array] = None,
+        cache: Optional[dict] = None,
     ):
         """input_ids `[b,l]` int, mems `[n_layer,b,m,d_model]` or None (no memory), labels `[b,l]` next tokens
-        (negative = ignored) -> `(log_probs [b,l,V] | nll [b,l], new_mems [n_layer,b,min(m+l,mem_len),d])`.
+        (negative = ignored) -> `(log_probs [b,l,V] | nll [b,l], new_mems [n_layer,b,min(m+l,mem_len),d])`, with
+        the memory rows' keys/values third when `cache` is given (see `hidden_states`).
         Log-probs / nll are float32; with labels the `[b,l,V]` tensor is never built."""
-        h, new_mems = self.hidden_states(input_ids, mems, mem_len=mem_len, mem_valid=mem_valid)
+        h, new_mems, *kv = self.hidden_states(input_ids, mems, mem_len=mem_len, mem_valid=mem_valid, cache=cache)
         if labels is None:
-            return self.softmax.log_probs(h, self.embedding), new_mems
-        return self.softmax.nll(h, labels, self.embedding), new_mems
+            return (self.softmax.log_probs(h, self.embedding), new_mems, *kv)
+        return (self.softmax.nll(h, labels, self.embedding), new_mems, *kv)
 
 
 def count_params(model_or_state) -> int:
@@ -464,18 +529,32 @@ class TransfoXLPretrained:
       `mem_valid`, `mems=None` is HF's zero memory, attended to like real states.
     The forward pass is jitted once per input shape. `.module` is the `TransformerXLLM` (NNX), `.config` its
     `TransformerXLConfig`.
+
+    Cached evaluation (`cache=True`, the default): the position keys W_r R of every layer are formed once per
+    (segment, memory) length, and the keys/values of the returned memory rows ride along with `out.mems`; when
+    those very arrays are passed back as `mems=`, the next segment reuses them instead of projecting the whole
+    memory again (memory rows never change, so these are the heads they had as the segment). Anything else
+    passed as `mems` is projected as usual. Results agree with `cache=False` to float rounding.
     """
 
-    def __init__(self, module: TransformerXLLM, *, has_head: bool = True):
+    def __init__(self, module: TransformerXLLM, *, has_head: bool = True, cache: bool = True):
         module.eval()
-        self.module, self.config, self.has_head = module, module.config, has_head
+        self.module, self.config, self.has_head, self.cache = module, module.config, has_head, cache
         self._graphdef, self._state = nnx.split(module)
         self._forward = jax.jit(
             functools.partial(self._pure_forward, self._graphdef), static_argnames=("mode", "mem_len", "layout")
         )
+        self._position_keys_fn = jax.jit(
+            lambda state, qlen, klen: nnx.merge(self._graphdef, state).position_keys(qlen, klen),
+            static_argnums=(1, 2),
+        )
+        self._position_keys: Dict[Tuple[int, int], jax.Array] = {}
+        self._last_mems: Optional[Tuple[list, tuple]] = None  # (mems list returned, their (keys, values))
 
     @staticmethod
-    def _pure_forward(graphdef, state, input_ids, mems, labels, mem_valid, *, mode: str, mem_len: int, layout: str):
+    def _pure_forward(
+        graphdef, state, input_ids, mems, labels, mem_valid, cache, *, mode: str, mem_len: int, layout: str
+    ):
         """One jitted program: mems conversion, forward, HF-layout memory (and the HF-shifted label NLL)."""
         model = nnx.merge(graphdef, state)
         c = model.config
@@ -487,15 +566,22 @@ class TransfoXLPretrained:
             mems = jnp.swapaxes(jnp.stack(mems), 1, 2)
         out = {}
         kw = dict(mem_len=mem_len, mem_valid=mem_valid)
+        if cache is not None and mems is not None:
+            kw["cache"] = cache
         if mode == "hidden":
-            out["last_hidden_state"], new_mems = model.hidden_states(input_ids, mems, **kw)
+            res = model.hidden_states(input_ids, mems, **kw)
+            out["last_hidden_state"] = res[0]
         elif mode == "labels":
             shifted = jnp.concatenate([labels[:, 1:], jnp.full_like(labels[:, :1], -100)], axis=1)
-            nll, new_mems = model(input_ids, mems, labels=shifted, **kw)
-            out["losses"] = nll[:, :-1]
+            res = model(input_ids, mems, labels=shifted, **kw)
+            out["losses"] = res[0][:, :-1]
             out["loss"] = out["losses"].sum() / jnp.maximum((labels[:, 1:] != -100).sum(), 1)
         else:
-            out["log_probs"], new_mems = model(input_ids, mems, **kw)
+            res = model(input_ids, mems, **kw)
+            out["log_probs"] = res[0]
+        new_mems = res[1]
+        if "cache" in kw:
+            out["kv_mems"] = res[2]  # the returned memory rows' keys and values, for the next segment
         out["mems"] = list(jnp.swapaxes(new_mems, 1, 2))
         if mem_valid is not None:
             out["mem_valid"] = advance_memory_validity(
@@ -575,5 +661,33 @@ class TransfoXLPretrained:
         if mem_valid is not None:
             mv = mem_valid if isinstance(mem_valid, jax.Array) else np.asarray(mem_valid, np.int32)
             mem_valid = jnp.broadcast_to(jnp.asarray(mv, jnp.int32), (ids.shape[0],))
-        out = self._forward(self._state, ids, mem_arg, lab, mem_valid, mode=mode, mem_len=mem_len, layout=layout)
+        cache = self._cache_arg(mems, mem_arg, layout, ids.shape[1], mem_len, mem_valid is not None)
+        out = self._forward(self._state, ids, mem_arg, lab, mem_valid, cache, mode=mode, mem_len=mem_len, layout=layout)
+        kv = out.pop("kv_mems", None)
+        self._last_mems = None if kv is None else (out["mems"], kv)
         return TransfoXLOutput(**out)
+
+    def _cache_arg(self, mems, mem_arg, layout: str, qlen: int, mem_len: int, fixed: bool) -> Optional[dict]:
+        """{"position_keys", "kv_mem"} for a cached pass (see the class doc), or None."""
+        c = self.config
+        if not self.cache:
+            return None
+        if layout == "init":
+            mlen = mem_len if fixed else c.mem_len
+        else:
+            mlen = mem_arg[0].shape[0] if layout == "hf" else mem_arg.shape[2]
+        if layout == "init" and mlen <= 0:
+            return None
+        key = (qlen, mlen + qlen)
+        if key not in self._position_keys:
+            self._position_keys[key] = self._position_keys_fn(self._state, *key)
+        kv = None
+        last = self._last_mems
+        if (
+            layout == "hf"
+            and last is not None
+            and len(last[0]) == len(mems)
+            and all(a is b for a, b in zip(last[0], mems))
+        ):
+            kv = last[1]
+        return {"position_keys": self._position_keys[key], "kv_mem": kv}
