@@ -51,6 +51,7 @@ CASES = {
         "--config.model.scan_layers=True",
         "--config.model.cutoffs=(20,40)",
         "--config.model.div_val=2",
+        "--config.model.softmax_block_size=16",  # every cluster's log-normaliser in vocabulary blocks (a scan)
     ],
     # 3 layers: the last runs outside the scan (query stream only), the scan over the other 2 stays a loop
     "xlnet": ["--config=configs/pretrain/xlnet_tiny.py", "--config.model.scan_layers=True", "--config.model.n_layer=3"],
@@ -129,7 +130,9 @@ TINY = {
 _TXL = {"model.d_embed": 32, "data.tgt_len": 8, "model.mem_len": 8, "model.scan_layers": True}
 FAMILY = {
     "txl_tiny.py": _TXL,
-    "txl_tiny.py:adaptive": dict(_TXL, **{"model.cutoffs": "(20,40)", "model.div_val": 2}),
+    "txl_tiny.py:adaptive": dict(
+        _TXL, **{"model.cutoffs": "(20,40)", "model.div_val": 2, "model.softmax_block_size": 16}
+    ),
     "xlnet_tiny.py": {
         "model.mem_len": 8,
         "model.reuse_len": 4,

@@ -93,7 +93,8 @@ def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, block: in
         s = s * jnp.exp(m - m_new) + jnp.exp(logits - m_new[:, None]).sum(-1)
         return (m_new, s), None
 
-    init = (jnp.full(h.shape[:1], _NEG, jnp.float32), jnp.zeros(h.shape[:1], jnp.float32))
+    zeros = h[:, 0].astype(jnp.float32) * 0.0  # (typed like h: varying per device under shard_map)
+    init = (zeros + _NEG, zeros)
     (m, s), _ = jax.lax.scan(step, init, (table, bias))
     return m + jnp.log(s)
 

@@ -70,5 +70,12 @@ class OutputConfig:
 
 
 def config_defaults(output_layer: str = "adaptive") -> Dict[str, Any]:
-    """`output_layer` and `output` entries for a Transformer-XL config file (`c.model = dict(..., **this)`)."""
-    return {"output_layer": output_layer, "output": dataclasses.asdict(OutputConfig())}
+    """`output_layer` and `output` entries for a Transformer-XL config file (`c.model = dict(..., **this)`), and
+    the adaptive softmax's work sizes: `softmax_block_size` (vocabulary rows per log-normaliser block) and
+    `softmax_chunk_size` (tokens per tail-cluster chunk)."""
+    return {
+        "output_layer": output_layer,
+        "output": dataclasses.asdict(OutputConfig()),
+        "softmax_block_size": 32768,
+        "softmax_chunk_size": 256,
+    }
