@@ -88,8 +88,10 @@ class TXLDecoder:
 
     `prefill(prompt_ids [b, P]) -> (log_probs [b, V] of the next token, state)`;
     `step(token [b], state) -> (log_probs [b, V], state)`; `generate(...)` samples. `state` is
-    (mems `[n_layer, b, mem_len, d]`, mem_valid `[b]`). Each token attends to all `mem_len` memory rows and itself
-    (`same_length` does not apply: every query of a one-token segment has the same context length).
+    (memory, mem_valid `[b]`); the memory is (mems `[n_layer, b, mem_len, d]`, their keys/values, the one-token
+    position keys) for Transformer-XL (see `_pure_forward`), the mems array for XLNet. Each token attends to all
+    `mem_len` memory rows and itself (`same_length` does not apply: every query of a one-token segment has the same
+    context length).
     """
 
     _config_overrides: Dict[str, Any] = {}
@@ -115,19 +117,28 @@ class TXLDecoder:
         )
 
     @staticmethod
-    def _pure_forward(graphdef, mem_len, params, ids, mems, mem_valid):
-        """ids `[b, l]` -> (log-probs of the token after the last one `[b, V]`, new mems, new mem_valid)."""
+    def _pure_forward(graphdef, mem_len, params, ids, state, mem_valid):
+        """ids `[b, l]` -> (log-probs of the token after the last one `[b, V]`, new state, new mem_valid).
+
+        `state` = (mems, memory keys/values or None, one-token position keys or None): a token's step reuses the
+        memory rows' keys/values (formed when each row was the segment) and the position keys of a one-token
+        segment (a function of the parameters only) instead of projecting mem_len rows per layer again
+        (`TransformerXLLM.hidden_states(cache=...)`); same results."""
         from xlgen.models.relative_attention import advance_memory_validity
 
         model = nnx.merge(graphdef, params)
-        h, new_mems = model.hidden_states(ids, mems, mem_len=mem_len, mem_valid=mem_valid)
+        mems, kv, step_keys = state
+        cache = {"kv_mem": kv, "position_keys": step_keys if ids.shape[1] == 1 else None}
+        h, new_mems, new_kv = model.hidden_states(ids, mems, mem_len=mem_len, mem_valid=mem_valid, cache=cache)
+        if step_keys is None:
+            step_keys = model.position_keys(1, mem_len + 1)
         log_probs = model.softmax.log_probs(h[:, -1:], model.embedding)[:, 0]
-        return log_probs, new_mems, advance_memory_validity(mem_valid, ids.shape[1], mem_len)
+        return log_probs, (new_mems, new_kv, step_keys), advance_memory_validity(mem_valid, ids.shape[1], mem_len)
 
     def empty_state(self, batch: int):
         c = self.config
         mems = jnp.zeros((c.n_layer, batch, self.mem_len, c.d_model), jnp.dtype(c.dtype))
-        return mems, jnp.zeros((batch,), jnp.int32)
+        return (mems, None, None), jnp.zeros((batch,), jnp.int32)
 
     def prefill(self, prompt_ids):
         ids = jnp.asarray(np.asarray(prompt_ids, np.int32))
@@ -216,6 +227,11 @@ class XLNetDecoder(TXLDecoder):
 
     _config_overrides = {"bi_data": False}
     default_mem_len = 512
+
+    def empty_state(self, batch: int):
+        c = self.config
+        mems = jnp.zeros((c.n_layer, batch, self.mem_len, c.d_model), jnp.dtype(c.dtype))
+        return mems, jnp.zeros((batch,), jnp.int32)
 
     @staticmethod
     def _pure_forward(graphdef, mem_len, params, ids, mems, mem_valid):
