@@ -4,13 +4,11 @@ command resumes from it and ends with exactly the losses, dev metrics and best c
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from test_train_utils import REPO, compile_cache, train_losses, xlgen_env  # noqa: F401
+from test_train_utils import REPO, compile_cache, sigterm_after_step, train_losses, xlgen_env  # noqa: F401
 
 TOTAL = 300  # steps of a 2-layer d=32 XLNet: enough that the signal arrives mid-run
 
@@ -58,20 +56,8 @@ def test_sigterm_during_finetune_saves_and_resumes_exactly(tmp_path, compile_cac
     proc = subprocess.Popen(
         _cmd(wd, data), env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    metrics = os.path.join(wd, "metrics.jsonl")
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if os.path.exists(metrics) and max(train_losses(wd) or [0]) >= 3:
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err[-3000:]
-    last = max(train_losses(wd))
-    steps = sorted(int(d) for d in os.listdir(os.path.join(wd, "checkpoints")) if d.isdigit())
-    assert steps == [last] and 3 <= last < TOTAL, (steps, last)
-    assert f"saved checkpoint {wd}/checkpoints/{last}" in out
+    out, last = sigterm_after_step(proc, wd)
+    assert last < TOTAL
 
     p = subprocess.run(_cmd(wd, data), env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -8,12 +8,11 @@ import glob
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
+from test_train_utils import run_plans_subprocess
 
 from xlgen import plan as plan_lib
 from xlgen import topology
@@ -65,20 +64,8 @@ json.dump(r, open(f"{out}/oom.json", "w"))
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    if not topology.libtpu_available():
-        pytest.skip("libtpu is not installed (pip install -e '.[tpu]'): cannot compile for TPU topologies")
     out = tmp_path_factory.mktemp("plans")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(CASES), str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
+    run_plans_subprocess(RUNNER, json.dumps(CASES), str(out))
     return {name: json.load(open(out / f"{name}.json")) for name in [*CASES, "oom"]}
 
 

@@ -13,16 +13,11 @@ constraints (`xlgen.sharding.constrain`).
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
-from test_train_utils import REPO
-
-from xlgen import topology
+from test_train_utils import REPO, run_plans_subprocess
 
 COMMON = [
     "--topology=v3:2x2",
@@ -73,20 +68,8 @@ for name, argv in cases.items():
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    if not topology.libtpu_available():
-        pytest.skip("libtpu is not installed (pip install -e '.[tpu]'): cannot compile for TPU topologies")
     out = tmp_path_factory.mktemp("plans")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
-    r = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(CASES), json.dumps(COMMON), str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
+    run_plans_subprocess(RUNNER, json.dumps(CASES), json.dumps(COMMON), str(out))
     return {name: json.load(open(out / f"{name}.json")) for name in CASES}
 
 

@@ -4,14 +4,20 @@ launch/local_multiprocess.sh) reproduce the single-process 8-device losses."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-from test_train_utils import REPO, compile_cache, run_train, train_cmd, train_losses, xlgen_env  # noqa: F401
+from test_train_utils import (  # noqa: F401
+    REPO,
+    compile_cache,
+    run_train,
+    sigterm_after_step,
+    train_cmd,
+    train_losses,
+    xlgen_env,
+)
 
 
 @pytest.mark.slow
@@ -25,20 +31,8 @@ def test_sigterm_saves_the_current_step_and_resumes(tmp_path, compile_cache):
         stderr=subprocess.PIPE,
         text=True,
     )
-    metrics = os.path.join(wd, "metrics.jsonl")
-    deadline = time.time() + 400
-    while time.time() < deadline:
-        if os.path.exists(metrics) and max(train_losses(wd) or [0]) >= 3:
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err[-3000:]
-    last = max(train_losses(wd))
-    steps = sorted(int(d) for d in os.listdir(os.path.join(wd, "checkpoints")) if d.isdigit())
-    assert steps == [last] and 3 <= last < 400  # the step it was at; no periodic save was due
-    assert f"saved checkpoint {wd}/checkpoints/{last}" in out
+    out, last = sigterm_after_step(proc, wd, timeout=400)
+    assert last < 400  # the step it was at; no periodic save was due
     out = run_train(wd, compile_cache, "txl_tiny.py", over, extra=[f"--stop_at_step={last + 2}"]).stdout
     assert f"resumed from {wd}/checkpoints/{last}" in out
     assert sorted(train_losses(wd)) == list(range(1, last + 3))

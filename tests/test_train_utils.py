@@ -7,8 +7,10 @@ test session and every further run (resume, restart) loads it.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -103,6 +105,42 @@ def train_losses(workdir) -> dict:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         recs = [json.loads(line) for line in f if line.strip()]
     return {r["step"]: r["loss"] for r in recs if "split" not in r}
+
+
+def sigterm_after_step(proc, workdir, *, min_step: int = 3, timeout: float = 600):
+    """SIGTERM a running `xlgen train`/`finetune` process once its metrics.jsonl has a training step >= `min_step`;
+    checks it exits 143 having saved a checkpoint at exactly the step it was at. -> (stdout, that step)."""
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(metrics) and max(train_losses(workdir) or [0]) >= min_step:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    last = max(train_losses(workdir))
+    steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+    assert steps == [last] and last >= min_step, (steps, last)
+    assert f"saved checkpoint {workdir}/checkpoints/{last}" in out
+    return out, last
+
+
+def run_plans_subprocess(runner: str, *args: str, timeout: float = 1800) -> None:
+    """Run `python -c runner *args` (plans compiled for TPU topologies through libtpu) in a clean environment: CPU
+    platform, no inherited XLA_FLAGS (the tests' forced host device count would change the compile). Skips the
+    calling test when libtpu is not installed."""
+    from xlgen import topology
+
+    if not topology.libtpu_available():
+        pytest.skip("libtpu is not installed (pip install -e '.[tpu]'): cannot compile for TPU topologies")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    r = subprocess.run(
+        [sys.executable, "-c", runner, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
 
 
 # ---- optimizer unit tests (fast, in-process) -------------------------------------------------------------------

@@ -417,8 +417,8 @@ class TransformerXLLM(nnx.Module):
         new_mems = update_mems(mems, hids, mem_len) if mem_len > 0 else mems[:, :, :0]
         if cache is None:
             return self.drop(h), new_mems
-        new_kv = tuple(update_mems(x[:, :, :0], x, mem_len) for x in kvs)  # the last mem_len rows' heads
-        return self.drop(h), new_mems, new_kv
+        start = max(0, kvs[0].shape[2] - mem_len)  # the heads of the rows new_mems keeps
+        return self.drop(h), new_mems, tuple(jax.lax.stop_gradient(x[:, :, start:]) for x in kvs)
 
     def position_keys(self, qlen: int, klen: int) -> jax.Array:
         """Every layer's position keys W_r R for `qlen` queries against `klen` keys `[n_layer, klen, n, d]`
@@ -428,19 +428,14 @@ class TransformerXLLM(nnx.Module):
         dtype = jnp.dtype(c.dtype)
         pos_seq = relative_position_sequence(qlen, klen, "txl", c.clamp_len if c.clamp_len > 0 else None)
         pos_emb = sinusoid_embedding(pos_seq, c.d_model, dtype)
-        return self._per_layer(lambda block: block.attn.position_heads(pos_emb))
+        if c.scan_layers:
 
-    def _per_layer(self, fn, *xs):
-        """fn(block, *x[n]) for every layer n, stacked on a leading layer axis (scanned or listed layers)."""
-        if self.config.scan_layers:
+            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+            def body(carry, block):
+                return carry, block.attn.position_heads(pos_emb)
 
-            @nnx.scan(in_axes=(nnx.Carry, 0) + (0,) * len(xs), out_axes=(nnx.Carry, 0))
-            def body(carry, block, *x):
-                return carry, fn(block, *x)
-
-            return body(None, self.layers, *xs)[1]
-        outs = [fn(block, *(x[n] for x in xs)) for n, block in enumerate(self.layers)]
-        return jax.tree.map(lambda *o: jnp.stack(o), *outs)
+            return body(None, self.layers)[1]
+        return jnp.stack([block.attn.position_heads(pos_emb) for block in self.layers])
 
     def __call__(
         self,
