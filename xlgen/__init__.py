@@ -15,6 +15,8 @@ def from_pretrained(path, **kwargs):
     """Load an xlgen workdir/checkpoint or a Hugging Face model directory. See `xlgen.pretrained`."""
     from xlgen.pretrained import from_pretrained as _from_pretrained
 
+    _platforms.keep_freed_host_memory()  # host buffers reused across calls (XLGEN_HOST_MALLOC=default: off)
+
     return _from_pretrained(path, **kwargs)
 
 

@@ -4,6 +4,8 @@ persistent XLA compilation cache and `jax.distributed` (multi-process / multi-ho
     --platform=cpu|tpu|gpu   default: JAX_PLATFORMS if set, else `tpu`/`gpu` when such a device node exists
                              (/dev/accel*, /dev/vfio/*, /dev/nvidia0), else `cpu`.
     XLGEN_COMPILATION_CACHE=DIR  persistent XLA compilation cache (default ~/.cache/xlgen/jax_cache; "off")
+    XLGEN_HOST_MALLOC=default  keep glibc's malloc defaults (otherwise freed host buffers are kept for reuse:
+                             `platforms.keep_freed_host_memory`)
     --distributed=auto|on|off  `auto`: when launched by launch/local_multiprocess.sh (XLGEN_COORDINATOR,
                              XLGEN_NUM_PROCESSES, XLGEN_PROCESS_ID), or on a multi-host TPU slice / SLURM job.
 """
@@ -38,6 +40,7 @@ def want_distributed(mode: str) -> bool:
 def setup_runtime(platform: str, distributed: str) -> None:
     """Platform, CPU collectives and jax.distributed — before anything touches a device."""
     platforms.select(platform)  # env var AND jax.config: the env var alone is ignored once jax is imported
+    platforms.keep_freed_host_memory()  # before XLA starts its threads (they would get malloc arenas of their own)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
