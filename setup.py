@@ -47,5 +47,5 @@ setup(
         # the TensorBoard server for workdir/tensorboard/ (xlgen writes the event files with tensorboardX)
         "tensorboard": ["tensorboard==2.21.0"],
     },
-    entry_points={"console_scripts": ["xlgen=xlgen.cli:main"]},
+    entry_points={"console_scripts": ["xlgen=xlgen.cli:console_main"]},
 )

@@ -768,7 +768,9 @@ def run_standard(
             continue
         print(f"\n=== {key}: {title}", flush=True)
         cmd = [sys.executable, "-m", "xlgen.bench", *argv, f"--json={os.path.join(out_dir, key + '.json')}"]
-        rc = subprocess.call(cmd)
+        from xlgen import platforms
+
+        rc = subprocess.call(cmd, env=platforms.host_malloc_environment())  # None: this environment as it is
         if rc != 0:
             print(f"[bench] {key} failed (exit {rc})", file=sys.stderr)
     after = _load_dir(out_dir)
@@ -808,6 +810,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=None, help="--standard: comma-separated workload keys")
     p.add_argument("--report", action="store_true", help="--standard: only re-render from --out_dir")
     return p
+
+
+def _host_malloc_policy() -> str:
+    """Which malloc policy this process runs with (both sides of a comparison share it)."""
+    tun = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc" in tun:
+        return "GLIBC_TUNABLES=" + tun
+    try:
+        from xlgen import platforms
+
+        return "mallopt (keep freed memory)" if platforms.keep_freed_host_memory() else "glibc default"
+    except ImportError:  # an older tree
+        return "glibc default"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -855,6 +870,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "load_before": load_average(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
+        "host_malloc": _host_malloc_policy(),
     }
     peak = matmul_peak()
     print(f"[bench] f32 matmul peak (JAX, this run): {peak / 1e9:.1f} GFLOP/s  (load {load_average()[0]})", flush=True)
@@ -901,4 +917,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from xlgen import platforms
+
+    platforms.reexec_with_host_malloc()
     sys.exit(main())

@@ -17,6 +17,8 @@ Common options of train/eval:
     --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`
                              when such a device node exists (/dev/accel*, /dev/vfio/*, /dev/nvidia0), else `cpu`.
     XLGEN_COMPILATION_CACHE=DIR  persistent XLA compilation cache (default ~/.cache/xlgen/jax_cache; "off")
+    XLGEN_HOST_MALLOC=default  keep glibc's malloc defaults (otherwise freed host memory is kept for reuse and the
+                             heap uses transparent huge pages: xlgen/platforms.py, "Host memory")
     --distributed=auto|on|off  call jax.distributed.initialize(). `auto`: when launched by
                              launch/local_multiprocess.sh (XLGEN_COORDINATOR/XLGEN_NUM_PROCESSES/XLGEN_PROCESS_ID), or
                              on a multi-host TPU slice / SLURM job (JAX reads the cluster environment).
@@ -273,5 +275,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 2
 
 
+def console_main() -> int:
+    """The `xlgen` executable (and `python -m xlgen.cli`): first re-executes itself with xlgen's host-malloc policy
+    in the environment (`platforms.reexec_with_host_malloc`; XLGEN_HOST_MALLOC=default: off), then `main()`."""
+    from xlgen import platforms
+
+    platforms.reexec_with_host_malloc()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

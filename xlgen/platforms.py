@@ -65,43 +65,83 @@ def quiet_default() -> None:
     select("cpu")
 
 
-# glibc mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+# ----------------------------------------------------------------------------------------------------------------
+# Host memory (glibc malloc)
+# ----------------------------------------------------------------------------------------------------------------
+#
+# XLA:CPU allocates every execution's outputs and temporaries through malloc. With glibc's defaults a buffer above
+# the (dynamic, at most 32 MiB) mmap threshold, and any buffer above 64 MiB allocated by a worker thread (XLA runs
+# executables on its own threads, each with a malloc arena of its own), is a fresh `mmap`, `munmap`ped when freed:
+# every call faults its pages in again. A `[4, 4, 512, 1024]` float32 einsum output (32 MiB) cost ~9,000 minor page
+# faults per call (20 ms against 8 ms with its pages kept), a Funnel seq-512 train step ~360,000 (its 1.3 GiB of
+# saved activations), an XLNet 6L step ~400,000, on this 2-core VM. The policy below keeps freed memory for reuse:
+# one malloc arena for all threads, no mmap'ed chunks, no trimming, and (as a process start-up setting) transparent
+# huge pages for the heap where the kernel offers them on request (THP "madvise" mode), so the heap's growth while
+# a run's allocation pattern settles costs one fault per 2 MiB. Cost: freed memory stays with the process (resident
+# memory does not go down after a peak). `XLGEN_HOST_MALLOC=default` keeps glibc's defaults; a malloc policy the
+# user set (GLIBC_TUNABLES glibc.malloc.*, MALLOC_*_ variables) is left alone.
+
+_SIZE_MAX = "18446744073709551615"
+MALLOC_TUNABLES = (
+    f"glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold={_SIZE_MAX}"
+    f":glibc.malloc.trim_threshold={_SIZE_MAX}"
+)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # mallopt parameters (malloc.h)
 _NEVER = -1  # mallopt's int argument, read as size_t: SIZE_MAX, i.e. no size is above the threshold
 
 
+def _user_malloc_policy(environ) -> bool:
+    return any(k.startswith("MALLOC_") for k in environ) or "glibc.malloc" in environ.get("GLIBC_TUNABLES", "")
+
+
+def _host_malloc_wanted(environ) -> bool:
+    return (
+        sys.platform.startswith("linux")
+        and environ.get("XLGEN_HOST_MALLOC", "").lower() != "default"
+        and not _user_malloc_policy(environ)
+    )
+
+
+def host_malloc_environment(environ=None) -> Optional[dict]:
+    """The environment for a new process with xlgen's host-malloc policy (`MALLOC_TUNABLES` added to
+    GLIBC_TUNABLES), or None when it does not apply (opted out, a user malloc policy, not Linux)."""
+    environ = dict(os.environ if environ is None else environ)
+    if not _host_malloc_wanted(environ):
+        return None
+    other = environ.get("GLIBC_TUNABLES", "")
+    environ["GLIBC_TUNABLES"] = f"{other}:{MALLOC_TUNABLES}" if other else MALLOC_TUNABLES
+    return environ
+
+
+def reexec_with_host_malloc() -> None:
+    """For the `xlgen` command at its start (nothing done yet): re-execute this very command line (same PID) with
+    `host_malloc_environment()`, since glibc reads its tunables at process start only. No-op when the policy does
+    not apply or is already in place."""
+    env = host_malloc_environment()
+    if env is None or not getattr(sys, "orig_argv", None):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, sys.orig_argv, env)
+    except OSError:  # pragma: no cover - e.g. a frozen executable: keep going with keep_freed_host_memory
+        pass
+
+
 def keep_freed_host_memory() -> bool:
-    """Make glibc's malloc keep freed host memory for reuse instead of returning it to the OS (process-wide).
-
-    XLA:CPU allocates every execution's outputs and temporaries through malloc. With glibc's defaults a buffer
-    above the (dynamic, at most 32 MiB) mmap threshold, and any buffer above 64 MiB allocated by a worker thread
-    (XLA executes on its own threads, each with a malloc arena of its own), is a fresh `mmap`, `munmap`ped when
-    freed: each call faults its pages in again. A `[4, 4, 512, 1024]` float32 einsum output (32 MiB) cost ~9,500
-    minor page faults per call (20 ms against 8 ms with its pages kept), and a Funnel seq-512 train step
-    ~360,000 (its 1.3 GiB of saved activations) on this 2-core VM. Here: one malloc arena for all threads,
-    no mmap'ed chunks and no trimming, so a step reuses the pages of the previous one.
-
-    Cost: freed memory stays with the process (resident memory does not go down after a peak), and the heap can
-    grow to about twice a step's largest temporary while the allocation pattern settles in the first steps.
-    Called by every `xlgen` command (`runtime.setup_runtime`) and `xlgen.from_pretrained`, before XLA starts its
-    threads where possible; `XLGEN_HOST_MALLOC=default` keeps glibc's defaults. No-op off glibc (macOS, musl) or
-    when `MALLOC_*_` / `GLIBC_TUNABLES` variables already set a malloc policy. Returns whether it applied it.
-    """
+    """The in-process part of the policy (process-wide; no huge pages: those need `reexec_with_host_malloc`):
+    for `xlgen.from_pretrained` and commands run in an existing process. Applied once, before XLA starts its
+    threads where possible (threads that already have an arena keep it). Returns whether it applied."""
     global _kept
-    if _kept is not None:
-        return _kept
-    _kept = _apply_keep_freed_host_memory()
+    if _kept is None:
+        _kept = _host_malloc_wanted(os.environ) and _apply_mallopt()
     return _kept
 
 
 _kept: Optional[bool] = None
 
 
-def _apply_keep_freed_host_memory() -> bool:
-    if os.environ.get("XLGEN_HOST_MALLOC", "").lower() == "default" or not sys.platform.startswith("linux"):
-        return False
-    if any(k.startswith("MALLOC_") for k in os.environ) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
+def _apply_mallopt() -> bool:
     try:
         import ctypes
 

@@ -4,8 +4,7 @@ persistent XLA compilation cache and `jax.distributed` (multi-process / multi-ho
     --platform=cpu|tpu|gpu   default: JAX_PLATFORMS if set, else `tpu`/`gpu` when such a device node exists
                              (/dev/accel*, /dev/vfio/*, /dev/nvidia0), else `cpu`.
     XLGEN_COMPILATION_CACHE=DIR  persistent XLA compilation cache (default ~/.cache/xlgen/jax_cache; "off")
-    XLGEN_HOST_MALLOC=default  keep glibc's malloc defaults (otherwise freed host buffers are kept for reuse:
-                             `platforms.keep_freed_host_memory`)
+    XLGEN_HOST_MALLOC=default  keep glibc's malloc defaults (xlgen/platforms.py, "Host memory")
     --distributed=auto|on|off  `auto`: when launched by launch/local_multiprocess.sh (XLGEN_COORDINATOR,
                              XLGEN_NUM_PROCESSES, XLGEN_PROCESS_ID), or on a multi-host TPU slice / SLURM job.
 """
