@@ -271,7 +271,7 @@ def _bench_config(config, steps: int, blocks: int):
     c.checkpoint.every_steps = 0
     c.checkpoint.keep = 1
     c.checkpoint.async_save = False
-    c.total_steps = max(steps, 1) * (blocks + 1)
+    c.total_steps = max(steps, 1) * (blocks + 2)  # warm-up block, uncounted round, measured blocks
     if "tensorboard" in c:
         c.tensorboard = False
     return c
@@ -333,8 +333,13 @@ def bench_train(config, *, steps: int, blocks: int, compare_hf: bool, peak: floa
         )
         if hf is not None:
             res["hf_torch_threads"] = pick_torch_threads(lambda: hf.block(1))
+        # One interleaved round, not counted: both sides' host heaps settle into their steady-state allocation
+        # pattern (the first steps after start-up still grow it; see xlgen/platforms.py, "Host memory").
+        loop.train(c, wd, stop_at=steps * 2)
+        if hf is not None:
+            hf.block(steps)
         for k in range(blocks):
-            end = steps * (k + 2)
+            end = steps * (k + 3)
             loop.train(c, wd, stop_at=end)
             ours.append(_last_tokens_per_sec(wd, end))
             msg = f"[bench] block {k + 1}/{blocks}: xlgen {ours[-1]:.1f} tok/s"
