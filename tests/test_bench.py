@@ -1,6 +1,7 @@
 """`xlgen bench` reporting: the generated before/after table and its in-place update of docs/performance.md."""
 
 import os
+import subprocess
 import sys
 
 from xlgen import bench
@@ -60,8 +61,6 @@ print(applied, sorted(faults)[10])  # median: an occasional call still grows the
 
 
 def _python(code, env):
-    import subprocess
-
     base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     p = subprocess.run(
         [sys.executable, "-c", code],

@@ -767,14 +767,14 @@ def write_into(path: str, after: Dict[str, Any], before: Optional[Dict[str, Any]
 def run_standard(
     out_dir: str, into: Optional[str], before: Optional[str], only: Optional[List[str]] = None, label=None
 ) -> int:
+    from xlgen import platforms
+
     os.makedirs(out_dir, exist_ok=True)
     for key, title, argv in STANDARD:
         if only and key not in only:
             continue
         print(f"\n=== {key}: {title}", flush=True)
         cmd = [sys.executable, "-m", "xlgen.bench", *argv, f"--json={os.path.join(out_dir, key + '.json')}"]
-        from xlgen import platforms
-
         rc = subprocess.call(cmd, env=platforms.host_malloc_environment())  # None: this environment as it is
         if rc != 0:
             print(f"[bench] {key} failed (exit {rc})", file=sys.stderr)
@@ -817,19 +817,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _host_malloc_policy() -> str:
-    """Which malloc policy this process runs with (both sides of a comparison share it)."""
-    tun = os.environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc" in tun:
-        return "GLIBC_TUNABLES=" + tun
-    try:
-        from xlgen import platforms
-
-        return "mallopt (keep freed memory)" if platforms.keep_freed_host_memory() else "glibc default"
-    except ImportError:  # an older tree
-        return "glibc default"
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     from xlgen import config as config_lib
 
@@ -869,13 +856,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     setup_runtime(args.platform or default_platform(), "off")
     import jax
 
+    from xlgen import platforms
+
     res: Dict[str, Any] = {
         "config": args.config,
         "overrides": overrides,
         "load_before": load_average(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
-        "host_malloc": _host_malloc_policy(),
+        "host_malloc": getattr(platforms, "host_malloc_policy", lambda: "glibc default")(),  # (older trees)
     }
     peak = matmul_peak()
     print(f"[bench] f32 matmul peak (JAX, this run): {peak / 1e9:.1f} GFLOP/s  (load {load_average()[0]})", flush=True)

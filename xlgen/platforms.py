@@ -141,6 +141,15 @@ def keep_freed_host_memory() -> bool:
 _kept: Optional[bool] = None
 
 
+def host_malloc_policy() -> str:
+    """What this process runs with, for reports: the GLIBC_TUNABLES malloc policy, the in-process (`mallopt`) one,
+    or glibc's defaults."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc" in tunables:
+        return "GLIBC_TUNABLES=" + tunables
+    return "mallopt (keep freed memory)" if keep_freed_host_memory() else "glibc default"
+
+
 def _apply_mallopt() -> bool:
     try:
         import ctypes
