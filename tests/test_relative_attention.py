@@ -1,5 +1,6 @@
 """The shared relative-attention core against naive O(q·k) references."""
 
+import functools
 import itertools
 
 import jax
@@ -96,6 +97,34 @@ def test_relative_shift_definition(q, r, klen, offset, stride):
         src = offset - stride * i + j
         if 0 <= src < r:
             np.testing.assert_array_equal(got[..., i, j], x[..., i, src])
+
+
+@pytest.mark.parametrize(
+    "q,r,klen,offset,stride",
+    [(4, 9, 6, 3, 1), (4, 15, 8, 3, 1), (3, 14, 8, 4, 2), (8, 16, 8, 8, 1), (2, 20, 8, 6, 3)],
+)
+def test_relative_shift_derivatives(q, r, klen, offset, stride):
+    """Reverse and forward mode of the shift (on CPU its tangent is built with another row width than the primal,
+    `_cpu_tangent_width`) equal the map's definition at every entry whose source exists: the vjp scatters the cotangent
+    back to x[i, offset - stride*i + j], the jvp shifts the tangent."""
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(2, q, r)).astype(np.float32))
+    valid = np.zeros((q, klen), bool)
+    want = np.zeros((2, q, r), np.float32)
+    g = rng.normal(size=(2, q, klen)).astype(np.float32)
+    for i, j in itertools.product(range(q), range(klen)):
+        src = offset - stride * i + j
+        if 0 <= src < r:
+            valid[i, j] = True
+            want[:, i, src] += g[:, i, j]
+    g = np.where(valid, g, 0.0)  # callers mask the entries without a source
+    shift = functools.partial(ra.relative_shift, klen=klen, offset=offset, stride=stride)
+    _, vjp = jax.vjp(jax.jit(shift), x)
+    np.testing.assert_allclose(np.asarray(vjp(jnp.asarray(g))[0]), want, rtol=0, atol=1e-6)
+    t = jnp.asarray(rng.normal(size=(2, q, r)).astype(np.float32))
+    primal, tangent = jax.jvp(shift, (x,), (t,))
+    np.testing.assert_array_equal(np.where(valid, np.asarray(tangent), 0), np.where(valid, np.asarray(shift(t)), 0))
+    np.testing.assert_array_equal(np.asarray(primal), np.asarray(shift(x)))
 
 
 def test_relative_shift_has_no_gather():
