@@ -127,6 +127,16 @@ def test_relative_shift_derivatives(q, r, klen, offset, stride):
     np.testing.assert_array_equal(np.asarray(primal), np.asarray(shift(x)))
 
 
+def test_relative_shift_tangent_width_is_cpu_only():
+    """The backward pass's power-of-two rows (`_cpu_tangent_width`) are an XLA:CPU choice: lowered for TPU (as
+    `xlgen plan` compiles pod steps on a CPU host) the transposed skew keeps the smallest width."""
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(ra.relative_shift(x, klen=512, offset=512) ** 2)))
+    x = jax.ShapeDtypeStruct((2, 512, 1024), jnp.float32)
+    cpu = grad.trace(x).lower(lowering_platforms=("cpu",)).as_text()
+    tpu = grad.trace(x).lower(lowering_platforms=("tpu",)).as_text()
+    assert "512x1025" in cpu and "512x1025" not in tpu
+
+
 def test_relative_shift_has_no_gather():
     hlo = jax.jit(lambda x: ra.relative_shift(x, klen=6, offset=4)).lower(jnp.zeros((2, 4, 10))).as_text()
     assert "gather" not in hlo
