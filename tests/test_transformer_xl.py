@@ -1,6 +1,7 @@
 """Transformer-XL LM: parity with Hugging Face `TransfoXLLMHeadModel` (transformers 4.34.1) and model properties."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -312,6 +313,21 @@ def test_cached_evaluation_equals_projecting_the_memory(overrides):
         for (lp0, m0), (lp1, m1) in zip(runs[False], runs[True]):
             np.testing.assert_allclose(lp1, lp0, atol=1e-5)
             np.testing.assert_allclose(m1, m0, atol=1e-5)
+
+
+def test_evaluation_program_is_compiled_for_small_ops():
+    """On XLA:CPU the wrapper compiles its segment program with `platforms.small_op_compiler_options()`: no YNNPACK
+    fusions, which the same program compiled with XLA's defaults does use (for its products and reductions)."""
+    from xlgen.models.transformer_xl.model import TransfoXLPretrained
+
+    wrapper = TransfoXLPretrained(make_model(mem_len=5))
+    ids = np.zeros((1, 3), np.int32)
+    args = (wrapper._state, ids, None, None, None, wrapper._cache_arg(None, None, "init", 3, 5, False))
+    static = dict(mode="log_probs", mem_len=5, layout="init")
+    ours = wrapper._forward.lower(*args, **static).compile().as_text()
+    default = jax.jit(functools.partial(wrapper._pure_forward, wrapper._graphdef), static_argnames=tuple(static))
+    assert "__ynn_fusion" in default.lower(*args, **static).compile().as_text()
+    assert "__ynn_fusion" not in ours
 
 
 def test_no_gradient_flows_into_memory():

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from xlgen import platforms
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
 from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.output_layers import OUTPUT_LAYER_NAMES, OutputConfig, SpectralEmbedding, make_output_layer
@@ -537,7 +538,9 @@ class TransfoXLPretrained:
         self.module, self.config, self.has_head, self.cache = module, module.config, has_head, cache
         self._graphdef, self._state = nnx.split(module)
         self._forward = jax.jit(
-            functools.partial(self._pure_forward, self._graphdef), static_argnames=("mode", "mem_len", "layout")
+            functools.partial(self._pure_forward, self._graphdef),
+            static_argnames=("mode", "mem_len", "layout"),
+            compiler_options=platforms.small_op_compiler_options(),
         )
         self._position_keys_fn = jax.jit(
             lambda state, qlen, klen: nnx.merge(self._graphdef, state).position_keys(qlen, klen),
