@@ -18,7 +18,9 @@ the 24-layer scanned XLNet-Large step).
 Eval (`--eval`, Transformer-XL): a random-weight `TransfoXLLMHeadModel` is written as a HF directory, loaded by both
 `xlgen.from_pretrained(dir, mem_len=M)` and transformers, and both evaluate the same token stream in segments of
 `--segment` tokens with memory M = l - segment for each total context l in `--mem_lens` (HF semantics: zero
-memory of length M from the first segment, so shapes are fixed); ms/token and tokens/s, interleaved blocks.
+memory of length M from the first segment, so shapes are fixed); ms/token and tokens/s, interleaved blocks of
+`--segments_per_block` segments each (32: one block is ~0.3 s of xlgen work, long enough that a scheduling hiccup of
+this shared machine does not decide the block).
 """
 
 from __future__ import annotations
@@ -406,7 +408,9 @@ def _hf_txl_dir(config, root: str) -> str:
     return path
 
 
-def bench_eval(config, *, mem_lens: List[int], segment: int, blocks: int, compare_hf: bool) -> Dict[str, Any]:
+def bench_eval(
+    config, *, mem_lens: List[int], segment: int, blocks: int, compare_hf: bool, segments_per_block: int = 32
+) -> Dict[str, Any]:
     import jax
     import numpy as np
 
@@ -415,9 +419,14 @@ def bench_eval(config, *, mem_lens: List[int], segment: int, blocks: int, compar
     if config.model.family != "transformer_xl":
         raise SystemExit("xlgen bench --eval: cached evaluation is measured for Transformer-XL configs")
     torch = _torch() if compare_hf else None
-    out: Dict[str, Any] = {"family": "transformer_xl", "segment": segment, "per_len": {}}
+    out: Dict[str, Any] = {
+        "family": "transformer_xl",
+        "segment": segment,
+        "segments_per_block": segments_per_block,
+        "per_len": {},
+    }
     rng = np.random.default_rng(0)
-    n_seg = 8  # segments per block
+    n_seg = segments_per_block
     with tempfile.TemporaryDirectory(prefix="xlgen-bench-") as root:
         path = _hf_txl_dir(config, root)
         if compare_hf:
@@ -476,6 +485,7 @@ def bench_eval(config, *, mem_lens: List[int], segment: int, blocks: int, compar
                 rec["hf_ms_per_token"] = 1e3 * _median(b)
                 rec["hf_tokens_per_sec"] = 1.0 / _median(b)
                 rec["ratio_xlgen_over_hf"] = _median(b) / _median(a)
+                rec["ratio_blocks"] = [y / x for x, y in zip(a, b)]
             out["per_len"][str(total)] = rec
             print(
                 f"[bench] l={total} (mem {mem}): xlgen {rec['xlgen_ms_per_token']:.3f} ms/token"
@@ -610,7 +620,7 @@ STANDARD = [
     (
         "txl_eval",
         "Transformer-XL 4L d256 cached eval, segments of 64, memory l-64, batch 1 (ms/token)",
-        ["--config=" + _TXL, *_TXL_4L, "--eval", "--mem_lens=128,256,512", "--compare-hf", "--blocks=3"],
+        ["--config=" + _TXL, *_TXL_4L, "--eval", "--mem_lens=128,256,512", "--compare-hf", "--blocks=5"],
     ),
     (
         "funnel_12l",
@@ -801,6 +811,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", action="store_true", help="cached evaluation (Transformer-XL) instead of training")
     p.add_argument("--mem_lens", default="128,256,512", help="total contexts l (memory = l - segment)")
     p.add_argument("--segment", type=int, default=64)
+    p.add_argument("--segments_per_block", type=int, default=32, help="--eval: segments per measured block (each side)")
     p.add_argument("--generate", action="store_true", help="sampling speed (Transformer-XL, xlgen.generate)")
     p.add_argument("--new_tokens", type=int, default=128, help="--generate: tokens sampled per block")
     p.add_argument("--gen_batch", type=int, default=1, help="--generate: samples per batch")
@@ -880,7 +891,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif args.eval:
         lens = [int(x) for x in args.mem_lens.split(",") if x]
         res.update(
-            bench_eval(config, mem_lens=lens, segment=args.segment, blocks=args.blocks, compare_hf=args.compare_hf)
+            bench_eval(
+                config,
+                mem_lens=lens,
+                segment=args.segment,
+                blocks=args.blocks,
+                compare_hf=args.compare_hf,
+                segments_per_block=args.segments_per_block,
+            )
         )
     else:
         res.update(bench_train(config, steps=args.steps, blocks=args.blocks, compare_hf=args.compare_hf, peak=peak))
