@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from xlgen import bench
 
 AFTER = {
@@ -81,7 +83,7 @@ def test_host_buffers_are_reused_across_calls():
     from xlgen import platforms
 
     if not sys.platform.startswith("linux"):
-        return  # glibc only
+        pytest.skip("glibc malloc policy: Linux only")
     applied, faults = _python(_FAULTS_PER_CALL, {})
     assert applied == "True" and float(faults) < 8192 * 0.05, faults
     env = platforms.host_malloc_environment({})
@@ -96,7 +98,7 @@ def test_command_reexecutes_itself_with_the_malloc_policy():
     from xlgen import platforms
 
     if not sys.platform.startswith("linux"):
-        return
+        pytest.skip("glibc malloc policy: Linux only")
     code = "import os; from xlgen import platforms; print(os.environ.get('GLIBC_TUNABLES', '-')); platforms.reexec_with_host_malloc()"
     assert _python(code, {}) == ["-", platforms.MALLOC_TUNABLES]
     assert _python(code, {"GLIBC_TUNABLES": "glibc.cpu.x86_shstk=0"}) == [

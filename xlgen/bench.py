@@ -36,6 +36,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
+from xlgen import platforms
+
 # ----------------------------------------------------------------------------------------------------------------
 # Machine measurements
 # ----------------------------------------------------------------------------------------------------------------
@@ -777,8 +779,6 @@ def write_into(path: str, after: Dict[str, Any], before: Optional[Dict[str, Any]
 def run_standard(
     out_dir: str, into: Optional[str], before: Optional[str], only: Optional[List[str]] = None, label=None
 ) -> int:
-    from xlgen import platforms
-
     os.makedirs(out_dir, exist_ok=True)
     for key, title, argv in STANDARD:
         if only and key not in only:
@@ -867,15 +867,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     setup_runtime(args.platform or default_platform(), "off")
     import jax
 
-    from xlgen import platforms
-
     res: Dict[str, Any] = {
         "config": args.config,
         "overrides": overrides,
         "load_before": load_average(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
-        "host_malloc": getattr(platforms, "host_malloc_policy", lambda: "glibc default")(),  # (older trees)
+        "host_malloc": platforms.host_malloc_policy(),
     }
     peak = matmul_peak()
     print(f"[bench] f32 matmul peak (JAX, this run): {peak / 1e9:.1f} GFLOP/s  (load {load_average()[0]})", flush=True)
@@ -929,7 +927,5 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from xlgen import platforms
-
     platforms.reexec_with_host_malloc()
     sys.exit(main())

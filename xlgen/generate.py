@@ -135,12 +135,8 @@ class TXLDecoder:
         log_probs = model.softmax.log_probs(h[:, -1:], model.embedding)[:, 0]
         return log_probs, (new_mems, new_kv, step_keys), advance_memory_validity(mem_valid, ids.shape[1], mem_len)
 
-    def _zero_mems(self, batch: int) -> jax.Array:
-        c = self.config
-        return jnp.zeros((c.n_layer, batch, self.mem_len, c.d_model), jnp.dtype(c.dtype))
-
     def empty_state(self, batch: int):
-        return (self._zero_mems(batch), None, None), jnp.zeros((batch,), jnp.int32)
+        return (self.module.init_mems(batch, self.mem_len), None, None), jnp.zeros((batch,), jnp.int32)
 
     def prefill(self, prompt_ids):
         ids = jnp.asarray(np.asarray(prompt_ids, np.int32))
@@ -231,7 +227,7 @@ class XLNetDecoder(TXLDecoder):
     default_mem_len = 512
 
     def empty_state(self, batch: int):
-        return self._zero_mems(batch), jnp.zeros((batch,), jnp.int32)
+        return self.module.transformer.init_mems(batch, self.mem_len), jnp.zeros((batch,), jnp.int32)
 
     @staticmethod
     def _pure_forward(graphdef, mem_len, params, ids, mems, mem_valid):
