@@ -143,3 +143,33 @@ def stack_layers(params: Mapping[str, Any], n_layer: int, prefix: str = "layers"
             )
         out[f"{head}{rest}"] = np.stack([np.asarray(by_layer[i]) for i in range(n_layer)])
     return out
+
+
+class FrozenCall:
+    """`fn(module, *args, **kwargs)` jitted for a module whose arrays stay fixed (the inference wrappers that
+    `from_pretrained` returns).
+
+    The module is split once and its state flattened once; every call passes the state as a flat list of arrays,
+    so dispatch does not walk NNX's `State`/`Variable` pytree in Python (96 Variables of a 4-layer Transformer-XL:
+    host time per segment 1.1 -> 0.46 ms). `jit_kwargs` go to `jax.jit`; argument numbers and names are those of
+    `fn(module, ...)` (the flat state takes the module's place). `.lower(...)` and `._cache_size()` are the jitted
+    function's."""
+
+    def __init__(self, module, fn: Callable, **jit_kwargs):
+        self.graphdef, state = nnx.split(module)
+        self.leaves, self.treedef = jax.tree_util.tree_flatten(state)
+        graphdef, treedef = self.graphdef, self.treedef
+
+        def pure(leaves, *args, **kwargs):
+            return fn(nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves)), *args, **kwargs)
+
+        self.jitted = jax.jit(pure, **jit_kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self.jitted(self.leaves, *args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        return self.jitted.lower(self.leaves, *args, **kwargs)
+
+    def _cache_size(self) -> int:
+        return self.jitted._cache_size()

@@ -7,10 +7,8 @@ into the module through `xlgen.models.params.materialize` (no random initialisat
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
-import jax
 import numpy as np
 from flax import nnx
 
@@ -28,7 +26,7 @@ from xlgen.models.funnel.model import (
     FunnelOutput,
     _default_inputs,
 )
-from xlgen.models.params import materialize
+from xlgen.models.params import FrozenCall, materialize
 
 HF_CLASSES = (
     "FunnelModel",
@@ -119,17 +117,11 @@ class HFFunnel:
     def __init__(self, module: nnx.Module, architecture: str, compiler_options: Optional[dict] = None):
         self.module, self.architecture, self.config = module, architecture, module.config
         module.eval()
-        graphdef, state = nnx.split(module)
-
-        @functools.partial(jax.jit, compiler_options=compiler_options)
-        def forward(state, input_ids, token_type_ids, attention_mask):
-            return nnx.merge(graphdef, state)(input_ids, token_type_ids, attention_mask)
-
-        self._state, self._forward = state, forward
+        self._forward = FrozenCall(module, lambda m, *inputs: m(*inputs), compiler_options=compiler_options)
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None, return_dict: bool = True) -> FunnelOutput:
         input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
-        return self._forward(self._state, input_ids, token_type_ids, attention_mask)
+        return self._forward(input_ids, token_type_ids, attention_mask)
 
     def __repr__(self):
         return f"HFFunnel({self.architecture}, {self.config.layout}H{self.config.d_model})"

@@ -23,7 +23,6 @@ keeps with a fixed shape). `from_hf` loads Hugging Face `TransfoXLLMHeadModel` /
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -35,7 +34,7 @@ from xlgen import platforms
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
 from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
 from xlgen.models.output_layers import OUTPUT_LAYER_NAMES, OutputConfig, SpectralEmbedding, make_output_layer
-from xlgen.models.params import materialize, stack_layers
+from xlgen.models.params import FrozenCall, materialize, stack_layers
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
@@ -536,25 +535,21 @@ class TransfoXLPretrained:
     def __init__(self, module: TransformerXLLM, *, has_head: bool = True, cache: bool = True):
         module.eval()
         self.module, self.config, self.has_head, self.cache = module, module.config, has_head, cache
-        self._graphdef, self._state = nnx.split(module)
-        self._forward = jax.jit(
-            functools.partial(self._pure_forward, self._graphdef),
+        self._forward = FrozenCall(
+            module,
+            self._pure_forward,
             static_argnames=("mode", "mem_len", "layout"),
             compiler_options=platforms.small_op_compiler_options(),
         )
-        self._position_keys_fn = jax.jit(
-            lambda state, qlen, klen: nnx.merge(self._graphdef, state).position_keys(qlen, klen),
-            static_argnums=(1, 2),
+        self._position_keys_fn = FrozenCall(
+            module, lambda m, qlen, klen: m.position_keys(qlen, klen), static_argnums=(1, 2)
         )
         self._position_keys: Dict[Tuple[int, int], jax.Array] = {}
         self._last_mems: Optional[Tuple[list, tuple]] = None  # (mems list returned, their (keys, values))
 
     @staticmethod
-    def _pure_forward(
-        graphdef, state, input_ids, mems, labels, mem_valid, cache, *, mode: str, mem_len: int, layout: str
-    ):
+    def _pure_forward(model, input_ids, mems, labels, mem_valid, cache, *, mode: str, mem_len: int, layout: str):
         """One jitted program: mems conversion, forward, HF-layout memory (and the HF-shifted label NLL)."""
-        model = nnx.merge(graphdef, state)
         c = model.config
         if layout == "init" and mem_valid is not None:  # an empty fixed-length buffer of the returned length
             mems = model.init_mems(input_ids.shape[0], mem_len)
@@ -660,7 +655,7 @@ class TransfoXLPretrained:
             mv = mem_valid if isinstance(mem_valid, jax.Array) else np.asarray(mem_valid, np.int32)
             mem_valid = jnp.broadcast_to(jnp.asarray(mv, jnp.int32), (ids.shape[0],))
         cache = self._cache_arg(mems, mem_arg, layout, ids.shape[1], mem_len, mem_valid is not None)
-        out = self._forward(self._state, ids, mem_arg, lab, mem_valid, cache, mode=mode, mem_len=mem_len, layout=layout)
+        out = self._forward(ids, mem_arg, lab, mem_valid, cache, mode=mode, mem_len=mem_len, layout=layout)
         kv = out.pop("kv_mems", None)
         self._last_mems = None if kv is None else (out["mems"], kv)
         return TransfoXLOutput(**out)
@@ -678,7 +673,7 @@ class TransfoXLPretrained:
             return None
         key = (qlen, mlen + qlen)
         if key not in self._position_keys:
-            self._position_keys[key] = self._position_keys_fn(self._state, *key)
+            self._position_keys[key] = self._position_keys_fn(*key)
         kv = None
         last = self._last_mems
         if (

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-import jax
 import numpy as np
 from flax import nnx
 
-from xlgen.models.params import materialize
+from xlgen.models.params import FrozenCall, materialize
 from xlgen.models.xlnet.heads import (
     XLNetForMultipleChoice,
     XLNetForQuestionAnswering,
@@ -138,14 +137,7 @@ class XLNetFromHF:
         self.model, self.head, self.hf_config = model, head, hf_config
         self.config: XLNetConfig = model.config
         self.model.eval()
-        graphdef, state = nnx.split(model)
-        self._state = state
-
-        def run(state, arrays, static):
-            module = nnx.merge(graphdef, state)
-            return module(**arrays, **dict(static))
-
-        self._run = jax.jit(run, static_argnums=2)
+        self._run = FrozenCall(model, lambda module, arrays, static: module(**arrays, **dict(static)), static_argnums=2)
 
     def __call__(
         self,
@@ -219,7 +211,7 @@ class XLNetFromHF:
         else:  # HF keeps the whole history when mem_len is None/0
             mem_len = mlen + min(cfg.reuse_len or qlen, qlen)
         static = (("mem_len", int(mem_len)),)
-        out, new_mems = self._run(self._state, arrays, static)
+        out, new_mems = self._run(arrays, static)
         result = HFOutput()
         if new_mems is not None:
             result["mems"] = tuple(np.asarray(m).transpose(1, 0, 2) for m in new_mems)
