@@ -622,7 +622,7 @@ STANDARD = [
     (
         "txl_eval",
         "Transformer-XL 4L d256 cached eval, segments of 64, memory l-64, batch 1 (ms/token)",
-        ["--config=" + _TXL, *_TXL_4L, "--eval", "--mem_lens=128,256,512", "--compare-hf", "--blocks=5"],
+        ["--config=" + _TXL, *_TXL_4L, "--eval", "--mem_lens=128,256,512", "--compare-hf", "--blocks=15"],
     ),
     (
         "funnel_12l",
