@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -183,29 +183,52 @@ def content_scores(q_head: jax.Array, k_head: jax.Array, r_w_bias: jax.Array) ->
     return jnp.einsum("bind,bjnd->bnij", q_head + r_w_bias.astype(q_head.dtype), k_head)
 
 
-def position_contraction(qv: jax.Array, k_head_r: jax.Array) -> jax.Array:
+class PositionKeyOperand(NamedTuple):
+    """Position keys laid out for the position product: `keys [b, n, d, r]`, behind an optimization barrier
+    (`position_key_operand`). Pass it wherever position keys go to form it once for several products (XLNet's
+    two streams)."""
+
+    keys: jax.Array
+
+
+def position_key_operand(k_head_r: jax.Array, batch: int, direction: Optional[jax.Array] = None) -> PositionKeyOperand:
+    """Position keys `[r,n,d]` (shared by the batch), `[b,r,n,d]` (per example), or `[2,r,n,d]` with a one-hot
+    `direction [b,2]` (XLNet bi_data: row b uses keys `direction[b] @ k_head_r`) -> `[b,n,d,r]` operand.
+
+    Layout only (same math, same FLOPs, bitwise-equal results on XLA:CPU):
+    * the product is batched over (b, n), the shared keys broadcast over the batch, so no `[b,n,q,r]` tensor goes
+      through a layout transpose (a shared-key einsum spent 22% of a Funnel seq-512 step in such transposes);
+    * the keys enter the product as `[b,n,d,r]`: their gradient is then formed as `(q+v)^T · dS` (`[d, r]`
+      outputs) rather than `dS^T · (q+v)` (`[r, d]`), which XLA:CPU ran 2.8x slower for `[512,1024]`
+      cotangents (29.6 vs 10.7 ms for Funnel's 16 heads x batch). One layer's attention core at seq 512, forward
+      and backward: 78 -> 69 ms;
+    * the broadcast over the batch (and XLNet's direction select) is a product, so its transpose -- the key
+      gradient's sum over the batch -- is a matrix-vector product: as a `reduce` over the short leading axis,
+      YNNPACK took 6 ms for `[4,1024,4,64]` (0.15 ms as a product);
+    * the barrier's transpose is a barrier on the key cotangent, so XLA does not fold that batch sum back into the
+      product as a contracting dimension (which transposes the `[b,n,q,r]` cotangent again)."""
+    if direction is not None:
+        keys = jnp.einsum("bs,sndr->bndr", direction.astype(k_head_r.dtype), jnp.transpose(k_head_r, (0, 2, 3, 1)))
+    elif k_head_r.ndim == 3:
+        keys = jnp.einsum("b,ndr->bndr", jnp.ones((batch,), k_head_r.dtype), jnp.transpose(k_head_r, (1, 2, 0)))
+    else:
+        keys = jnp.transpose(k_head_r, (0, 2, 3, 1))
+    return PositionKeyOperand(jax.lax.optimization_barrier(keys))
+
+
+def position_contraction(qv: jax.Array, k_head_r) -> jax.Array:
     """Raw position scores (q + v)·W_r R before the shift: qv `[b,q,n,d]`, position keys `[r,n,d]` (shared by
-    the batch) or `[b,r,n,d]` -> `[b,n,q,r]`.
-
-    Layout only (same math, same FLOPs as the plain einsum): the contraction is batched over (b, n), with shared
-    keys broadcast to `[b,r,n,d]`, so no `[b,n,q,r]` tensor goes through a layout transpose on XLA:CPU. The keys
-    pass an optimization barrier, whose transpose is a barrier on their cotangent: XLA would otherwise fold the
-    key gradient's sum over the batch (the broadcast's, or XLNet's direction select's transpose) into the dot as a
-    contracting dimension, which transposes the `[b,n,q,r]` cotangent again. A shared-key einsum spent 22% of a
-    Funnel seq-512 train step in such transposes.
-
-    The broadcast is a product with a ones vector, so its transpose (the key gradient's sum over the batch) is a
-    matrix-vector product: as a `reduce` over the short leading axis, YNNPACK took 6 ms for `[4,1024,4,64]`
-    (0.15 ms as a product), ~6 ms per layer of a Funnel seq-512 train step. Same values (a sum of b terms)."""
-    if k_head_r.ndim == 3:
-        k_head_r = jnp.einsum("b,rnd->brnd", jnp.ones((qv.shape[0],), k_head_r.dtype), k_head_r)
-    return jnp.einsum("bind,bjnd->bnij", qv, jax.lax.optimization_barrier(k_head_r))
+    the batch), `[b,r,n,d]` or a `PositionKeyOperand` -> `[b,n,q,r]` (see `position_key_operand`)."""
+    if not isinstance(k_head_r, PositionKeyOperand):
+        k_head_r = position_key_operand(k_head_r, qv.shape[0])
+    return jnp.einsum("bind,bndj->bnij", qv, k_head_r.keys.astype(qv.dtype))
 
 
 def position_scores(
     q_head: jax.Array, k_head_r: jax.Array, r_r_bias: jax.Array, *, klen: int, offset: int, stride: int = 1
 ) -> jax.Array:
-    """shift((q + v)·W_r R): q `[b,q,n,d]`, position keys `[r,n,d]` or `[b,r,n,d]`, v `[n,d]` -> `[b,n,q,klen]`."""
+    """shift((q + v)·W_r R): q `[b,q,n,d]`, position keys `[r,n,d]`, `[b,r,n,d]` or a `PositionKeyOperand`,
+    v `[n,d]` -> `[b,n,q,klen]`."""
     raw = position_contraction(q_head + r_r_bias.astype(q_head.dtype), k_head_r)
     return relative_shift(raw, klen=klen, offset=offset, stride=stride)
 

@@ -41,6 +41,7 @@ from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
     memory_validity_mask,
     position_contraction,
+    position_key_operand,
     relative_attention,
     relative_position_sequence,
     segment_scores,
@@ -257,11 +258,12 @@ class XLNetLayer(nnx.Module):
         k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
         klen, qlen = k_head.shape[1], h.shape[1]
         k_head_r = attn.position_heads(pos_emb.astype(h.dtype))
-        if ctx["is_forward"] is not None:  # per-row direction: [2,r,n,d] -> [b,r,n,d]
-            # a [b,2] x [2, r*n*d] selection matmul rather than a where: its gradient is the transposed matmul,
+        direction = None
+        if ctx["is_forward"] is not None:  # per-row direction: keys [2,r,n,d], row b uses direction[b] @ keys
+            # a [b,2] x [2, r*n*d] selection product rather than a where: its gradient is the transposed product,
             # where the where's is a select + reduce over the batch (~9% of an XLNet bi_data step on XLA:CPU)
             direction = jax.nn.one_hot(jnp.where(ctx["is_forward"], 0, 1), 2, dtype=k_head_r.dtype)
-            k_head_r = jnp.einsum("bs,srnd->brnd", direction, k_head_r)
+        k_head_r = position_key_operand(k_head_r, h.shape[0], direction)  # formed once for both streams
         offset = shift_offset(qlen, ctx["attn_type"])
         mask_h = None if ctx["mask_h"] is None else ctx["mask_h"][:, None]
         h_out = None
