@@ -185,6 +185,29 @@ def test_position_key_gradient_is_formed_as_d_by_r():
     assert not any("f32[2,2,128,16]" in line.split("=")[1] for line in dots), dots
 
 
+def test_content_keys_operand_in_training_only():
+    """In training the key heads enter the content product as `[b,n,d,k]` (their gradient then has `[d,k]`
+    outputs); in evaluation, with no backward pass, they stay as they are. Scores agree either way."""
+    from flax import nnx
+
+    attn = ra.RelativeMultiHeadAttention(16, 2, 8, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(3)
+    k = jnp.asarray(rng.normal(size=(2, 32, 2, 8)), jnp.float32)
+    q = jnp.asarray(rng.normal(size=(2, 16, 2, 8)), jnp.float32)
+    u = jnp.zeros((2, 8), jnp.float32)
+    attn.eval()
+    assert attn.content_keys(k) is k
+    attn.train()
+    op = attn.content_keys(k)
+    assert isinstance(op, ra.ContentKeyOperand) and attn.content_keys(op) is op
+    np.testing.assert_allclose(
+        np.asarray(ra.content_scores(q, op, u)), np.asarray(ra.content_scores(q, k, u)), rtol=1e-6, atol=1e-6
+    )
+    grad = jax.jit(jax.grad(lambda k: jnp.sum(ra.content_scores(q, ra.content_key_operand(k), u) ** 2)))
+    dots = [line for line in grad.lower(k).compile().as_text().splitlines() if " dot(" in line]
+    assert any("f32[2,2,8,32]" in line.split("=")[1] for line in dots), dots
+
+
 def test_relative_shift_has_no_gather():
     hlo = jax.jit(lambda x: ra.relative_shift(x, klen=6, offset=4)).lower(jnp.zeros((2, 4, 10))).as_text()
     assert "gather" not in hlo

@@ -178,9 +178,27 @@ def _relative_shift_jvp(klen, offset, stride, primals, tangents):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def content_scores(q_head: jax.Array, k_head: jax.Array, r_w_bias: jax.Array) -> jax.Array:
-    """(q + u)·k: q `[b,q,n,d]`, k `[b,k,n,d]`, u `[n,d]` -> `[b,n,q,k]`."""
-    return jnp.einsum("bind,bjnd->bnij", q_head + r_w_bias.astype(q_head.dtype), k_head)
+class ContentKeyOperand(NamedTuple):
+    """Key heads laid out for the content product: `keys [b, n, d, k]`, behind an optimization barrier
+    (`content_key_operand`); formed once per layer when several products use the keys (XLNet's two streams)."""
+
+    keys: jax.Array
+
+
+def content_key_operand(k_head: jax.Array) -> ContentKeyOperand:
+    """Key heads `[b,k,n,d]` -> `[b,n,d,k]` operand. Layout only: the key gradient is then formed as
+    `(q+u)^T dS` (`[d, k]` outputs) rather than `dS^T (q+u)` (`[k, d]`), which XLA:CPU ran at about half the
+    speed at seq 512 (5.3 vs 9.7 ms standalone, cf. `position_key_operand`); the barrier keeps XLA from folding
+    the transpose back into the product."""
+    return ContentKeyOperand(jax.lax.optimization_barrier(jnp.transpose(k_head, (0, 2, 3, 1))))
+
+
+def content_scores(q_head: jax.Array, k_head, r_w_bias: jax.Array) -> jax.Array:
+    """(q + u)·k: q `[b,q,n,d]`, k `[b,k,n,d]` or a `ContentKeyOperand`, u `[n,d]` -> `[b,n,q,k]`."""
+    qu = q_head + r_w_bias.astype(q_head.dtype)
+    if isinstance(k_head, ContentKeyOperand):
+        return jnp.einsum("bind,bndj->bnij", qu, k_head.keys.astype(q_head.dtype))
+    return jnp.einsum("bind,bjnd->bnij", qu, k_head)
 
 
 class PositionKeyOperand(NamedTuple):
@@ -389,6 +407,15 @@ class RelativeMultiHeadAttention(nnx.Module):
         with W_r's `embed` gathered first (the encodings are whole on every device; see `Dense`)."""
         return self.r(pos_emb, gather_input_dims=True)
 
+    def content_keys(self, k_head):
+        """The key heads as the content product's operand: in training (dropout not deterministic) the `[b,n,d,k]`
+        layout whose gradient XLA:CPU forms fast (`content_key_operand`; Funnel 12L step ~0.97x); in evaluation,
+        which has no backward pass, the keys as they are (the extra transpose made a batch-1 Transformer-XL
+        segment 5% slower). Idempotent."""
+        if isinstance(k_head, ContentKeyOperand) or self.dropatt.deterministic:
+            return k_head
+        return content_key_operand(k_head)
+
     def kv_heads(self, h: jax.Array, mem: Optional[jax.Array] = None) -> tuple:
         """Key and value heads `[b, m+l, n, d]` of `[mem; h]` for h `[b,l,d]` and a stop-gradient memory mem
         `[b,m,d]` (or None). Memory and segment are projected separately, `[k(mem); k(h)]`: one matmul over the
@@ -418,6 +445,7 @@ class RelativeMultiHeadAttention(nnx.Module):
         shifted position scores (Funnel's factorized form)."""
         b = self.biases(shared_biases)
         q_head = self.q(query_input)
+        k_head = self.content_keys(k_head)
         if position_term is None:
             position_term = position_scores(q_head, k_head_r, b["r_r_bias"], klen=klen, offset=offset, stride=stride)
         segment_term = None

@@ -362,7 +362,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
         mask = (ai.key_real == 0)[:, None, None, :]
         attn_vec = relative_attention(
             q_head,
-            k_head,
+            self.content_keys(k_head),
             v_head,
             r_w_bias=b["r_w_bias"],
             position_term=pos,

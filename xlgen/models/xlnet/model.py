@@ -264,6 +264,7 @@ class XLNetLayer(nnx.Module):
             # where the where's is a select + reduce over the batch (~9% of an XLNet bi_data step on XLA:CPU)
             direction = jax.nn.one_hot(jnp.where(ctx["is_forward"], 0, 1), 2, dtype=k_head_r.dtype)
         k_head_r = position_key_operand(k_head_r, h.shape[0], direction)  # formed once for both streams
+        k_head = attn.content_keys(k_head)  # formed once for both streams (in training)
         offset = shift_offset(qlen, ctx["attn_type"])
         mask_h = None if ctx["mask_h"] is None else ctx["mask_h"][:, None]
         h_out = None
