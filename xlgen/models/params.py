@@ -156,9 +156,8 @@ class FrozenCall:
     function's."""
 
     def __init__(self, module, fn: Callable, **jit_kwargs):
-        self.graphdef, state = nnx.split(module)
-        self.leaves, self.treedef = jax.tree_util.tree_flatten(state)
-        graphdef, treedef = self.graphdef, self.treedef
+        graphdef, state = nnx.split(module)
+        self.leaves, treedef = jax.tree_util.tree_flatten(state)
 
         def pure(leaves, *args, **kwargs):
             return fn(nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves)), *args, **kwargs)
