@@ -315,6 +315,36 @@ def test_cached_evaluation_equals_projecting_the_memory(overrides):
             np.testing.assert_allclose(m1, m0, atol=1e-5)
 
 
+def test_cached_segment_writes_memory_sized_arrays_once():
+    """A cached segment (HF-layout memory and its keys/values passed back, as in an evaluation loop) writes each
+    layer's appended keys and values and each returned memory array once: the heads stay in the products'
+    `[b, n, d, k]` layout (no transposes or re-slicing of the memory rows, no stacking across layers) and the
+    memory is returned per layer from its input. Before, the same program also transposed, sliced and stacked
+    them (12 and 4 such ops here instead of 4 and 2)."""
+    import re
+
+    from xlgen.models.transformer_xl.model import TransfoXLPretrained
+
+    L, M, n_layer = 5, 13, SMALL["n_layer"]
+    wrapper = TransfoXLPretrained(make_model(mem_len=M, scan_layers=False))
+    ids = np.random.default_rng(0).integers(0, SMALL["vocab_size"], (1, 2 * L)).astype(np.int32)
+    mems = wrapper(input_ids=ids[:, :L]).mems
+    mem_arg, layout = wrapper._mems_arg(mems, 1)
+    cache = wrapper._cache_arg(mems, mem_arg, layout, L, M, False, 1)
+    assert cache["kv_mem"] is not None
+    static = dict(mode="log_probs", mem_len=M, layout=layout)
+    hlo = wrapper._forward.lower(ids[:, L:], mem_arg, None, None, cache, **static).compile().as_text()
+    heads = memories = 0
+    for line in hlo[hlo.index("\nENTRY") :].splitlines()[1:]:
+        m = re.match(r"\s*(?:ROOT )?%[\w.\-]+ = f32\[([\d,]*)\]\S* ([\w-]+)\(", line)
+        if not m or m.group(2) in ("parameter", "bitcast", "get-tuple-element", "tuple", "constant"):
+            continue
+        dims = [int(x) for x in m.group(1).split(",") if x]
+        heads += bool({M, M + L} & set(dims)) and SMALL["d_head"] in dims  # keys / values / position keys
+        memories += M in dims and SMALL["d_model"] in dims
+    assert heads <= 2 * n_layer and memories <= n_layer, (heads, memories)
+
+
 def test_evaluation_program_is_compiled_for_small_ops():
     """On XLA:CPU the wrapper compiles its segment program with `platforms.small_op_compiler_options()`: no YNNPACK
     fusions, which the same program compiled with XLA's defaults does use (for its products and reductions)."""

@@ -130,6 +130,7 @@ class TXLDecoder:
         mems, kv, step_keys = state
         cache = {"kv_mem": kv, "position_keys": step_keys if ids.shape[1] == 1 else None}
         h, new_mems, new_kv = model.hidden_states(ids, mems, mem_len=mem_len, mem_valid=mem_valid, cache=cache)
+        new_kv = jax.tree.map(lambda x: x[..., x.shape[-1] - mem_len :], new_kv)  # the memory's rows: fixed shapes
         if step_keys is None:
             step_keys = model.position_keys(1, mem_len + 1)
         log_probs = model.softmax.log_probs(h[:, -1:], model.embedding)[:, 0]

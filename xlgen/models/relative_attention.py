@@ -201,6 +201,14 @@ def content_scores(q_head: jax.Array, k_head, r_w_bias: jax.Array) -> jax.Array:
     return jnp.einsum("bind,bjnd->bnij", qu, k_head)
 
 
+class ValueOperand(NamedTuple):
+    """Value heads laid out `values [b, n, d, k]` for the probabilities-by-values product: the layout XLA:CPU
+    itself gives raw `[b, k, n, d]` values before that product, kept by cached evaluation's memory (Transformer-XL
+    `TransfoXLPretrained`), so only a segment's own rows are transposed."""
+
+    values: jax.Array
+
+
 class PositionKeyOperand(NamedTuple):
     """Position keys laid out for the position product: `keys [b, n, d, r]`, behind an optimization barrier
     (`position_key_operand`). Pass it wherever position keys go to form it once for several products (XLNet's
@@ -317,7 +325,7 @@ def relative_attention(
 ):
     """Softmax((content + position + segment) * scale, masked) · V.
 
-    q `[b,q,n,d]`, k/v `[b,k,n,d]`; position/segment terms `[b,n,q,k]` (already shifted); `mask` broadcastable
+    q `[b,q,n,d]`, k/v `[b,k,n,d]` (or a `ContentKeyOperand` / `ValueOperand`); position/segment terms `[b,n,q,k]` (already shifted); `mask` broadcastable
     to `[b,n,q,k]`, True where query i may NOT attend key j (XLNet `perm_mask` convention). Scores and softmax in
     float32. Returns attn_vec `[b,q,n,d]` (and the probabilities `[b,n,q,k]` when `return_probs`).
     """
@@ -334,7 +342,10 @@ def relative_attention(
     scores = constrain(scores, SCORES)
     probs = constrain(jax.nn.softmax(scores, axis=-1), SCORES)
     probs_d = dropatt(probs) if dropatt is not None else probs
-    attn_vec = jnp.einsum("bnij,bjnd->bind", probs_d.astype(v_head.dtype), v_head)
+    if isinstance(v_head, ValueOperand):
+        attn_vec = jnp.einsum("bnij,bndj->bind", probs_d.astype(v_head.values.dtype), v_head.values)
+    else:
+        attn_vec = jnp.einsum("bnij,bjnd->bind", probs_d.astype(v_head.dtype), v_head)
     return (attn_vec, probs) if return_probs else attn_vec
 
 

@@ -37,9 +37,13 @@ from xlgen.models.output_layers import OUTPUT_LAYER_NAMES, OutputConfig, Spectra
 from xlgen.models.params import FrozenCall, materialize, stack_layers
 from xlgen.models.relative_attention import (
     STREAM,
+    ContentKeyOperand,
+    PositionKeyOperand,
     RelativeMultiHeadAttention,
+    ValueOperand,
     advance_memory_validity,
     memory_validity_mask,
+    position_key_operand,
     relative_position_sequence,
     shift_offset,
     sinusoid_embedding,
@@ -246,33 +250,68 @@ class TransformerXLBlock(nnx.Module):
     ):
         """h `[b,l,d]`, mem `[b,m,d]`, pos_emb `[m+l,d]`, mask `[1|b,1,l,m+l]` -> `[b,l,d]`.
 
-        `cache` (evaluation): {"position_keys": W_r R `[m+l,n,d]` or None, "kv_mem": (keys, values) `[b,m,n,d]` of
-        the memory rows or None}; then returns `(out, (keys, values) [b,m+l,n,d])`: memory rows are never updated,
-        so the next segment's memory heads are slices of these."""
+        `cache` (evaluation): {"position_keys": W_r R `[m+l,n,d]`, a `PositionKeyOperand`, or None; "kv_mem":
+        (keys, values) `[b,n,d,m']` (m' >= m) whose last m rows are the memory's heads, or None}; then returns
+        `(out, (keys, values) [b,n,d,m+l])`. Memory rows are never updated, so the next segment's memory heads are
+        the last rows of these. Heads are kept in the `[b,n,d,k]` layout of the content and value products
+        (`ContentKeyOperand`, `ValueOperand`): a segment then transposes only its own rows, and appending them is
+        one fusion (`_append_heads`)."""
         attn = self.attn
         h, mem = constrain(h, STREAM), constrain(mem, STREAM)  # rows over the batch axes, d_model whole
         if cache is None:
             k_head, v_head = attn.kv_heads(h, mem)  # memory projected apart: no input gradient for its rows
             k_head_r = attn.position_heads(pos_emb)
         else:
-            k_mem, v_mem = cache["kv_mem"] if cache["kv_mem"] is not None else attn.kv_heads(mem)
-            k_h, v_h = attn.kv_heads(h)
-            k_head = jnp.concatenate([k_mem.astype(h.dtype), k_h], axis=1)
-            v_head = jnp.concatenate([v_mem.astype(h.dtype), v_h], axis=1)
+            mlen = mem.shape[1]
+            heads_last = lambda x: jnp.transpose(x.astype(h.dtype), (0, 2, 3, 1))  # [b,l,n,d] -> [b,n,d,l]
+            if cache["kv_mem"] is not None:
+                k_mem, v_mem = (x[..., x.shape[-1] - mlen :].astype(h.dtype) for x in cache["kv_mem"])
+            else:
+                k_mem, v_mem = map(heads_last, attn.kv_heads(mem))
+            k_h, v_h = map(heads_last, attn.kv_heads(h))
+            k_head = ContentKeyOperand(_append_heads(k_mem, k_h))
+            v_head = ValueOperand(_append_heads(v_mem, v_h))
             k_head_r = cache["position_keys"]
-            k_head_r = attn.position_heads(pos_emb) if k_head_r is None else k_head_r.astype(h.dtype)
+            k_head_r = attn.position_heads(pos_emb) if k_head_r is None else k_head_r
         out = attn.attend(
             h,
             k_head,
             v_head,
             k_head_r,
-            klen=k_head.shape[1],
+            klen=mem.shape[1] + h.shape[1],
             offset=shift_offset(h.shape[1], "txl"),
             mask=mask,
             shared_biases=shared_biases,
         )
         out = constrain(self.ff(constrain(out, STREAM)), STREAM)
-        return out if cache is None else (out, (k_head, v_head))
+        return out if cache is None else (out, (k_head.keys, v_head.values))
+
+
+def _swap_axes_1_2(x: jax.Array) -> jax.Array:
+    """`jnp.swapaxes(x, 1, 2)`, as a reshape when one of the two has size 1 (batch-1 evaluation's HF-layout
+    memory): the transpose form left XLA:CPU a layout copy of every returned memory array."""
+    if 1 in x.shape[1:3]:
+        return x.reshape(x.shape[:1] + (x.shape[2], x.shape[1]) + x.shape[3:])
+    return jnp.swapaxes(x, 1, 2)
+
+
+def _layer_entry(layer_cache: dict, n: int) -> dict:
+    """Layer n's part of a cached pass's {"position_keys", "kv_mem"}: stacked arrays (or operands) indexed on their
+    leading layer axis; keys/values given as per-layer sequences (what an unscanned stack returns) picked."""
+    pk, kv = layer_cache["position_keys"], layer_cache["kv_mem"]
+    return {
+        "position_keys": None if pk is None else pk[n] if isinstance(pk, list) else jax.tree.map(lambda x: x[n], pk),
+        "kv_mem": None if kv is None else (kv[0][n], kv[1][n]),
+    }
+
+
+def _append_heads(prev: jax.Array, new: jax.Array) -> jax.Array:
+    """`[..., m]` ++ `[..., l]` along the last axis as one select of two pads: a single loop fusion on XLA:CPU,
+    which fuses the slice producing `prev`, where `concatenate` is a separate copy after that slice."""
+    m, l = prev.shape[-1], new.shape[-1]
+    lead = [(0, 0)] * (prev.ndim - 1)
+    first = jnp.arange(m + l) < m
+    return jnp.where(first, jnp.pad(prev, lead + [(0, l)]), jnp.pad(new, lead + [(m, 0)]))
 
 
 def _apply_block(block, h, mem, pos_emb, mask, shared, cache=None):
@@ -362,10 +401,12 @@ class TransformerXLLM(nnx.Module):
         """Last-layer states `[b,l,d_model]` (after the final dropout) and the new memory (see module doc).
 
         `cache` (cached evaluation, see `TransfoXLPretrained`): {"position_keys": `[n_layer, m+l, n, d]` from
-        `position_keys(l, m+l)` or None, "kv_mem": (keys, values) `[n_layer, b, m, n, d]` of the memory rows or
-        None (then projected from `mems`)}; the result then has a third element, the keys/values of the returned
-        memory rows. Same results as without (the memory's heads are those computed when its rows were the
-        segment), minus the memory and position projections.
+        `position_keys(l, m+l)`, per-layer `PositionKeyOperand`s (a list; stacked in one for scanned layers), or
+        None; "kv_mem": (keys, values) `[n_layer, b, n, d, m']` (or per-layer lists of `[b, n, d, m']`) whose last
+        m rows are the memory's heads, or None (then projected from `mems`)}; the result then has a third element,
+        the keys/values of this pass's m + l rows in that layout (per-layer lists for an unscanned stack), whose
+        last rows are the heads of the returned memory. Same results as without (the memory's heads are those
+        computed when its rows were the segment), minus the memory and position projections.
 
         `mem_valid` int `[b]` (or scalar): the memory is a fixed-length buffer whose last `mem_valid[b]` rows are
         real and the rest (zeros) are masked (`relative_attention.memory_validity_mask`); with a buffer of
@@ -410,15 +451,14 @@ class TransformerXLLM(nnx.Module):
                 if cache is None:
                     h = apply(block, h, mems[n], pos_emb, mask, shared)
                 else:
-                    h, kv = apply(block, h, mems[n], pos_emb, mask, shared, jax.tree.map(lambda x: x[n], layer_cache))
+                    h, kv = apply(block, h, mems[n], pos_emb, mask, shared, _layer_entry(layer_cache, n))
                     kvs.append(kv)
             hids = jnp.stack(hids)
-            kvs = jax.tree.map(lambda *x: jnp.stack(x), *kvs) if kvs else None
+            kvs = tuple(list(x) for x in zip(*kvs)) if kvs else None  # per layer: stacking would copy them all
         new_mems = update_mems(mems, hids, mem_len) if mem_len > 0 else mems[:, :, :0]
         if cache is None:
             return self.drop(h), new_mems
-        start = max(0, kvs[0].shape[2] - mem_len)  # the heads of the rows new_mems keeps
-        return self.drop(h), new_mems, tuple(jax.lax.stop_gradient(x[:, :, start:]) for x in kvs)
+        return self.drop(h), new_mems, jax.lax.stop_gradient(kvs)
 
     def position_keys(self, qlen: int, klen: int) -> jax.Array:
         """Every layer's position keys W_r R for `qlen` queries against `klen` keys `[n_layer, klen, n, d]`
@@ -526,10 +566,14 @@ class TransfoXLPretrained:
     `TransformerXLConfig`.
 
     Cached evaluation (`cache=True`, the default): the position keys W_r R of every layer are formed once per
-    (segment, memory) length, and the keys/values of the returned memory rows ride along with `out.mems`; when
-    those very arrays are passed back as `mems=`, the next segment reuses them instead of projecting the whole
-    memory again (memory rows never change, so these are the heads they had as the segment). Anything else
-    passed as `mems` is projected as usual. Results agree with `cache=False` to float rounding.
+    (segment, memory length, batch), already in the layout of the position product, and the keys/values of the
+    returned memory rows ride along with `out.mems`; when those very arrays are passed back as `mems=`, the next
+    segment reuses them instead of projecting the whole memory again (memory rows never change, so these are the
+    heads they had as the segment). Anything else passed as `mems` is projected as usual. Results agree with
+    `cache=False` to float rounding. Keys/values stay in the products' `[b, n, d, k]` layout, one array per layer,
+    and an HF-layout memory is returned layer by layer from its input, so a segment copies only its own rows:
+    with batch 1, 64-token segments, 4 layers, 189 -> 162 XLA:CPU thunks at l = 512 and 0.88x / 0.95x / 0.99x the
+    time at l = 512 / 256 / 128 (docs/performance.md, session 8).
     """
 
     def __init__(self, module: TransformerXLLM, *, has_head: bool = True, cache: bool = True):
@@ -542,21 +586,28 @@ class TransfoXLPretrained:
             compiler_options=platforms.small_op_compiler_options(),
         )
         self._position_keys_fn = FrozenCall(
-            module, lambda m, qlen, klen: m.position_keys(qlen, klen), static_argnums=(1, 2)
+            module,
+            lambda m, qlen, klen, batch: (
+                PositionKeyOperand(jax.vmap(lambda k: position_key_operand(k, batch).keys)(m.position_keys(qlen, klen)))
+                if m.config.scan_layers
+                else [position_key_operand(k, batch) for k in m.position_keys(qlen, klen)]
+            ),
+            static_argnums=(1, 2, 3),
         )
-        self._position_keys: Dict[Tuple[int, int], jax.Array] = {}
+        self._position_keys: Dict[Tuple[int, int, int], Any] = {}  # (qlen, klen, batch) -> position key operands
         self._last_mems: Optional[Tuple[list, tuple]] = None  # (mems list returned, their (keys, values))
 
     @staticmethod
     def _pure_forward(model, input_ids, mems, labels, mem_valid, cache, *, mode: str, mem_len: int, layout: str):
         """One jitted program: mems conversion, forward, HF-layout memory (and the HF-shifted label NLL)."""
+        in_mems = mems
         c = model.config
         if layout == "init" and mem_valid is not None:  # an empty fixed-length buffer of the returned length
             mems = model.init_mems(input_ids.shape[0], mem_len)
         elif layout == "init":
             mems = model.init_mems(input_ids.shape[0]) if c.mem_len > 0 else None
         elif layout == "hf":  # n_layer x [M, b, d]
-            mems = jnp.swapaxes(jnp.stack(mems), 1, 2)
+            mems = _swap_axes_1_2(jnp.stack(mems))
         out = {}
         kw = dict(mem_len=mem_len, mem_valid=mem_valid)
         if cache is not None and mems is not None:
@@ -575,7 +626,17 @@ class TransfoXLPretrained:
         new_mems = res[1]
         if "cache" in kw:
             out["kv_mems"] = res[2]  # the returned memory rows' keys and values, for the next segment
-        out["mems"] = list(jnp.swapaxes(new_mems, 1, 2))
+        qlen, mlen = input_ids.shape[1], mems.shape[2] if mems is not None else 0
+        if layout == "hf" and new_mems.shape[2] == mlen >= qlen:
+            # HF layout in and out, same length: layer n's new memory is its input from row qlen on, then the
+            # segment's states (the last qlen rows of new_mems). Formed per layer from the inputs, each returned
+            # array is one fusion; slicing the stacked new_mems cost XLA:CPU a copy of every array.
+            out["mems"] = [
+                jnp.concatenate([in_mems[n][qlen:].astype(new_mems.dtype), jnp.swapaxes(new_mems[n, :, -qlen:], 0, 1)])
+                for n in range(new_mems.shape[0])
+            ]
+        else:
+            out["mems"] = list(_swap_axes_1_2(new_mems))
         if mem_valid is not None:
             out["mem_valid"] = advance_memory_validity(
                 jnp.broadcast_to(mem_valid, (input_ids.shape[0],)), input_ids.shape[1], new_mems.shape[2]
@@ -654,13 +715,15 @@ class TransfoXLPretrained:
         if mem_valid is not None:
             mv = mem_valid if isinstance(mem_valid, jax.Array) else np.asarray(mem_valid, np.int32)
             mem_valid = jnp.broadcast_to(jnp.asarray(mv, jnp.int32), (ids.shape[0],))
-        cache = self._cache_arg(mems, mem_arg, layout, ids.shape[1], mem_len, mem_valid is not None)
+        cache = self._cache_arg(mems, mem_arg, layout, ids.shape[1], mem_len, mem_valid is not None, ids.shape[0])
         out = self._forward(ids, mem_arg, lab, mem_valid, cache, mode=mode, mem_len=mem_len, layout=layout)
         kv = out.pop("kv_mems", None)
         self._last_mems = None if kv is None else (out["mems"], kv)
         return TransfoXLOutput(**out)
 
-    def _cache_arg(self, mems, mem_arg, layout: str, qlen: int, mem_len: int, fixed: bool) -> Optional[dict]:
+    def _cache_arg(
+        self, mems, mem_arg, layout: str, qlen: int, mem_len: int, fixed: bool, batch: int = 1
+    ) -> Optional[dict]:
         """{"position_keys", "kv_mem"} for a cached pass (see the class doc), or None."""
         c = self.config
         if not self.cache:
@@ -671,7 +734,7 @@ class TransfoXLPretrained:
             mlen = mem_arg[0].shape[0] if layout == "hf" else mem_arg.shape[2]
         if layout == "init" and mlen <= 0:
             return None
-        key = (qlen, mlen + qlen)
+        key = (qlen, mlen + qlen, batch)
         if key not in self._position_keys:
             self._position_keys[key] = self._position_keys_fn(*key)
         kv = None
