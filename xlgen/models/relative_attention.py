@@ -325,9 +325,10 @@ def relative_attention(
 ):
     """Softmax((content + position + segment) * scale, masked) · V.
 
-    q `[b,q,n,d]`, k/v `[b,k,n,d]` (or a `ContentKeyOperand` / `ValueOperand`); position/segment terms `[b,n,q,k]` (already shifted); `mask` broadcastable
-    to `[b,n,q,k]`, True where query i may NOT attend key j (XLNet `perm_mask` convention). Scores and softmax in
-    float32. Returns attn_vec `[b,q,n,d]` (and the probabilities `[b,n,q,k]` when `return_probs`).
+    q `[b,q,n,d]`, k/v `[b,k,n,d]` (or a `ContentKeyOperand` / `ValueOperand`); position/segment terms
+    `[b,n,q,k]` (already shifted); `mask` broadcastable to `[b,n,q,k]`, True where query i may NOT attend key j
+    (XLNet `perm_mask` convention). Scores and softmax in float32. Returns attn_vec `[b,q,n,d]` (and the
+    probabilities `[b,n,q,k]` when `return_probs`).
     """
     d_head = q_head.shape[-1]
     scale = 1.0 / math.sqrt(d_head) if scale is None else scale

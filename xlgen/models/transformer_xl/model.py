@@ -287,14 +287,6 @@ class TransformerXLBlock(nnx.Module):
         return out if cache is None else (out, (k_head.keys, v_head.values))
 
 
-def _swap_axes_1_2(x: jax.Array) -> jax.Array:
-    """`jnp.swapaxes(x, 1, 2)`, as a reshape when one of the two has size 1 (batch-1 evaluation's HF-layout
-    memory): the transpose form left XLA:CPU a layout copy of every returned memory array."""
-    if 1 in x.shape[1:3]:
-        return x.reshape(x.shape[:1] + (x.shape[2], x.shape[1]) + x.shape[3:])
-    return jnp.swapaxes(x, 1, 2)
-
-
 def _layer_entry(layer_cache: dict, n: int) -> dict:
     """Layer n's part of a cached pass's {"position_keys", "kv_mem"}: stacked arrays (or operands) indexed on their
     leading layer axis; keys/values given as per-layer sequences (what an unscanned stack returns) picked."""
@@ -572,7 +564,7 @@ class TransfoXLPretrained:
     heads they had as the segment). Anything else passed as `mems` is projected as usual. Results agree with
     `cache=False` to float rounding. Keys/values stay in the products' `[b, n, d, k]` layout, one array per layer,
     and an HF-layout memory is returned layer by layer from its input, so a segment copies only its own rows:
-    with batch 1, 64-token segments, 4 layers, 189 -> 162 XLA:CPU thunks at l = 512 and 0.88x / 0.95x / 0.99x the
+    with batch 1, 64-token segments, 4 layers, 189 -> 162 XLA:CPU thunks at l = 512 and 0.88x / 0.97x / 0.96x the
     time at l = 512 / 256 / 128 (docs/performance.md, session 8).
     """
 
@@ -607,7 +599,7 @@ class TransfoXLPretrained:
         elif layout == "init":
             mems = model.init_mems(input_ids.shape[0]) if c.mem_len > 0 else None
         elif layout == "hf":  # n_layer x [M, b, d]
-            mems = _swap_axes_1_2(jnp.stack(mems))
+            mems = jnp.swapaxes(jnp.stack(mems), 1, 2)
         out = {}
         kw = dict(mem_len=mem_len, mem_valid=mem_valid)
         if cache is not None and mems is not None:
@@ -636,7 +628,7 @@ class TransfoXLPretrained:
                 for n in range(new_mems.shape[0])
             ]
         else:
-            out["mems"] = list(_swap_axes_1_2(new_mems))
+            out["mems"] = list(jnp.swapaxes(new_mems, 1, 2))
         if mem_valid is not None:
             out["mem_valid"] = advance_memory_validity(
                 jnp.broadcast_to(mem_valid, (input_ids.shape[0],)), input_ids.shape[1], new_mems.shape[2]
