@@ -9,6 +9,8 @@ Config keys and defaults: `default_config(pipeline)`; documented in docs/data.md
 
 from __future__ import annotations
 
+from typing import Optional
+
 import ml_collections
 
 _COMMON = dict(
@@ -138,6 +140,17 @@ def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, 
     raise AssertionError(cfg.pipeline)
 
 
+def mlm_predictions_per_row(data_config) -> Optional[int]:
+    """The number of predicted positions in every row of an `mlm` / `electra` pipeline of this config (see
+    `mlm.predictions_per_row`), or None for other pipelines."""
+    cfg = _resolve(data_config)
+    if cfg.pipeline not in ("mlm", "electra"):
+        return None
+    from data_pipelines import mlm
+
+    return mlm.predictions_per_row(cfg.seq_len, cfg.mask_prob, cfg.segment_pairs)
+
+
 from data_pipelines.prefetch import prefetch  # noqa: E402
 
-__all__ = ["make_pipeline", "default_config", "prefetch"]
+__all__ = ["make_pipeline", "default_config", "mlm_predictions_per_row", "prefetch"]

@@ -35,6 +35,13 @@ from data_pipelines.lm import rows_of_process
 from data_pipelines.xlnet import RowView, trim_to_length
 
 
+def predictions_per_row(seq_len: int, mask_prob: float, segment_pairs: bool) -> int:
+    """How many positions every row predicts: `mask_prob` of its non-special positions (seq_len - 3 with
+    [CLS] A [SEP] B [SEP], seq_len - 2 with [CLS] chunk [SEP]), rounded, at least one. The same in every row."""
+    content = int(seq_len) - (3 if segment_pairs else 2)
+    return max(1, int(round(float(mask_prob) * content)))
+
+
 class MLMPipeline:
     """`batch(step)` -> input_ids (masked), token_type_ids, attention_mask int32 [b,S]; labels int32 [b,S];
     label_mask float32 [b,S] (1 = predict)."""
@@ -141,7 +148,7 @@ class MLMPipeline:
         types = np.zeros((b, S), np.int32)
         inputs = np.empty((b, S), np.int32)
         label_mask = np.zeros((b, S), np.float32)
-        n_pred = max(1, int(round(self.mask_prob * self.chunk)))
+        n_pred = predictions_per_row(S, self.mask_prob, self.segment_pairs)
         p_mask = 1.0 - self.random_prob - self.keep_prob
         for j in range(b):
             g = self.row0 + j

@@ -268,6 +268,10 @@ def test_mlm_masking(char_stream):
     b = p.batch(3)
     lm_ = b["label_mask"].astype(bool)
     assert (lm_.sum(1) == round(0.15 * 64)).all() and not lm_[:, [0, -1]].any()
+    # every row predicts the count the Funnel objectives size their prediction rows with (exactly, nothing dropped)
+    cfg = dict(pipeline="mlm", seq_len=66, segment_pairs=False)
+    assert dp.mlm_predictions_per_row(cfg) == round(0.15 * 64) == mlm.predictions_per_row(66, 0.15, False)
+    assert dp.mlm_predictions_per_row(dict(pipeline="lm")) is None
     assert (b["labels"][:, 0] == p.cls_id).all() and (b["labels"][:, -1] == p.sep_id).all()
     np.testing.assert_array_equal(b["input_ids"][~lm_], b["labels"][~lm_])
     changed = b["input_ids"][lm_]
@@ -285,6 +289,14 @@ def test_mlm_masking(char_stream):
     # one epoch visits every chunk once
     seen = [p.chunk_index(s, r) for s in range(p.num_chunks // 64) for r in range(64)]
     assert len(set(seen)) == len(seen)
+
+
+def test_mlm_segment_pairs_predict_the_configured_count_in_every_row(char_sentences):
+    p = mlm.MLMPipeline(char_sentences, global_batch_size=16, seq_len=66, seed=1, segment_pairs=True)
+    k = dp.mlm_predictions_per_row(dict(pipeline="mlm", seq_len=66))
+    assert k == round(0.15 * 63)
+    for step in range(3):
+        assert (p.batch(step)["label_mask"].sum(1) == k).all()
 
 
 def test_perm_index_matches_original_reshape_transpose_shuffle():

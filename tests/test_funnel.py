@@ -264,6 +264,40 @@ def test_mlm_loss_matches_logits_and_gathered_predictions():
     np.testing.assert_allclose(float(gathered), expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("attention_type", ["relative_shift", "factorized"])
+def test_decoder_rows_equal_full_decoder_rows(attention_type):
+    """`hidden(..., rows)` runs the last decoder layer at the given rows only (what the MLM loss over k predicted
+    positions needs): its output and every parameter gradient equal the full decoder's rows, here with <cls>
+    (position 0, token type 2), two segments, padding, the last position and a repeated row among the rows."""
+    cfg = F.FunnelConfig(
+        **TINY, block_sizes=(1, 1), num_decoder_layers=2, attention_type=attention_type, dropout=0.0, dropatt=0.0
+    )
+    model = _init(F.FunnelForMaskedLM, cfg)
+    model.eval()
+    ids, tt, am = _inputs("FunnelForMaskedLM", 12)
+    rows = np.array([[0, 3, 11, 3], [5, 1, 9, 10]], np.int32)
+    w = np.random.RandomState(1).randn(2, 4, TINY["d_model"]).astype(np.float32)  # a loss that reads every row
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @functools.partial(jax.jit, compiler_options=FAST)
+    def run(params):
+        def at_rows(params):
+            h = nnx.merge(graphdef, params, rest).hidden(ids, tt, am, rows)
+            return (h * w).sum(), h
+
+        def full(params):
+            h = F.take_rows(nnx.merge(graphdef, params, rest).hidden(ids, tt, am), rows)
+            return (h * w).sum(), h
+
+        return jax.value_and_grad(at_rows, has_aux=True)(params), jax.value_and_grad(full, has_aux=True)(params)
+
+    ((_, h_rows), g_rows), ((_, h_full), g_full) = run(params)
+    assert h_rows.shape == (2, 4, TINY["d_model"])
+    np.testing.assert_allclose(np.asarray(h_rows), np.asarray(h_full), rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_rows), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_electra_objective():
     cfg = F.FunnelConfig(**dict(TINY, d_model=32, n_head=4, d_inner=64), block_sizes="1-1", num_decoder_layers=1)

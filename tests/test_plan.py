@@ -221,7 +221,9 @@ EXACT = {
     # scanned: the last layer runs without its dead content stream (XLA cannot remove it from one loop iteration;
     # before, this traced 1.51x the model)
     "xlnet_scanned_memory": (XLNET, [*WIDE, "--config.model.mem_len=16", "--config.model.scan_layers=True"]),
-    "funnel_mlm_relative_shift": (FUNNEL, []),
+    "funnel_mlm_relative_shift": (FUNNEL, []),  # last decoder layer + softmax at the pipeline's 9 rows per row
+    "funnel_mlm_every_position": (FUNNEL, ["--config.objective_options.max_predictions=-1"]),
+    "funnel_mlm_factorized": (FUNNEL, ["--config.model.attention_type=factorized"]),
     "funnel_electra_factorized": (
         FUNNEL,
         [

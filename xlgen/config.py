@@ -286,7 +286,9 @@ def base_config() -> ConfigDict:
             disc_coeff=50.0,  # ELECTRA: loss = generator MLM + disc_coeff * discriminator BCE
             disc_target="original",  # ELECTRA discriminator target 1 = original token (original code); "replaced"
             generator_width=0.25,  # ELECTRA: generator d_model / d_inner / n_head shrink factor
-            max_predictions=0,  # Funnel MLM/ELECTRA: logits only at this many masked positions per row (0 = all)
+            # Funnel MLM/ELECTRA: the last decoder layer and the MLM softmax run at this many masked positions per
+            # row only; 0 = the mlm/electra pipeline's own per-row count (exact), -1 = at every position
+            max_predictions=0,
         )
     )
     c.data = ConfigDict()

@@ -259,6 +259,16 @@ def position_scores(
     return relative_shift(raw, klen=klen, offset=offset, stride=stride)
 
 
+def position_scores_at(q_head: jax.Array, k_head_r, r_r_bias: jax.Array, *, start: jax.Array, klen: int) -> jax.Array:
+    """`position_scores` for queries at arbitrary, per-row positions (e.g. only the predicted positions of an MLM):
+    out[b, :, i, j] = raw[b, :, i, start[b, i] + j], raw = (q + v)·W_r R `[b,n,q,r]` and start `[b,q]` int (for
+    full-length keys at positions 0..klen-1 and the distance sequence klen, ..., -(klen-1): start = klen - the
+    query's position). A gather of `[b,n,q,klen]` instead of the shift: meant for a few query rows."""
+    raw = position_contraction(q_head + r_r_bias.astype(q_head.dtype), k_head_r)
+    idx = start[:, None, :, None] + jnp.arange(klen, dtype=start.dtype)
+    return jnp.take_along_axis(raw, jnp.broadcast_to(idx, raw.shape[:-1] + (klen,)), axis=-1)
+
+
 def factorized_position_encodings(q_pos: jax.Array, k_pos: jax.Array, d_model: int, dtype=jnp.float32):
     """Per-position sin/cos factors of the gather-free ("factorized") position term (Funnel `rel_attn_type`).
 
@@ -269,10 +279,11 @@ def factorized_position_encodings(q_pos: jax.Array, k_pos: jax.Array, d_model: i
         phi = [sin a, sin a], pi = [cos a, cos a], psi = [cos b, sin b], omega = [-sin b, cos b],
 
     i.e. the sinusoid encoding of the distance q_pos[i] - k_pos[j] without building it. Returns
-    `(phi, pi)` `[q, d_model]` (query side) and `(psi, omega)` `[k, d_model]` (key side).
+    `(phi, pi)` `[..., q, d_model]` (query side; q_pos `[q]` or per row `[b, q]`) and `(psi, omega)` `[k, d_model]`
+    (key side).
     """
     inv_freq = 1.0 / (10000 ** (jnp.arange(0, d_model, 2.0, dtype=jnp.float32) / d_model))
-    a = q_pos.astype(jnp.float32)[:, None] * inv_freq
+    a = q_pos.astype(jnp.float32)[..., None] * inv_freq
     b = k_pos.astype(jnp.float32)[:, None] * inv_freq
     sin_a, cos_a, sin_b, cos_b = jnp.sin(a), jnp.cos(a), jnp.sin(b), jnp.cos(b)
     phi = jnp.concatenate([sin_a, sin_a], -1)
@@ -285,8 +296,8 @@ def factorized_position_encodings(q_pos: jax.Array, k_pos: jax.Array, d_model: i
 def factorized_position_scores(q_head: jax.Array, r_kernel: jax.Array, r_r_bias: jax.Array, q_enc, k_enc) -> jax.Array:
     """Position term ((q + v)·W_r^T) · sinusoid(q_pos_i - k_pos_j) without a shift or gather.
 
-    q `[b,q,n,d]`, r_kernel `[d_model,n,d]` (the `r` projection), v `[n,d]`, `q_enc = (phi, pi)` `[q,d_model]`,
-    `k_enc = (psi, omega)` `[k,d_model]` from `factorized_position_encodings` -> `[b,n,q,k]`. Equals
+    q `[b,q,n,d]`, r_kernel `[d_model,n,d]` (the `r` projection), v `[n,d]`, `q_enc = (phi, pi)` `[q,d_model]`
+    or `[b,q,d_model]`, `k_enc = (psi, omega)` `[k,d_model]` from `factorized_position_encodings` -> `[b,n,q,k]`. Equals
     `position_scores` on the sinusoid encodings of the distances (same W_r), for any (e.g. strided) positions.
     Costs b·n·q·k·2·d_model multiply-adds (vs. b·n·q·r·d_head for the shift form) but is all plain matmuls.
     """
@@ -294,7 +305,8 @@ def factorized_position_scores(q_head: jax.Array, r_kernel: jax.Array, r_r_bias:
     psi, omega = k_enc
     qv = q_head + r_r_bias.astype(q_head.dtype)
     q_r = jnp.einsum("bind,Dnd->binD", qv, r_kernel.astype(q_head.dtype))  # (q+v) W_r^T  [b,q,n,D]
-    q_r = jnp.concatenate([q_r * phi[:, None].astype(q_r.dtype), q_r * pi[:, None].astype(q_r.dtype)], -1)
+    phi, pi = phi[..., None, :].astype(q_r.dtype), pi[..., None, :].astype(q_r.dtype)
+    q_r = jnp.concatenate([q_r * phi, q_r * pi], -1)
     k_r = jnp.concatenate([psi, omega], -1).astype(q_r.dtype)  # [k, 2D]
     return jnp.einsum("binD,jD->bnij", q_r, k_r)
 

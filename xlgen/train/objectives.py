@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xlgen.models import registry
-from xlgen.models.funnel.heads import electra_loss, mlm_loss
+from xlgen.models.funnel.heads import electra_loss, mlm_loss, predictions_per_row
 
 Batch = Dict[str, jax.Array]
 ShapeDtype = Tuple[Tuple[int, ...], Any]
@@ -316,8 +316,7 @@ def _mlm_batch_spec(config, split):
 
 
 def _max_predictions(config):
-    m = int(config.objective_options.get("max_predictions", 0) or 0)
-    return m if m > 0 else None
+    return predictions_per_row(config)
 
 
 def _funnel_mlm_loss(model, batch, mems, rng, config):

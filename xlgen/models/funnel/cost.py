@@ -174,10 +174,11 @@ def train_flops_per_step(config) -> float:
     return 3.0 * fwd * int(config.data.batch_size)
 
 
-def _funnel_position_work(cfg, seq_len: int) -> float:
+def _funnel_position_work(cfg, seq_len: int, last_decoder_queries: Optional[int] = None) -> float:
     """Forward FLOPs of one sequence's position work whose other factor is a constant, as counted by
     `flops_per_sequence`: relative_shift: the position keys W_r·R (2·R·d·H per layer application);
-    factorized: the products with the sinusoid factors (2·q·k·n·2d)."""
+    factorized: the products with the sinusoid factors (2·q·k·n·2d). `last_decoder_queries`: the last decoder
+    layer runs that many query rows (MLM rows, `FunnelDecoder`)."""
 
     def work(q, k, r):
         if cfg.attention_type == "relative_shift":
@@ -192,7 +193,10 @@ def _funnel_position_work(cfg, seq_len: int) -> float:
             applications -= 1
         total += applications * work(t, t, 2 * t)
         prev = t
-    return total + cfg.num_decoder_layers * work(seq_len, seq_len, 2 * seq_len)
+    total += cfg.num_decoder_layers * work(seq_len, seq_len, 2 * seq_len)
+    if last_decoder_queries is not None and cfg.num_decoder_layers:
+        total += work(last_decoder_queries, seq_len, 2 * seq_len) - work(seq_len, seq_len, 2 * seq_len)
+    return total
 
 
 def train_flops(config) -> float:
@@ -200,6 +204,8 @@ def train_flops(config) -> float:
     the math needs it: relative_shift's position keys W_r·R do not depend on the example (projected once per batch,
     weight gradient only: 2x); factorized's products with the constant sinusoid factors need the gradient w.r.t. the
     query side only (2x)."""
+    from xlgen.models.funnel.heads import predictions_per_row
+
     total = float(train_flops_per_step(config))
     cfg = config_from_model_section(config.model)
     nets = [cfg]
@@ -209,16 +215,21 @@ def train_flops(config) -> float:
         width = float((config.get("objective_options") or {}).get("generator_width", 0.25))
         nets.append(generator_config(cfg, width))
     batch, seq_len = int(config.data.batch_size), int(config.data.seq_len)
-    for net in nets:
-        work = _funnel_position_work(net, seq_len)
+    # the MLM model (or ELECTRA's generator) runs its last decoder layer's queries, FFN and softmax at the k
+    # predicted rows only (`funnel.heads.mlm_loss`); funnel_cost counts them at every position
+    k = predictions_per_row(config)
+    rows = k if k is not None and k < seq_len else None
+    for i, net in enumerate(nets):
+        work = _funnel_position_work(net, seq_len, rows if i == len(nets) - 1 else None)
         total -= (3.0 * batch - 2.0) * work if net.attention_type == "relative_shift" else batch * work
-    # funnel_cost puts the MLM softmax (and its d_model -> d_embed transform) at every position; with
-    # objective_options.max_predictions = k the heads run on the k selected positions only
-    k = int((config.get("objective_options") or {}).get("max_predictions", 0) or 0)
-    if 0 < k < seq_len:
-        mlm = nets[-1]  # the MLM model, or ELECTRA's generator
+    if rows is not None:
+        mlm = nets[-1]
         transform = mlm.d_model * mlm.embed_dim if (mlm.mlm_transform or mlm.embed_dim != mlm.d_model) else 0
-        total -= 3.0 * batch * (seq_len - k) * 2.0 * (mlm.embed_dim * mlm.vocab_size + transform)
+        total -= 3.0 * batch * (seq_len - rows) * 2.0 * (mlm.embed_dim * mlm.vocab_size + transform)
+        if mlm.num_decoder_layers:
+            full = _layer_flops(mlm, seq_len, seq_len, 2 * seq_len, mlm.attention_type)
+            at_rows = _layer_flops(mlm, rows, seq_len, 2 * seq_len, mlm.attention_type)
+            total -= 3.0 * batch * sum(full[key] - at_rows[key] for key in full)
     return total
 
 

@@ -34,6 +34,7 @@ from xlgen.models.funnel.model import (
     FunnelOutput,
     MLMHead,
     _default_inputs,
+    take_rows,
 )
 from xlgen.models.layers import Dense, activation
 
@@ -157,14 +158,29 @@ class FunnelForQuestionAnswering(nnx.Module):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _select_predictions(h: jax.Array, label_mask: jax.Array, max_predictions: Optional[int]):
-    """Gather the (at most `max_predictions`) positions with label_mask = 1 -> (h `[b, k, d]`, idx `[b, k]`,
-    weight `[b, k]`); identity when max_predictions is None. Keeps the [b, k, vocab] logits small."""
-    if max_predictions is None or max_predictions >= h.shape[1]:
-        idx = jnp.broadcast_to(jnp.arange(h.shape[1]), label_mask.shape)
-        return h, idx, label_mask.astype(jnp.float32)
-    weight, idx = jax.lax.top_k(label_mask.astype(jnp.float32), max_predictions)  # masked positions first
-    return jnp.take_along_axis(h, idx[..., None], axis=1), idx, weight
+def _prediction_rows(label_mask: jax.Array, max_predictions: Optional[int]):
+    """The (at most `max_predictions`) positions with label_mask = 1 per row -> (rows `[b, k]` int, weight `[b, k]`),
+    masked positions first; (None, label_mask) when max_predictions is None or >= T (predict at every position).
+    With rows, the model computes its last layer and the MLM softmax at those k positions only."""
+    if max_predictions is None or max_predictions >= label_mask.shape[1]:
+        return None, label_mask.astype(jnp.float32)
+    weight, rows = jax.lax.top_k(label_mask.astype(jnp.float32), max_predictions)
+    return rows, weight
+
+
+def predictions_per_row(config) -> Optional[int]:
+    """The `max_predictions` the MLM / ELECTRA objectives of a training config use: `objective_options.
+    max_predictions` when > 0; when 0 (default), the number every row of the `mlm` / `electra` pipeline predicts
+    (`data_pipelines.mlm_predictions_per_row`), which loses nothing; None (every position) when it is -1 or the
+    pipeline's count is unknown."""
+    import data_pipelines
+
+    k = int((config.get("objective_options") or {}).get("max_predictions", 0) or 0)
+    if k > 0:
+        return k
+    if k < 0:
+        return None
+    return data_pipelines.mlm_predictions_per_row(config.data)
 
 
 def _masked_mean(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -173,9 +189,9 @@ def _masked_mean(x: jax.Array, w: jax.Array) -> jax.Array:
 
 def mlm_loss(model: FunnelForMaskedLM, batch: dict, *, max_predictions: Optional[int] = None):
     """Mean cross-entropy over positions with `label_mask` = 1 (thesis J_MLM). Returns (loss, parts)."""
-    h = model.hidden(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))
-    h, idx, w = _select_predictions(h, jnp.asarray(batch["label_mask"]), max_predictions)
-    labels = jnp.take_along_axis(jnp.asarray(batch["labels"]), idx, axis=1)
+    rows, w = _prediction_rows(jnp.asarray(batch["label_mask"]), max_predictions)
+    h = model.hidden(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"), rows)
+    labels = jnp.asarray(batch["labels"]) if rows is None else take_rows(jnp.asarray(batch["labels"]), rows)
     logits = model.logits_from_hidden(h)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     loss = _masked_mean(nll, w)
@@ -209,9 +225,10 @@ class FunnelGenerator(nnx.Module):
         self.decoder = FunnelDecoder(cfg, rngs=rngs)
         self.lm_head = MLMHead(cfg, rngs=rngs)
 
-    def hidden(self, embedded, token_type_ids, attention_mask) -> jax.Array:
+    def hidden(self, embedded, token_type_ids, attention_mask, rows=None) -> jax.Array:
+        """Decoder output `[b, T, d]`, or `[b, k, d]` at positions `rows` `[b, k]` (see `FunnelDecoder`)."""
         enc, block1 = self.encoder(embedded, token_type_ids, attention_mask)
-        return self.decoder(enc, block1, token_type_ids, attention_mask)
+        return self.decoder(enc, block1, token_type_ids, attention_mask, rows)
 
 
 class FunnelElectra(nnx.Module):
@@ -257,9 +274,11 @@ def electra_loss(
     embed = disc.funnel.embeddings
     table = embed.word_embeddings[...]
 
-    gen_h = model.generator.hidden(embed(input_ids), token_type_ids, attention_mask)
-    gen_h, idx, w = _select_predictions(gen_h, label_mask, max_predictions)
-    tgt = jnp.take_along_axis(labels, idx, axis=1)
+    idx, w = _prediction_rows(label_mask, max_predictions)
+    gen_h = model.generator.hidden(embed(input_ids), token_type_ids, attention_mask, idx)
+    if idx is None:
+        idx = jnp.broadcast_to(jnp.arange(labels.shape[1]), labels.shape)
+    tgt = take_rows(labels, idx)
     gen_logits = model.generator.lm_head(gen_h, table)
     gen_loss = _masked_mean(optax.softmax_cross_entropy_with_integer_labels(gen_logits, tgt), w)
 

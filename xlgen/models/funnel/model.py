@@ -45,6 +45,7 @@ from xlgen.models.relative_attention import (
     factorized_position_encodings,
     factorized_position_scores,
     position_scores,
+    position_scores_at,
     relative_attention,
     segment_scores,
     sinusoid_embedding,
@@ -273,6 +274,9 @@ class AttentionInputs(NamedTuple):
     q_type: jax.Array  # [b, q] token types at the query positions
     k_type: jax.Array  # [b, k]
     key_real: jax.Array  # [b, k] 1 = real token (attention_mask at key positions)
+    # [b, q] int: per-row query positions (selected rows of a full-length layer: keys at 0..k-1, k_stride = shift
+    # = 1; q_pos unused), or None: the queries are at q_pos
+    q_rows: Optional[jax.Array] = None
 
     def segment_same(self) -> jax.Array:
         """[b, q, k] True where the segment term uses seg_embed[1] (same segment, or <cls> involved)."""
@@ -337,9 +341,12 @@ class FunnelAttention(RelativeMultiHeadAttention):
         b = self.biases(None)
         q_head, k_head, v_head = self.q(query), self.k(kv), self.v(kv)
         qlen, klen = query.shape[1], kv.shape[1]
+        rows = ai.q_rows
+        if rows is not None and (ai.k_stride != 1 or ai.shift != 1 or klen != len(ai.k_pos)):
+            raise ValueError("FunnelAttention: query rows (q_rows) need a full-length layer (stride 1, no pooling)")
         if self.attention_type == "factorized":
             (phi, pi), k_enc = factorized_position_encodings(
-                jnp.asarray(ai.q_pos), jnp.asarray(ai.k_pos), self.d_model, dtype
+                jnp.asarray(ai.q_pos) if rows is None else rows, jnp.asarray(ai.k_pos), self.d_model, dtype
             )
             pos = factorized_position_scores(
                 q_head,
@@ -348,14 +355,22 @@ class FunnelAttention(RelativeMultiHeadAttention):
                 (self.pos_drop(phi), self.pos_drop(pi)),
                 k_enc,
             )
-        else:
+        elif rows is None:
             dist = relative_distances(ai.q_pos, ai.k_pos, ai.k_stride, ai.shift)
             enc = self.pos_drop(sinusoid_embedding(jnp.asarray(dist), self.d_model, dtype))
             pos = position_scores(
                 q_head, self.position_heads(enc), b["r_r_bias"], klen=klen, offset=ai.shift * qlen, stride=ai.shift
             )
+        else:  # the full-length layer's distances klen, ..., -(klen-1); query at p reads from klen - p
+            dist = relative_distances(ai.k_pos, ai.k_pos, 1, 1)
+            enc = self.pos_drop(sinusoid_embedding(jnp.asarray(dist), self.d_model, dtype))
+            pos = position_scores_at(q_head, self.position_heads(enc), b["r_r_bias"], start=klen - rows, klen=klen)
         seg = segment_scores(q_head, self.seg_embed[...], b["r_s_bias"], ai.segment_same())
-        if self.separate_cls:  # func_mask: no position / segment bias on scores involving <cls>
+        if self.separate_cls and rows is not None:
+            keep = (rows > 0)[:, None, :, None] & (np.arange(klen) > 0)
+            pos = jnp.where(keep, pos, 0)
+            seg = jnp.where(keep, seg, 0)
+        elif self.separate_cls:  # func_mask: no position / segment bias on scores involving <cls>
             keep = np.pad(np.ones((qlen - 1, klen - 1), bool), ((1, 0), (1, 0)))
             pos = jnp.where(keep, pos, 0)
             seg = jnp.where(keep, seg, 0)
@@ -482,13 +497,25 @@ class FunnelDecoder(nnx.Module):
         self.cfg = cfg
         self.layers = nnx.List([FunnelLayer(cfg, rngs=rngs) for _ in range(cfg.num_decoder_layers)])
 
-    def __call__(self, final_hidden, block1_hidden, token_type_ids, attention_mask) -> jax.Array:
+    def __call__(self, final_hidden, block1_hidden, token_type_ids, attention_mask, rows=None) -> jax.Array:
+        """-> `[b, T, d]`, or with `rows` (int `[b, k]` positions) the output at those positions only, `[b, k, d]`:
+        the last layer then runs its queries, FFN and LayerNorms on those k rows (keys/values at all T), which
+        is all an MLM loss over k predicted positions needs."""
         seq_len = block1_hidden.shape[1]
         h = upsample(final_hidden, 2 ** (self.cfg.num_blocks - 1), seq_len, self.cfg) + block1_hidden
         ai = _full_length_inputs(seq_len, token_type_ids, attention_mask)
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for n, layer in enumerate(self.layers):
+            if rows is not None and n == last:
+                q_type = jnp.take_along_axis(token_type_ids, rows, axis=1)
+                return layer(take_rows(h, rows), h, ai._replace(q_type=q_type, q_rows=rows))
             h = layer(h, h, ai)
-        return h
+        return h if rows is None else take_rows(h, rows)
+
+
+def take_rows(h: jax.Array, rows: jax.Array) -> jax.Array:
+    """h `[b, T, ...]`, rows int `[b, k]` -> `[b, k, ...]`."""
+    return jnp.take_along_axis(h, rows.reshape(rows.shape + (1,) * (h.ndim - 2)), axis=1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -540,10 +567,13 @@ class FunnelModel(nnx.Module):
         self.encoder = FunnelEncoder(cfg, rngs=rngs)
         self.decoder = FunnelDecoder(cfg, rngs=rngs)
 
-    def encode_decode(self, embedded: jax.Array, token_type_ids, attention_mask) -> Tuple[jax.Array, jax.Array]:
-        """From embeddings `[b, T, d_embed]`: (decoder output `[b, T, d]`, encoder output `[b, T_M, d]`)."""
+    def encode_decode(
+        self, embedded: jax.Array, token_type_ids, attention_mask, rows=None
+    ) -> Tuple[jax.Array, jax.Array]:
+        """From embeddings `[b, T, d_embed]`: (decoder output `[b, T, d]` (`[b, k, d]` at `rows`, see
+        `FunnelDecoder`), encoder output `[b, T_M, d]`)."""
         enc, block1 = self.encoder(embedded, token_type_ids, attention_mask)
-        return self.decoder(enc, block1, token_type_ids, attention_mask), enc
+        return self.decoder(enc, block1, token_type_ids, attention_mask, rows), enc
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None) -> FunnelOutput:
         input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
@@ -581,8 +611,10 @@ class FunnelForMaskedLM(nnx.Module):
         self.funnel = FunnelModel(cfg, rngs=rngs)
         self.lm_head = MLMHead(cfg, rngs=rngs)
 
-    def hidden(self, input_ids, token_type_ids=None, attention_mask=None) -> jax.Array:
-        return self.funnel(input_ids, token_type_ids, attention_mask).last_hidden_state
+    def hidden(self, input_ids, token_type_ids=None, attention_mask=None, rows=None) -> jax.Array:
+        """Decoder output `[b, T, d]`, or `[b, k, d]` at positions `rows` `[b, k]` (computed there only)."""
+        input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
+        return self.funnel.encode_decode(self.funnel.embeddings(input_ids), token_type_ids, attention_mask, rows)[0]
 
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
         return self.lm_head(h, self.funnel.embeddings.word_embeddings[...])
