@@ -366,12 +366,11 @@ class FunnelAttention(RelativeMultiHeadAttention):
             enc = self.pos_drop(sinusoid_embedding(jnp.asarray(dist), self.d_model, dtype))
             pos = position_scores_at(q_head, self.position_heads(enc), b["r_r_bias"], start=klen - rows, klen=klen)
         seg = segment_scores(q_head, self.seg_embed[...], b["r_s_bias"], ai.segment_same())
-        if self.separate_cls and rows is not None:
-            keep = (rows > 0)[:, None, :, None] & (np.arange(klen) > 0)
-            pos = jnp.where(keep, pos, 0)
-            seg = jnp.where(keep, seg, 0)
-        elif self.separate_cls:  # func_mask: no position / segment bias on scores involving <cls>
-            keep = np.pad(np.ones((qlen - 1, klen - 1), bool), ((1, 0), (1, 0)))
+        if self.separate_cls:  # func_mask: no position / segment bias on scores involving <cls>
+            if rows is None:
+                keep = np.pad(np.ones((qlen - 1, klen - 1), bool), ((1, 0), (1, 0)))
+            else:
+                keep = (rows > 0)[:, None, :, None] & (np.arange(klen) > 0)
             pos = jnp.where(keep, pos, 0)
             seg = jnp.where(keep, seg, 0)
         mask = (ai.key_real == 0)[:, None, None, :]
