@@ -142,10 +142,11 @@ def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, 
 
 def mlm_predictions_per_row(data_config) -> Optional[int]:
     """The number of predicted positions in every row of an `mlm` / `electra` pipeline of this config (see
-    `mlm.predictions_per_row`), or None for other pipelines."""
-    cfg = _resolve(data_config)
-    if cfg.pipeline not in ("mlm", "electra"):
+    `mlm.predictions_per_row`), or None for other pipelines (and other data configs, e.g. a finetuning task's)."""
+    d = data_config.to_dict() if hasattr(data_config, "to_dict") else dict(data_config)
+    if d.get("pipeline", "lm") not in ("mlm", "electra"):
         return None
+    cfg = _resolve(d)
     from data_pipelines import mlm
 
     return mlm.predictions_per_row(cfg.seq_len, cfg.mask_prob, cfg.segment_pairs)

@@ -272,6 +272,7 @@ def test_mlm_masking(char_stream):
     cfg = dict(pipeline="mlm", seq_len=66, segment_pairs=False)
     assert dp.mlm_predictions_per_row(cfg) == round(0.15 * 64) == mlm.predictions_per_row(66, 0.15, False)
     assert dp.mlm_predictions_per_row(dict(pipeline="lm")) is None
+    assert dp.mlm_predictions_per_row(dict(max_seq_length=512, doc_stride=128)) is None  # a finetuning task's data
     assert (b["labels"][:, 0] == p.cls_id).all() and (b["labels"][:, -1] == p.sep_id).all()
     np.testing.assert_array_equal(b["input_ids"][~lm_], b["labels"][~lm_])
     changed = b["input_ids"][lm_]
