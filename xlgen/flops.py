@@ -23,9 +23,9 @@ LAST layer's content stream (q, o, scores, values, ffn) is not counted: nothing 
 the query stream (its keys and values are, the query stream attends to them).
 
 Funnel: `xlgen.models.funnel.cost` (per-block cost with pooling), with the position work that multiplies constants
-(sinusoids) counted with one gradient only, and the MLM softmax at the `objective_options.max_predictions` selected
-positions when set (`funnel.cost.train_flops`; with 0, the default, the implementation computes logits at every
-position and that is counted).
+(sinusoids) counted with one gradient only, and the MLM softmax and the last decoder layer's queries, FFN and
+LayerNorms at the k predicted rows per sequence (`funnel.heads.predictions_per_row`: `objective_options.
+max_predictions`, by default the mlm pipeline's own count; -1 = every position; `funnel.cost.train_flops`).
 
 The formulas live with each family (`xlgen.models.<family>.cost`, registered as `Family.train_flops`; the shared
 counting primitives in `xlgen.models.cost`); `train_flops_per_step` asks the registry.
