@@ -315,19 +315,15 @@ def _mlm_batch_spec(config, split):
     }
 
 
-def _max_predictions(config):
-    return predictions_per_row(config)
-
-
 def _funnel_mlm_loss(model, batch, mems, rng, config):
-    loss, parts = mlm_loss(model, batch, max_predictions=_max_predictions(config))
+    loss, parts = mlm_loss(model, batch, max_predictions=predictions_per_row(config))
     return loss, {k: v for k, v in parts.items() if k != "mlm_loss"}, None
 
 
 def _funnel_mlm_weight(batch, config):
     """The number of predicted positions (at most `max_predictions` per row, as `funnel.heads.mlm_loss`)."""
     w = batch["label_mask"].astype(jnp.float32)
-    k = _max_predictions(config)
+    k = predictions_per_row(config)
     if k is not None and k < w.shape[1]:
         w = jax.lax.top_k(w, k)[0]
     return w.sum()
@@ -344,7 +340,7 @@ def _funnel_electra_loss(model, batch, mems, rng, config):
         model,
         batch,
         jax.random.fold_in(rng, 0x5A3),
-        max_predictions=_max_predictions(config),
+        max_predictions=predictions_per_row(config),
         disc_target=config.objective_options.get("disc_target", "original"),
     )
     return loss, parts, None

@@ -574,9 +574,10 @@ class FunnelModel(nnx.Module):
         enc, block1 = self.encoder(embedded, token_type_ids, attention_mask)
         return self.decoder(enc, block1, token_type_ids, attention_mask, rows), enc
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None) -> FunnelOutput:
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, rows=None) -> FunnelOutput:
+        """`rows` (int `[b, k]`): `last_hidden_state` `[b, k, d]` at those positions only (see `FunnelDecoder`)."""
         input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
-        dec, enc = self.encode_decode(self.embeddings(input_ids), token_type_ids, attention_mask)
+        dec, enc = self.encode_decode(self.embeddings(input_ids), token_type_ids, attention_mask, rows)
         return FunnelOutput(last_hidden_state=dec, encoder_last_hidden_state=enc)
 
 
@@ -612,8 +613,7 @@ class FunnelForMaskedLM(nnx.Module):
 
     def hidden(self, input_ids, token_type_ids=None, attention_mask=None, rows=None) -> jax.Array:
         """Decoder output `[b, T, d]`, or `[b, k, d]` at positions `rows` `[b, k]` (computed there only)."""
-        input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
-        return self.funnel.encode_decode(self.funnel.embeddings(input_ids), token_type_ids, attention_mask, rows)[0]
+        return self.funnel(input_ids, token_type_ids, attention_mask, rows).last_hidden_state
 
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
         return self.lm_head(h, self.funnel.embeddings.word_embeddings[...])
