@@ -91,3 +91,40 @@ def test_electra_losses_weighted_by_disc_coeff_fall_and_resume_is_bitwise_exact(
     for s in range(K + 1, STEPS + 1):
         for key in ("loss", "gen_loss", "disc_loss", "disc_accuracy", "grad_norm"):
             assert b[s][key] == a[s][key], (s, key)
+
+
+def test_mlm_eval_at_predicted_rows_equals_every_position():
+    """The MLM eval loss runs the last decoder layer at the pipeline's per-row count of predicted rows; on the `mlm`
+    pipeline's eval batches (every row predicts that many) its summed NLL and count equal every position's."""
+    import jax
+    from flax import nnx
+
+    import data_pipelines
+    from xlgen.config import load_config
+    from xlgen.models.funnel.heads import mlm_loss
+    from xlgen.train import loop
+    from xlgen.train.objectives import get_objective
+
+    over = {k: str(v) for k, v in TINY_FUNNEL.items()}
+    config = load_config(f"{REPO}/configs/pretrain/funnel_tiny.py", {**over, "objective_options.max_predictions": "2"})
+    k = data_pipelines.mlm_predictions_per_row(config.data)
+    assert k is not None and 2 < k < int(config.data.seq_len)
+    objective = get_objective(config)
+    model = objective.make_model(config, nnx.Rngs(0), False)
+    model.eval()
+    batch = {n: jax.numpy.asarray(v) for n, v in loop.make_pipeline(config.data, "valid").batch(0).items()}
+    assert (np.asarray(batch["label_mask"]).sum(1) == k).all()
+    total, count, _ = objective.eval_loss(model, batch, None, config)
+    full, _ = mlm_loss(model, batch)
+    n = float(np.asarray(batch["label_mask"]).sum())
+    assert float(count) == n  # not training's max_predictions=2
+    np.testing.assert_allclose(float(total), float(full) * n, rtol=1e-5)
+    graphdef, state = nnx.split(model)
+
+    def flops(fn):
+        run = jax.jit(lambda state, batch: fn(nnx.merge(graphdef, state), batch))
+        return run.lower(state, batch).compile().cost_analysis()["flops"]
+
+    rows = flops(lambda m, b: objective.eval_loss(m, b, None, config)[0])
+    every = flops(lambda m, b: mlm_loss(m, b)[0])
+    assert rows < 0.9 * every, (rows, every)  # the last decoder layer and the softmax at k of 32 rows

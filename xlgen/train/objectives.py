@@ -320,18 +320,28 @@ def _funnel_mlm_loss(model, batch, mems, rng, config):
     return loss, {k: v for k, v in parts.items() if k != "mlm_loss"}, None
 
 
-def _funnel_mlm_weight(batch, config):
-    """The number of predicted positions (at most `max_predictions` per row, as `funnel.heads.mlm_loss`)."""
+def _predicted_count(batch, k: Optional[int]):
+    """The number of predicted positions, at most k per row (None: all), as `funnel.heads.mlm_loss` counts them."""
     w = batch["label_mask"].astype(jnp.float32)
-    k = predictions_per_row(config)
     if k is not None and k < w.shape[1]:
         w = jax.lax.top_k(w, k)[0]
     return w.sum()
 
 
+def _funnel_mlm_weight(batch, config):
+    return _predicted_count(batch, predictions_per_row(config))
+
+
 def _funnel_mlm_eval(model, batch, mems, config):
-    loss, _ = mlm_loss(model, batch)
-    count = batch["label_mask"].astype(jnp.float32).sum()
+    """(summed NLL, count) over every predicted position. The last decoder layer runs at the pipeline's per-row
+    count of rows (`data_pipelines.mlm_predictions_per_row`: every `mlm` row predicts exactly that many, so the
+    values are those of every position, to float rounding), whatever `max_predictions` training uses; data of
+    another pipeline computes every position."""
+    import data_pipelines
+
+    k = data_pipelines.mlm_predictions_per_row(config.data)
+    loss, _ = mlm_loss(model, batch, max_predictions=k)
+    count = _predicted_count(batch, k)
     return loss * count, count, None
 
 
