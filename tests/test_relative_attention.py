@@ -213,28 +213,6 @@ def test_relative_shift_has_no_gather():
     assert "gather" not in hlo
 
 
-def test_row_windows_definition_gradient_and_index_size():
-    """out[b,h,i,j] = x[b,h,i,start[b,i]+j] with starts at both ends of their range; the vjp adds each cotangent back
-    at its source; the program's integer arrays are the `[b, q]` starts, not one index per output element (what
-    `take_along_axis` built: `[b,n,q,width,4]`)."""
-    rng = np.random.default_rng(7)
-    b, n, q, r, width = 2, 3, 4, 11, 6
-    x = jnp.asarray(rng.normal(size=(b, n, q, r)).astype(np.float32))
-    start = np.array([[0, 5, 2, 5], [1, 0, 3, 4]], np.int32)
-    out = np.asarray(jax.jit(ra.row_windows, static_argnums=2)(x, jnp.asarray(start), width))
-    assert out.shape == (b, n, q, width)
-    for bi, h, i, j in itertools.product(range(b), range(n), range(q), range(width)):
-        assert out[bi, h, i, j] == np.asarray(x)[bi, h, i, start[bi, i] + j]
-    g = rng.normal(size=(b, n, q, width)).astype(np.float32)
-    grad = np.zeros((b, n, q, r), np.float32)
-    for bi, h, i, j in itertools.product(range(b), range(n), range(q), range(width)):
-        grad[bi, h, i, start[bi, i] + j] += g[bi, h, i, j]
-    _, vjp = jax.vjp(lambda x: ra.row_windows(x, jnp.asarray(start), width), x)
-    np.testing.assert_allclose(np.asarray(vjp(jnp.asarray(g))[0]), grad, rtol=0, atol=1e-6)
-    hlo = jax.jit(jax.grad(lambda x, s: jnp.sum(ra.row_windows(x, s, width) ** 2))).lower(x, start).compile().as_text()
-    assert "s32[2,4,1]" in hlo and f"s32[{b},{n},{q},{width}" not in hlo
-
-
 def test_attention_matches_naive_softmax():
     rng = np.random.default_rng(3)
     b, qlen, klen, n, dh = 2, 3, 5, 2, 4

@@ -44,7 +44,6 @@ from xlgen.models.relative_attention import (
     position_key_operand,
     relative_attention,
     relative_position_sequence,
-    row_windows,
     segment_scores,
     shift_offset,
     sinusoid_embedding,
@@ -301,12 +300,11 @@ def query_stream_attention(
     b = attn.biases(shared_biases)
     q_head = attn.q(g)  # [b,m,n,d]
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
-    # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift). With
-    # "uni" distances (r = klen + 1) a window runs past the end for keys after the target, which the causal mask
-    # hides: pad so that every window (z >= 0) fits.
-    if offset + klen > raw.shape[-1]:
-        raw = jnp.pad(raw, [(0, 0)] * 3 + [(0, offset + klen - raw.shape[-1])])
-    position_term = row_windows(raw, offset - ctx["target_pos"], klen)
+    # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift).
+    idx = offset - ctx["target_pos"][:, :, None] + jnp.arange(klen)[None, None, :]  # [b,m,k]
+    idx = jnp.clip(idx, 0, raw.shape[-1] - 1)  # out-of-range rows only occur where the causal mask applies
+    idx = jnp.broadcast_to(idx[:, None], raw.shape[:3] + (klen,))
+    position_term = jnp.take_along_axis(raw, idx, axis=-1)
     segment_term = None
     if ctx["seg_rows"] is not None:
         segment_term = segment_scores(q_head, attn.seg_embed[...], b["r_s_bias"], ctx["seg_rows"])
