@@ -506,7 +506,7 @@ class FunnelDecoder(nnx.Module):
         last = len(self.layers) - 1
         for n, layer in enumerate(self.layers):
             if rows is not None and n == last:
-                q_type = jnp.take_along_axis(token_type_ids, rows, axis=1)
+                q_type = take_rows(token_type_ids, rows)
                 return layer(take_rows(h, rows), h, ai._replace(q_type=q_type, q_rows=rows))
             h = layer(h, h, ai)
         return h if rows is None else take_rows(h, rows)
