@@ -54,7 +54,7 @@ demo: $(DEMO_STAMP)
 # MFU against the measured matmul peak, XLNet-Large compile time. Results in bench_results/*.json.
 bench: $(STAMP)
 	$(VENV)/bin/xlgen bench --standard --out_dir=bench_results --into=docs/performance.md \
-	    $(if $(BEFORE),--before=$(BEFORE),)
+	    $(if $(BEFORE),--before=$(BEFORE),) $(if $(BEFORE_LABEL),--before_label="$(BEFORE_LABEL)",)
 
 clean:
 	rm -rf $(VENV) workdirs .pytest_cache
