@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xlgen.models import registry
-from xlgen.models.funnel.heads import electra_loss, mlm_loss, predictions_per_row
+from xlgen.models.funnel.heads import electra_loss, mlm_loss, prediction_count, predictions_per_row
 
 Batch = Dict[str, jax.Array]
 ShapeDtype = Tuple[Tuple[int, ...], Any]
@@ -320,16 +320,8 @@ def _funnel_mlm_loss(model, batch, mems, rng, config):
     return loss, {k: v for k, v in parts.items() if k != "mlm_loss"}, None
 
 
-def _predicted_count(batch, k: Optional[int]):
-    """The number of predicted positions, at most k per row (None: all), as `funnel.heads.mlm_loss` counts them."""
-    w = batch["label_mask"].astype(jnp.float32)
-    if k is not None and k < w.shape[1]:
-        w = jax.lax.top_k(w, k)[0]
-    return w.sum()
-
-
 def _funnel_mlm_weight(batch, config):
-    return _predicted_count(batch, predictions_per_row(config))
+    return prediction_count(batch["label_mask"], predictions_per_row(config))
 
 
 def _funnel_mlm_eval(model, batch, mems, config):
@@ -341,7 +333,7 @@ def _funnel_mlm_eval(model, batch, mems, config):
 
     k = data_pipelines.mlm_predictions_per_row(config.data)
     loss, _ = mlm_loss(model, batch, max_predictions=k)
-    count = _predicted_count(batch, k)
+    count = prediction_count(batch["label_mask"], k)
     return loss * count, count, None
 
 

@@ -168,6 +168,11 @@ def _prediction_rows(label_mask: jax.Array, max_predictions: Optional[int]):
     return rows, weight
 
 
+def prediction_count(label_mask: jax.Array, max_predictions: Optional[int]) -> jax.Array:
+    """The number of positions `mlm_loss` / `electra_loss` score: label_mask = 1, at most `max_predictions` per row."""
+    return _prediction_rows(jnp.asarray(label_mask), max_predictions)[1].sum()
+
+
 def predictions_per_row(config) -> Optional[int]:
     """The `max_predictions` the MLM / ELECTRA objectives of a training config use: `objective_options.
     max_predictions` when > 0; when 0 (default), the number every row of the `mlm` / `electra` pipeline predicts
