@@ -75,69 +75,82 @@ def _resolve(data_config) -> ml_collections.ConfigDict:
     return cfg
 
 
+def lm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
+    """Transformer-XL's stream (`data_pipelines.lm`): contiguous token segments per row, resumed across steps."""
+    from data_pipelines import corpus, lm
+
+    train = split == "train"
+    return lm.LMStreamPipeline(
+        corpus.corpus_from_config(cfg, split, "lm"),
+        global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
+        tgt_len=cfg.tgt_len if train else cfg.eval_tgt_len,
+        seed=cfg.seed,
+        process_index=process_index,
+        process_count=process_count,
+        rotate_passes=cfg.rotate_passes and train,
+        finite=not train,
+    )
+
+
+def xlnet_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
+    """XLNet's permutation-LM rows (`data_pipelines.xlnet`)."""
+    from data_pipelines import corpus, xlnet
+
+    train = split == "train"
+    return xlnet.XLNetPipeline(
+        corpus.corpus_from_config(cfg, split, "sentences"),
+        global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
+        seq_len=cfg.seq_len,
+        reuse_len=cfg.reuse_len,
+        perm_size=cfg.perm_size,
+        num_predict=cfg.num_predict,
+        mask_alpha=cfg.mask_alpha,
+        mask_beta=cfg.mask_beta,
+        max_gram=cfg.max_gram,
+        bi_data=cfg.bi_data,
+        span_unit=cfg.span_unit,
+        exact_num_predict=cfg.exact_num_predict,
+        seed=cfg.seed if train else cfg.seed + 1,
+        process_index=process_index,
+        process_count=process_count,
+        num_steps=None if train else (cfg.eval_steps or None),
+        finite=not train,
+    )
+
+
+def mlm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
+    """Funnel's MLM / ELECTRA inputs (`data_pipelines.mlm`)."""
+    from data_pipelines import corpus, mlm
+
+    train = split == "train"
+    return mlm.MLMPipeline(
+        corpus.corpus_from_config(cfg, split, "sentences" if cfg.segment_pairs else "lm"),
+        global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
+        seq_len=cfg.seq_len,
+        mask_prob=cfg.mask_prob,
+        random_prob=cfg.random_prob,
+        keep_prob=cfg.keep_prob,
+        seed=cfg.seed if train else cfg.seed + 1,
+        process_index=process_index,
+        process_count=process_count,
+        shuffle=train,
+        num_steps=None if train else (cfg.eval_steps or None),
+        segment_pairs=cfg.segment_pairs,
+        hide_masks_from_attention=cfg.hide_masks_from_attention,
+    )
+
+
+# `data.pipeline` -> constructor (resolved data config, split, process_index, process_count) -> pipeline. Objectives
+# name the stream they read (`xlgen.models.family.Objective.pipeline`); `config.data.pipeline` follows it.
+PIPELINES = {"lm": lm_pipeline, "xlnet": xlnet_pipeline, "mlm": mlm_pipeline, "electra": mlm_pipeline}
+
+
 def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, process_count: int = 1):
-    """Builds the pipeline for `data_config.pipeline` and `split` ("train" or "valid")."""
+    """Builds the pipeline for `data_config.pipeline` and `split` ("train", "valid" or "test")."""
     cfg = _resolve(data_config)
     if split not in ("train", "valid", "test"):
         raise ValueError(f"split={split!r}: expected train, valid or test")
-    train = split == "train"
-    if cfg.pipeline == "lm":
-        from data_pipelines import corpus, lm
-
-        c = corpus.corpus_from_config(cfg, split, "lm")
-        return lm.LMStreamPipeline(
-            c,
-            global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
-            tgt_len=cfg.tgt_len if train else cfg.eval_tgt_len,
-            seed=cfg.seed,
-            process_index=process_index,
-            process_count=process_count,
-            rotate_passes=cfg.rotate_passes and train,
-            finite=not train,
-        )
-    if cfg.pipeline == "xlnet":
-        from data_pipelines import corpus, xlnet
-
-        c = corpus.corpus_from_config(cfg, split, "sentences")
-        return xlnet.XLNetPipeline(
-            c,
-            global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
-            seq_len=cfg.seq_len,
-            reuse_len=cfg.reuse_len,
-            perm_size=cfg.perm_size,
-            num_predict=cfg.num_predict,
-            mask_alpha=cfg.mask_alpha,
-            mask_beta=cfg.mask_beta,
-            max_gram=cfg.max_gram,
-            bi_data=cfg.bi_data,
-            span_unit=cfg.span_unit,
-            exact_num_predict=cfg.exact_num_predict,
-            seed=cfg.seed if train else cfg.seed + 1,
-            process_index=process_index,
-            process_count=process_count,
-            num_steps=None if train else (cfg.eval_steps or None),
-            finite=not train,
-        )
-    if cfg.pipeline in ("mlm", "electra"):
-        from data_pipelines import corpus, mlm
-
-        c = corpus.corpus_from_config(cfg, split, "sentences" if cfg.segment_pairs else "lm")
-        return mlm.MLMPipeline(
-            c,
-            global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
-            seq_len=cfg.seq_len,
-            mask_prob=cfg.mask_prob,
-            random_prob=cfg.random_prob,
-            keep_prob=cfg.keep_prob,
-            seed=cfg.seed if train else cfg.seed + 1,
-            process_index=process_index,
-            process_count=process_count,
-            shuffle=train,
-            num_steps=None if train else (cfg.eval_steps or None),
-            segment_pairs=cfg.segment_pairs,
-            hide_masks_from_attention=cfg.hide_masks_from_attention,
-        )
-    raise AssertionError(cfg.pipeline)
+    return PIPELINES[cfg.pipeline](cfg, split, process_index, process_count)
 
 
 def mlm_predictions_per_row(data_config) -> Optional[int]:
@@ -154,4 +167,4 @@ def mlm_predictions_per_row(data_config) -> Optional[int]:
 
 from data_pipelines.prefetch import prefetch  # noqa: E402
 
-__all__ = ["make_pipeline", "default_config", "mlm_predictions_per_row", "prefetch"]
+__all__ = ["PIPELINES", "make_pipeline", "default_config", "mlm_predictions_per_row", "prefetch"]

@@ -85,6 +85,15 @@ def atomic_write_text(path, text: str, encoding: str = "utf-8") -> None:
     atomic_write_bytes(path, text.encode(encoding))
 
 
+def atomic_write_figure(path, fig, **savefig_kwargs) -> None:
+    """A matplotlib figure written atomically to `path` (its format from the suffix), replacing any old file."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=os.path.splitext(str(path))[1].lstrip(".") or "png", **savefig_kwargs)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def write_json_atomic(path, obj) -> None:
     """`obj` as indented, key-sorted JSON (+ newline), written atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

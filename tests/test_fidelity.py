@@ -255,14 +255,14 @@ def test_funnel_pretraining_rows_are_segment_pairs_and_train_both_seg_embed_slot
     from flax import nnx
 
     import data_pipelines
-    from xlgen.train.objectives import get_objective
+    from xlgen import registry
 
     config = _funnel_config()
     pipe = data_pipelines.make_pipeline(config.data)
     batch = pipe.batch(3)
     again = data_pipelines.make_pipeline(config.data).batch(3)
     assert all(np.array_equal(batch[k], again[k]) for k in batch)  # a pure function of (seed, step, row)
-    obj = get_objective(config)
+    obj = registry.objective(config)
 
     def seg_embed_grads(batch):  # init + gradient in one compiled program (eager init is slow)
         model = obj.make_model(config, nnx.Rngs(0), True)
@@ -473,12 +473,12 @@ def test_xlnet_pretraining_memory_settings_are_cross_checked(model_reuse):
     whole segment, A/B and separators included); a mismatch is a clear error naming both keys."""
     from test_train_utils import REPO
 
+    from xlgen import registry
     from xlgen.config import load_config
-    from xlgen.train.objectives import get_objective
     from xlgen.train.program import abstract_model
 
     config = load_config(f"{REPO}/configs/pretrain/xlnet_tiny.py", {})
-    obj = get_objective(config)
+    obj = registry.objective(config)
     abstract_model(lambda r: obj.make_model(config, r, True), train=True)  # the shipped config is consistent
     with config.unlocked():
         config.model.reuse_len = model_reuse

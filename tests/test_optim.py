@@ -14,14 +14,14 @@ RATE = 0.5
 
 
 def _meta(config_file, model=None, **over):
+    from xlgen import registry
     from xlgen.config import load_config
-    from xlgen.train.objectives import get_objective
     from xlgen.train.program import abstract_model
 
     config = load_config(f"{REPO}/configs/pretrain/{config_file}", {k: str(v) for k, v in over.items()})
     with config.unlocked():
         config.model.update(model or {})
-    obj = get_objective(config)
+    obj = registry.objective(config)
     return abstract_model(lambda r: obj.make_model(config, r, True), train=True).meta()
 
 

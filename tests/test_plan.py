@@ -365,7 +365,7 @@ def _load(name, *overrides):
 
 @pytest.mark.parametrize("name", PAPER_CONFIGS)
 def test_paper_configs_load_and_validate(name):
-    from xlgen.train.objectives import model_config
+    from xlgen.registry import model_config
 
     c = _load(name)
     model_config(c)  # every model key is a field of the family's config, values validated
@@ -425,9 +425,9 @@ def test_paper_parameter_counts(name, millions):
     """Parameter counts of the abstract models match the thesis tables (3.2: 41M, 277M)."""
     from flax import nnx
 
-    from xlgen.train.objectives import get_objective
+    from xlgen import registry
 
     c = _load(name, "--config.model.scan_layers=True")  # same parameters, stacked: much faster to build abstractly
-    model = nnx.eval_shape(lambda: get_objective(c).make_model(c, nnx.Rngs(0), True))
+    model = nnx.eval_shape(lambda: registry.objective(c).make_model(c, nnx.Rngs(0), True))
     n = sum(math.prod(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert n / 1e6 == pytest.approx(millions, rel=0.01)

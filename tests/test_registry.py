@@ -1,4 +1,4 @@
-"""The model-family registry (`xlgen.models.registry`) and the one module <-> flat-parameters path
+"""The registry of systems (`xlgen.registry`) and the one module <-> flat-parameters path
 (`xlgen.models.params`). Cheap: abstract models (`nnx.eval_shape`) and NumPy only, nothing compiled."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from xlgen.models import registry
+from xlgen import registry
 from xlgen.models.params import flat_params, materialize, stack_layers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,3 +115,53 @@ def test_no_model_module_is_imported_by_string():
                     ):
                         offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_objectives_belong_to_their_family_and_name_their_stream():
+    """`config.model.family` + `config.objective` select one entry; each built-in objective names its data stream."""
+    from ml_collections import ConfigDict
+
+    import data_pipelines
+
+    streams = {"txl_lm": "lm", "xlnet_plm": "xlnet", "funnel_mlm": "mlm", "funnel_electra": "electra"}
+    for name in registry.names():
+        fam = registry.get(name)
+        assert fam.default_objective in fam.objectives
+        for obj_name, obj in fam.objectives.items():
+            assert obj.name == obj_name and obj.pipeline in data_pipelines.PIPELINES
+            assert streams[obj_name] == obj.pipeline
+            config = ConfigDict({"model": {"family": name}, "objective": obj_name})
+            assert registry.objective(config) is obj
+        assert (
+            registry.objective(ConfigDict({"model": {"family": name}, "objective": ""})).name == fam.default_objective
+        )
+        assert registry.objective(ConfigDict({"model": {"family": name}, "objective": "finetune"})).name == "finetune"
+    with pytest.raises(ValueError, match=r"objective='xlnet_plm': not an objective of model.family='funnel'"):
+        registry.objective(ConfigDict({"model": {"family": "funnel"}, "objective": "xlnet_plm"}))
+
+
+def test_data_pipeline_follows_the_objective():
+    """ELECTRA on an MLM data section switches the stream (same keys); an objective on another stream's keys is a
+    one-line error naming both."""
+    from xlgen.config import ConfigError, load_config
+
+    c = load_config(os.path.join(ROOT, "configs/pretrain/funnel_tiny.py"), ["--config.objective=funnel_electra"])
+    assert c.data.pipeline == "electra"
+    c = load_config(os.path.join(ROOT, "configs/pretrain/funnel_tiny.py"))
+    assert c.data.pipeline == "mlm"
+    with pytest.raises(ConfigError, match=r"config.data.pipeline='lm': objective 'xlnet_plm' reads the 'xlnet'"):
+        load_config(os.path.join(ROOT, "configs/pretrain/txl_tiny.py"), ["--config.model.family=xlnet"])
+
+
+def test_a_run_imports_only_its_own_system():
+    """The registry names systems by module path; asking for one imports that one only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from xlgen import registry; registry.get('xlnet'); "
+        "print(sorted(m for m in ('xlgen.models.xlnet', 'xlgen.models.funnel', 'xlgen.models.transformer_xl') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "['xlgen.models.xlnet']", out.stdout + out.stderr

@@ -100,19 +100,19 @@ def test_mlm_eval_at_predicted_rows_equals_every_position():
     from flax import nnx
 
     import data_pipelines
+    from xlgen import registry
     from xlgen.config import load_config
     from xlgen.models.funnel.heads import mlm_loss
     from xlgen.train import loop
-    from xlgen.train.objectives import get_objective
 
     over = {k: str(v) for k, v in TINY_FUNNEL.items()}
     config = load_config(f"{REPO}/configs/pretrain/funnel_tiny.py", {**over, "objective_options.max_predictions": "2"})
     k = data_pipelines.mlm_predictions_per_row(config.data)
     assert k is not None and 2 < k < int(config.data.seq_len)
-    objective = get_objective(config)
+    objective = registry.objective(config)
     model = objective.make_model(config, nnx.Rngs(0), False)
     model.eval()
-    batch = {n: jax.numpy.asarray(v) for n, v in loop.make_pipeline(config.data, "valid").batch(0).items()}
+    batch = {n: jax.numpy.asarray(v) for n, v in loop.make_pipeline(config, "valid").batch(0).items()}
     assert (np.asarray(batch["label_mask"]).sum(1) == k).all()
     total, count, _ = objective.eval_loss(model, batch, None, config)
     full, _ = mlm_loss(model, batch)

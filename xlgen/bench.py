@@ -36,6 +36,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
+from data_pipelines import paths
 from xlgen import platforms
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -216,7 +217,7 @@ class HFTrain:
         self.mems = None
         from xlgen.train import loop
 
-        self.pipe = loop.make_pipeline(config.data, "train")
+        self.pipe = loop.make_pipeline(config, "train")
         self.tokens_per_step = int(d.batch_size) * int(d.seq_len)
         self.step = 0
 
@@ -773,10 +774,7 @@ def write_into(path: str, after: Dict[str, Any], before: Optional[Dict[str, Any]
         text = pre + "\n".join(block) + post
     else:
         text = text.rstrip() + "\n\n" + "\n".join(block) + "\n"
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    paths.atomic_write_text(path, text)
 
 
 def run_standard(
@@ -921,11 +919,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
     )
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(res, f, indent=1, default=str)
-        os.replace(tmp, args.json)
+        paths.atomic_write_text(args.json, json.dumps(res, indent=1, default=str))
     return 0
 
 

@@ -206,7 +206,36 @@ def load_config(path: str, overrides: Dict[str, str] | Sequence[str] = ()) -> Co
         overrides, rest = parse_overrides(overrides)
         if rest:
             raise ConfigError(f"not config overrides: {rest}")
-    return apply_overrides(config, overrides)
+    return follow_objective(apply_overrides(config, overrides))
+
+
+def follow_objective(config: ConfigDict) -> ConfigDict:
+    """`config.data.pipeline` follows the run's objective (`xlgen.registry.objective`): the objective names the stream
+    it reads, so a config cannot pair it with another. A config whose data section holds the keys of another
+    pipeline with the same keys (mlm <-> electra) is switched; one with different keys is an error naming both."""
+    model, data = config.get("model"), config.get("data")
+    if model is None or data is None or "pipeline" not in data or "family" not in model:
+        return config
+    from xlgen import registry
+
+    try:
+        objective = registry.objective(config)
+    except ValueError:
+        return config  # an unknown family / objective is reported where the run is built, with its valid names
+    want, have = objective.pipeline, data.pipeline
+    if not isinstance(want, str) or want == have:
+        return config
+    import data_pipelines
+
+    if have in data_pipelines.PIPELINES and set(data_pipelines.default_config(have)) == set(
+        data_pipelines.default_config(want)
+    ):
+        config.data.pipeline = want  # an existing key: allowed on a locked ConfigDict too
+        return config
+    raise ConfigError(
+        f"config.data.pipeline={have!r}: objective {objective.name!r} reads the {want!r} stream; start config.data "
+        f"from data_pipelines.default_config({want!r}) (or choose an objective of {have!r} data)"
+    )
 
 
 def check_keys(config: ConfigDict, schema: ConfigDict, where: str) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from xlgen.models import registry
+from xlgen import registry
 from xlgen.models.params import flat_params  # noqa: F401  (re-exported: the writers' shared helper)
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -166,12 +166,12 @@ def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
         vocab = wordpiece.get_vocab()
         with open(os.path.join(out_dir, "vocab.txt"), "w", encoding="utf-8") as f:
             f.write("".join(piece + "\n" for piece, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
-        cls = "FunnelTokenizer" if model_type == "funnel" else "BertTokenizer"
-        cfg = {"tokenizer_class": cls, "do_lower_case": lower, "strip_accents": None}
+        wp = dict(registry.by_hf_model_type(model_type).hf_wordpiece) if model_type else {}
+        cfg = {"tokenizer_class": wp.pop("tokenizer_class", "BertTokenizer"), "do_lower_case": lower}
+        cfg["strip_accents"] = None
         specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]"}
         specials["mask_token"] = "[MASK]"
-        if model_type == "funnel":  # FunnelTokenizer's own defaults are <unk>, <sep>, ...: name the file's pieces
-            specials.update({"bos_token": "[CLS]", "eos_token": "[SEP]"})
+        specials.update(wp)  # the family's own tokenizer class and the special pieces it must be told
         files.append("vocab.txt")
     elif isinstance(tokenizer, vocab_lib.SymbolVocab):
         with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from xlgen.models import registry
+from xlgen import registry
 from xlgen.models.cost import adaptive_softmax_fwd, zipf_share
 from xlgen.models.funnel.cost import train_flops as funnel_train_flops
 from xlgen.models.transformer_xl.cost import txl_train_flops

@@ -167,7 +167,7 @@ def layer_ids(
 
     meta: {dotted name: (shape, logical axes)} (what `ModelSpec.meta()` returns). The numbering is the family's
     (`Family.layer_ids` in the registry; see the module docstring)."""
-    from xlgen.models import registry
+    from xlgen import registry
 
     if family not in registry.names():
         raise ValueError(f"layer_ids: family={family!r}: expected one of {registry.names()}")
@@ -191,7 +191,7 @@ def layer_decay_scales(
     rate 1.0 needs no numbering (all 1.0); any other rate needs a family `layer_ids` knows."""
     if rate == 1.0:
         return {name: np.float32(1.0) for name in meta}
-    from xlgen.models import registry
+    from xlgen import registry
 
     if family not in registry.names():
         raise ValueError(

@@ -39,6 +39,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from data_pipelines import paths
+
 GiB = 1024**3
 
 
@@ -406,11 +408,7 @@ def fsdp_ideal(config, topology: str, num_slices: int = 1):
 
 
 def _write_json(path: str, report: Dict[str, Any]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, "w") as f:
-        f.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    paths.write_json_atomic(path, report)
 
 
 def compile_and_measure(jitted, args, mesh, hbm: int, *, label: str = "") -> Dict[str, Any]:
@@ -690,10 +688,7 @@ def replace_between_markers(path: str, table: str) -> None:
         raise SystemExit(f"{path}: no pod-table markers ({TABLE_BEGIN!r} ... {TABLE_END!r})")
     head, rest = text.split(TABLE_BEGIN, 1)
     _, tail = rest.split(TABLE_END, 1)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}")
-    os.replace(tmp, path)
+    paths.atomic_write_text(path, f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}")
 
 
 # ----------------------------------------------------------------------------------------------------- CLI

@@ -56,7 +56,7 @@ def from_pretrained(path: str, **kwargs) -> Any:
     cfg_path = paths.as_path(path) / "config.json"
     hf_cfg = hf_config(path)  # None: an xlgen workdir (config.json with an `xlgen` block) or checkpoint directory
     if hf_cfg is not None:
-        from xlgen.models import registry  # imported here so that `import xlgen` stays cheap
+        from xlgen import registry  # imported here so that `import xlgen` stays cheap
 
         model_type = hf_cfg["model_type"]
         if model_type not in registry.hf_model_types():

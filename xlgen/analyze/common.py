@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Tuple
 
 import numpy as np
+
+from data_pipelines import paths
 
 EFFECTIVE_EPS = (1e-3, 1e-4, 1e-5)
 
@@ -18,9 +19,7 @@ def effective_rank(s: np.ndarray, eps: float) -> int:
 
 def save_figure(fig, path: str) -> None:
     """Write a matplotlib figure to `path` atomically (temp file + rename)."""
-    tmp = f"{path}.tmp{os.getpid()}.png"
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
+    paths.atomic_write_figure(path, fig, dpi=120)
 
 
 def setup(platform: str = "") -> None:

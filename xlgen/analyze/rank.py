@@ -56,13 +56,13 @@ def collect_log_probs(config, model, *, contexts: int, split: str) -> np.ndarray
     import jax.numpy as jnp
     from flax import nnx
 
+    from xlgen.models.transformer_xl.objectives import eval_mem_len
     from xlgen.train import loop
-    from xlgen.train.objectives import _txl_mem_len
 
     if config.model.family != "transformer_xl":
         raise ValueError(f"xlgen analyze rank: model.family={config.model.family!r}; supported: transformer_xl")
-    pipe = loop.make_pipeline(loop.eval_data_config(config), split)
-    mem_len = _txl_mem_len(config, "eval")
+    pipe = loop.make_pipeline(config, split)
+    mem_len = eval_mem_len(config)
     graphdef, state = nnx.split(model)
 
     @jax.jit

@@ -39,6 +39,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from data_pipelines import paths
+
 THRESHOLD = 0.01  # the thesis' gain threshold
 
 
@@ -195,10 +197,8 @@ def plot(result: Dict[str, Any], path: str) -> None:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    fig.savefig(tmp)
+    paths.atomic_write_figure(path, fig)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _short(name: str) -> str:
@@ -287,11 +287,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     result.update(analyze(losses, rs, args.delta, start))
     json_path = args.json or os.path.join(args.workdir[0], "recl.json")
     png_path = args.png or os.path.splitext(json_path)[0] + ".png"
-    tmp = f"{json_path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, json_path)
+    paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
     plot(result, png_path)
     for r, per in result["per_r"].items():
         cells = "  ".join(f"{_short(m)} {c}{'+' if per['capped'][m] else ''}" for m, c in sorted(per["recl"].items()))

@@ -18,7 +18,7 @@ def pretrained_model_section(init_from: str) -> Dict[str, Any]:
     if hf is not None:
         import dataclasses
 
-        from xlgen.models import registry
+        from xlgen import registry
 
         mt = hf["model_type"]
         finetunable = [f.hf_model_type for f in map(registry.get, registry.names()) if f.heads]
@@ -41,7 +41,6 @@ def resolve_config(config, model_overrides: Dict[str, str] = ()):
     """Fill derived keys and take the architecture from `init_from` (command-line model.* overrides re-applied)."""
     from ml_collections import ConfigDict
 
-    import xlgen.tasks.objective  # noqa: F401  (registers the "finetune" objective with the trainer)
     from xlgen import config as config_lib
     from xlgen.tasks import get_task
 

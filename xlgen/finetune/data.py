@@ -51,7 +51,7 @@ def load_tokenizer(config):
     lower = None if config.data.lower is None else bool(config.data.lower)
     tok = load_task_tokenizer(_local_tokenizer_file(path), lower=lower)
     # The input layout follows the model: XLNet (<cls> last, left padding) or Funnel/BERT (<cls> first).
-    from xlgen.models import registry
+    from xlgen import registry
 
     tok.style = registry.get(config.model.family).input_style
     if tok.vocab_size > int(config.model.vocab_size):

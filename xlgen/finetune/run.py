@@ -28,7 +28,6 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
 
 
 def _finetune(config, wd: Workdir, t_begin: float) -> Dict[str, Any]:
-    import xlgen.tasks.objective  # noqa: F401  (registers the "finetune" objective)
     from data_pipelines.tasks.pipeline import FeaturePipeline
     from xlgen import sharding
     from xlgen.tasks import get_task
@@ -112,7 +111,6 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
     eval_results.json and the prediction files; returns the results."""
     import jax
 
-    import xlgen.tasks.objective  # noqa: F401
     from xlgen import sharding
     from xlgen.tasks import get_task
     from xlgen.train.program import build_program

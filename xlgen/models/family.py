@@ -1,14 +1,20 @@
-"""What a model family provides to the rest of xlgen: one `Family` record per family.
+"""The two records a trainable system provides to the rest of xlgen: one `Family` (the system) owning its
+`Objective`s.
 
-Each family package defines its record in one place (`xlgen/models/<family>/family.py`) and `xlgen.models.registry`
-collects them; everything outside `xlgen/models` asks the registry (`registry.get(config.model.family)`,
-`registry.by_hf_model_type(...)`) instead of importing a family module by name or branching on the family.
+Each system package defines its record in one place (`xlgen/models/<family>/family.py`, or `xlgen/systems/<name>/`
+for systems that are not pretrained language models) and `xlgen.registry` names it in one line; everything else asks
+the registry (`registry.get(config.model.family)`, `registry.objective(config)`, `registry.by_hf_model_type(...)`)
+instead of importing a system by name or branching on it. `config.model.family` + `config.objective` select one
+entry; the data pipeline follows from the objective.
 
-    name               `config.model.family`: "transformer_xl" | "xlnet" | "funnel"
-    hf_model_type      Hugging Face `config.json["model_type"]`: "transfo-xl" | "xlnet" | "funnel"
+    name               `config.model.family`: "transformer_xl" | "xlnet" | "funnel" | another system's name
     config_class       frozen dataclass whose fields are the keys of `config.model` (minus `family`); has
-                       `.from_hf(hf_config_dict, **overrides)`
-    default_objective  the pretraining objective when `config.objective` is empty (`xlgen.train.objectives`)
+                       `.from_hf(hf_config_dict, **overrides)` where the family has a Hugging Face counterpart
+    objectives         {`config.objective`: Objective}: the training losses the system owns, each with its model
+                       constructor, batch layout and data pipeline
+    default_objective  the objective when `config.objective` is empty (a key of `objectives`)
+    hf_model_type      Hugging Face `config.json["model_type"]` ("transfo-xl" | "xlnet" | "funnel"); None for a
+                       system with no Hugging Face counterpart (then from_hf / wrap / to_hf are None too)
     models             {role: constructor(cfg, *, rngs, **options) -> nnx.Module}: the pretraining models
                        ("lm", Funnel "mlm" / "electra", ...)
     heads              {task kind: constructor(cfg, *, num_labels, answerability, rngs) -> nnx.Module}: finetuning
@@ -26,7 +32,10 @@ collects them; everything outside `xlgen/models` asks the registry (`registry.ge
                        (`xlgen.from_pretrained(workdir)`)
     layer_ids          {dotted param name: (shape, logical axes)} -> ({name: None | int array}, n_layer): the
                        numbering of parameters into layers for layer-wise LR decay (`xlgen.optim`)
-    train_flops        config -> analytic model FLOPs of one global training step (`xlgen.flops`)
+    hf_wordpiece       the Hugging Face tokenizer class (and special pieces it must be told) for an exported
+                       WordPiece vocabulary (`xlgen export`): BertTokenizer unless the family says otherwise
+    train_flops        config -> analytic model FLOPs of one global training step (`xlgen.flops`); None = not
+                       counted (no MFU)
 """
 
 from __future__ import annotations
@@ -40,37 +49,64 @@ Meta = Dict[str, Tuple[Tuple[int, ...], Tuple]]
 LayerIds = Tuple[Dict[str, Optional[np.ndarray]], int]
 
 
+Batch = Dict[str, Any]
+ShapeDtype = Tuple[Tuple[int, ...], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """One training objective: how to build the model for a config, what a global batch looks like, which data
+    pipeline produces it, whether a recurrent memory is carried, and (model, batch, memory) -> loss."""
+
+    name: str
+    # (config, rngs, train: bool) -> nnx.Module.  Eval modules may differ in static settings (same_length...)
+    make_model: Callable[[Any, Any, bool], Any]
+    # (config, split) -> {name: (global shape, dtype)} of a training batch (split="train") or eval batch
+    batch_shapes: Callable[[Any, str], Dict[str, ShapeDtype]]
+    # (model, batch, mems, rng, config) -> (scalar loss, {metric: scalar}, new_mems or None)
+    loss: Callable[..., Tuple[Any, Dict[str, Any], Optional[Any]]]
+    # (model, batch, mems, config) -> (sum of per-token losses, token count, new_mems)  -- for eval
+    eval_loss: Callable[..., Tuple[Any, Any, Optional[Any]]]
+    # the data stream this objective reads: a `data_pipelines.PIPELINES` name (config.data holds that pipeline's
+    # keys; `config.data.pipeline` follows the objective), or (data_config, split, process_index, process_count) ->
+    # pipeline; None = the caller supplies batches (finetuning's feature pipeline)
+    pipeline: Any = None
+    # (config, split) -> memory shape [n_layer, batch, mem_len, d] (or None: no memory)
+    mems_shape: Callable[[Any, str], Optional[Tuple[int, ...]]] = lambda config, split: None
+    mems_dtype: Callable[[Any], Any] = lambda config: np.float32
+    # tokens processed per training step (for tokens/s)
+    tokens_per_step: Callable[[Any], int] = lambda config: 0
+    # final eval metrics from the mean eval loss
+    eval_metrics: Callable[[float, Any], Dict[str, float]] = lambda loss, config: {"loss": loss}
+    # (batch, config) -> the loss's normaliser for that batch (e.g. its number of target tokens), so that gradient
+    # accumulation weights micro-batches like one global batch: sum_i w_i * loss_i / sum_i w_i. None = equal weights
+    # (exact when every micro-batch has the same normaliser, e.g. a per-example mean).
+    loss_weight: Optional[Callable[[Batch, Any], Any]] = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str
-    hf_model_type: str
     config_class: type
     default_objective: str
     models: Mapping[str, Callable[..., Any]]
-    from_hf: Callable[[Dict[str, Any], Dict[str, np.ndarray], Dict[str, Any]], Any]
-    wrap: Callable[[Any, Dict[str, Any]], Any]
-    layer_ids: Callable[[Meta], LayerIds]
-    train_flops: Callable[[Any], float]
+    objectives: Mapping[str, Objective] = dataclasses.field(default_factory=dict)
+    hf_model_type: Optional[str] = None
+    from_hf: Optional[Callable[[Dict[str, Any], Dict[str, np.ndarray], Dict[str, Any]], Any]] = None
+    wrap: Optional[Callable[[Any, Dict[str, Any]], Any]] = None
+    layer_ids: Optional[Callable[[Meta], LayerIds]] = None
+    train_flops: Optional[Callable[[Any], float]] = None
     heads: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
     squad_outputs: Optional[Callable[..., Dict[str, Any]]] = None
     finetune_overrides: Callable[[int], Dict[str, Any]] = lambda num_labels: {}
     input_style: Optional[str] = None
     to_hf: Optional[Callable[[Any], Tuple[Dict[str, Any], Dict[str, np.ndarray]]]] = None
+    hf_wordpiece: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"tokenizer_class": "BertTokenizer"})
 
     def model_config(self, model_section: Mapping[str, Any], **overrides):
         """`config_class` from a `config.model` mapping (its `family` key ignored), lists as tuples; an unknown key
         is an error naming it and the valid fields."""
-        cls = self.config_class
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in dict(model_section).items() if k != "family"}
-        unknown = sorted(set(kw) - fields)
-        if unknown:
-            raise ValueError(
-                f"config.model.{unknown[0]}: not a field of {cls.__name__}; valid fields: {sorted(fields)}"
-            )
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kw.items()}
-        kw.update(overrides)
-        return cls(**kw)
+        return model_config(self.config_class, model_section, **overrides)
 
     def head(self, kind: str, cfg, *, num_labels: int, answerability: bool, rngs):
         """The finetuning model for a task of `kind` (see `heads`)."""
@@ -78,3 +114,36 @@ class Family:
             supported = sorted(self.heads) or "none: this family has no finetuning heads"
             raise ValueError(f"model.family={self.name!r}: no finetuning head for task kind {kind!r} ({supported})")
         return self.heads[kind](cfg, num_labels=num_labels, answerability=answerability, rngs=rngs)
+
+
+def model_config(cls: type, model_section: Mapping[str, Any], **overrides):
+    """`cls` (a family's frozen config dataclass) from a `config.model` mapping (its `family` key ignored), lists as
+    tuples; an unknown key is an error naming it and the valid fields."""
+    if hasattr(model_section, "to_dict"):
+        model_section = model_section.to_dict()
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kw = {k: v for k, v in dict(model_section).items() if k != "family"}
+    unknown = sorted(set(kw) - fields)
+    if unknown:
+        raise ValueError(f"config.model.{unknown[0]}: not a field of {cls.__name__}; valid fields: {sorted(fields)}")
+    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kw.items()}
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def batch_size(config, split: str) -> int:
+    """The global batch size of a split: `data.batch_size` (train) or `data.eval_batch_size`."""
+    return int(config.data.batch_size) if split == "train" else int(config.data.eval_batch_size)
+
+
+def compute_dtype(config):
+    """The memory dtype of a config's `model.dtype` (bfloat16 or float32)."""
+    import jax.numpy as jnp
+
+    return jnp.bfloat16 if config.model.get("dtype", "float32") == "bfloat16" else jnp.float32
+
+
+def reset_rows(mems, stream_reset):
+    """Zero the memory rows whose stream (re)starts: mems [L, b, M, d], stream_reset [b] bool."""
+    keep = 1.0 - stream_reset.astype(mems.dtype)
+    return mems * keep[None, :, None, None]

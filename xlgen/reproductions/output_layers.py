@@ -71,10 +71,10 @@ def n_params(overrides: Dict[str, str]) -> int:
 
     from xlgen import config as config_lib
     from xlgen.models.transformer_xl import model as txl
-    from xlgen.train.objectives import model_config
+    from xlgen.registry import model_config
 
     config = config_lib.load_config(CONFIG, {**COMMON, **overrides})
-    cfg = model_config(config, "xlgen.models.transformer_xl", "TransformerXLConfig")
+    cfg = model_config(config)
     abstract = nnx.eval_shape(lambda: txl.TransformerXLLM(cfg, rngs=nnx.Rngs(0)))
     del jax
     return txl.count_params(abstract)

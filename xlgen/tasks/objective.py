@@ -1,7 +1,7 @@
 """The `finetune` objective: task model per (model family, task kind), its batch layout and loss.
 
-Registered in the trainer's objective registry, so `build_program(config, mesh)` gives the sharded, jitted,
-donated finetuning step with the trainer's optimizer (warmup + decay, clipping, layer-wise LR decay).
+Named in `xlgen.registry.SHARED_OBJECTIVES` (an objective of every family with finetuning heads), so
+`build_program(config, mesh)` gives the sharded, jitted, donated finetuning step with the trainer's optimizer (warmup + decay, clipping, layer-wise LR decay).
 
 Models (heads owned by the model files; "<cls>" summary, fresh head parameters):
     family   classification / regression      multiple choice (RACE)     SQuAD
@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from xlgen.models import registry
+from xlgen import registry
+from xlgen.models.family import Objective
 from xlgen.tasks import get_task
-from xlgen.train import objectives as obj_lib
 
 NEG = -1e30
 
@@ -39,7 +39,7 @@ def num_labels(config) -> int:
 def model_cfg(config):
     """The family's config dataclass for finetuning (`Family.finetune_overrides`)."""
     family = registry.get(config.model.family)
-    return obj_lib.model_config(config, **family.finetune_overrides(num_labels(config)))
+    return registry.model_config(config, **family.finetune_overrides(num_labels(config)))
 
 
 def make_model(config, rngs, train: bool):
@@ -140,14 +140,12 @@ def _tokens(config):
     return n
 
 
-FINETUNE = obj_lib.register_objective(
-    obj_lib.Objective(
-        name="finetune",
-        family="any",
-        make_model=make_model,
-        batch_shapes=batch_shapes,
-        loss=_loss,
-        eval_loss=_eval_loss,
-        tokens_per_step=_tokens,
-    )
+# Shared by every family with finetuning heads: `xlgen.registry.SHARED_OBJECTIVES["finetune"]`.
+FINETUNE = Objective(
+    name="finetune",
+    make_model=make_model,
+    batch_shapes=batch_shapes,
+    loss=_loss,
+    eval_loss=_eval_loss,
+    tokens_per_step=_tokens,
 )

@@ -1,18 +1,10 @@
-"""Pretraining: the sharded program (`build_program`), objectives registry, loop, eval, metrics.
+"""Training: the sharded program (`build_program`), the loop, evaluation, metrics.
 
-from xlgen.train import build_program, register_objective
-from xlgen.train.loop import train, evaluate    # (not re-exported here: the loop imports the finetuning objective)
+from xlgen.train import build_program
+from xlgen.train.loop import train, evaluate
+Objectives belong to their system (`xlgen.registry.objective(config)`).
 """
 
-from xlgen.train.objectives import OBJECTIVES, Objective, get_objective, register_objective
 from xlgen.train.program import Program, build_program, make_eval_step
 
-__all__ = [
-    "OBJECTIVES",
-    "Objective",
-    "Program",
-    "build_program",
-    "get_objective",
-    "make_eval_step",
-    "register_objective",
-]
+__all__ = ["Program", "build_program", "make_eval_step"]

@@ -36,13 +36,6 @@ def parse_mem_lens(text: str) -> List[int]:
     return values
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def plot_sweep(result: Dict[str, Any], path: str) -> None:
     """PNG of the sweep's metric against eval memory length (matplotlib, Agg backend)."""
     import matplotlib
@@ -64,23 +57,27 @@ def plot_sweep(result: Dict[str, Any], path: str) -> None:
     ax.set_title(f"step {result['step']}: {metric} vs eval memory (segment {result['eval_tgt_len']})", fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    fig.savefig(tmp)
+    paths.atomic_write_figure(path, fig)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def run(config, workdir: str, mem_lens: List[int], json_path: Optional[str] = None) -> Dict[str, Any]:
     """Evaluate `workdir`'s latest checkpoint with each eval memory length; write the JSON and PNG."""
     import jax
 
-    from xlgen import sharding
+    from xlgen import registry, sharding
     from xlgen.checkpointing import Checkpointer
     from xlgen.train import loop
     from xlgen.train.program import build_program
 
-    if config.model.get("family") != "transformer_xl":
-        raise ValueError("eval.mem_len sweeps apply to Transformer-XL language models (config.model.family)")
+    probe = copy.deepcopy(config)
+    probe.eval.mem_len = 3
+    shape = registry.objective(config).mems_shape(probe, "eval")
+    if shape is None or shape[2] != 3:
+        raise ValueError(
+            f"eval.mem_len sweeps apply to objectives whose evaluation memory length is eval.mem_len (Transformer-XL "
+            f"language models); objective {registry.objective(config).name!r} has none"
+        )
     if 0 in mem_lens and config.eval.get("same_length"):
         raise ValueError(
             "eval.mem_len=0 with eval.same_length=True masks every key; use --config.eval.same_length=False"
@@ -91,7 +88,7 @@ def run(config, workdir: str, mem_lens: List[int], json_path: Optional[str] = No
     loop.check_workdir_compatible(config, workdir)
     mesh = sharding.make_mesh(config.mesh)
     results, params, step = [], None, None
-    pipe = loop.make_pipeline(loop.eval_data_config(config), config.eval.split)
+    pipe = loop.make_pipeline(config, config.eval.split)
     for m in mem_lens:
         cfg = copy.deepcopy(config)
         cfg.eval.mem_len = int(m)
@@ -124,7 +121,7 @@ def run(config, workdir: str, mem_lens: List[int], json_path: Optional[str] = No
     if paths.is_remote(json_path):  # pragma: no cover - gs:// workdirs: write through epath
         paths.as_path(json_path).write_text(json.dumps(out, indent=2))
     else:
-        _atomic_write(json_path, (json.dumps(out, indent=2) + "\n").encode())
+        paths.atomic_write_text(json_path, json.dumps(out, indent=2) + "\n")
         plot_sweep(out, os.path.splitext(json_path)[0] + ".png")
     out["json"] = json_path
     return out

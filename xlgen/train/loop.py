@@ -48,9 +48,9 @@ class Preempted(SystemExit):
 
 
 def _shapes(config) -> Dict[str, Any]:
-    from xlgen.train.objectives import get_objective
+    from xlgen import registry
 
-    obj = get_objective(config)
+    obj = registry.objective(config)
     spec = abstract_model(lambda r: obj.make_model(config, r, True), train=True)
     out = {f"param {k}": v for k, v in spec.shapes.items()}
     out["memory"] = obj.mems_shape(config, "train")
@@ -89,16 +89,19 @@ def check_workdir_compatible(config, workdir: str) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def eval_data_config(config):
-    """The eval pipeline reads its layout from config.data itself (eval_batch_size, eval_tgt_len)."""
-    return config.data
-
-
-def make_pipeline(data_config, split: str):
+def make_pipeline(config, split: str):
+    """This process's rows of the data stream the run's objective reads (`Objective.pipeline`), for `split`; the
+    evaluation splits read their layout from config.data itself (eval_batch_size, eval_tgt_len...)."""
     import data_pipelines
+    from xlgen import registry
 
+    stream = registry.objective(config).pipeline
+    if stream is None:
+        raise ValueError(f"objective {registry.objective(config).name!r} reads no data stream of its own")
+    if callable(stream):
+        return stream(config.data, split, jax.process_index(), jax.process_count())
     return data_pipelines.make_pipeline(
-        data_config, split=split, process_index=jax.process_index(), process_count=jax.process_count()
+        config.data, split=split, process_index=jax.process_index(), process_count=jax.process_count()
     )
 
 
@@ -456,7 +459,7 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float) -> Di
     program = build_program(config, sharding.make_mesh(config.mesh))
 
     # The data first: a missing corpus fails before anything is compiled.
-    train_pipe = make_pipeline(config.data, "train")
+    train_pipe = make_pipeline(config, "train")
     if (
         jax.process_index() == 0
     ):  # the run's tokenizer into DIR/tokenizer/, named in config.json (a different one: error)
@@ -472,7 +475,7 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float) -> Di
 
     def lm_eval(state, step):
         if not eval_pipe:
-            eval_pipe.append(make_pipeline(eval_data_config(config), config.eval.split))
+            eval_pipe.append(make_pipeline(config, config.eval.split))
         return run_eval(program, state["params"], eval_pipe[0], _eval_steps(config, eval_pipe[0]))
 
     evaluation = Evaluation(lm_eval, split=config.eval.split, every=int(config.eval_every_steps))
@@ -504,7 +507,7 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
         if restored is None:
             raise FileNotFoundError(f"{wd.checkpoint_dir()}: no checkpoint to evaluate")
         state, step = restored.state, restored.step
-        pipe = make_pipeline(eval_data_config(config), config.eval.split)
+        pipe = make_pipeline(config, config.eval.split)
         res = run_eval(program, state["params"], pipe, _eval_steps(config, pipe))
     rec = {"step": step, "split": config.eval.split, **res}
     if jax.process_index() == 0:

@@ -30,9 +30,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xlgen import optim, sharding
+from xlgen import optim, registry, sharding
+from xlgen.models.family import Objective
 from xlgen.models.params import materialize, path_name
-from xlgen.train.objectives import Objective, get_objective
 
 
 @dataclasses.dataclass
@@ -194,7 +194,7 @@ def build_program(config, mesh: Mesh) -> Program:
 
 
 def _build_program(config, mesh: Mesh) -> Program:
-    objective = get_objective(config)
+    objective = registry.objective(config)
     train_spec = abstract_model(lambda r: objective.make_model(config, r, True), train=True)
     eval_spec = abstract_model(lambda r: objective.make_model(config, r, False), train=False)
 

@@ -100,12 +100,9 @@ class Workdir:
         return self.info().get("kind")
 
     def read_config(self):
-        """config.json as a ConfigDict (None if absent). A finetune run's objective is registered first, so that
-        the config builds a program."""
+        """config.json as a ConfigDict (None if absent)."""
         from xlgen import config as config_lib
 
-        if self.kind == "finetune":
-            import xlgen.tasks.objective  # noqa: F401  (registers the "finetune" objective)
         return config_lib.read_workdir_config(self.path)
 
     def write_config(self, config, kind: str) -> str:

@@ -44,6 +44,6 @@ def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
 def _from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
     config, program, params, step = restore_params(path, step)
     module = program.make_model(params, train=False)
-    from xlgen.models import registry
+    from xlgen import registry
 
     return registry.get(config.model.family).wrap(module, kwargs)

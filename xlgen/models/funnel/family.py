@@ -1,4 +1,4 @@
-"""The Funnel-Transformer family record (`xlgen.models.registry`)."""
+"""The Funnel-Transformer family record (`xlgen.registry`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from xlgen.models.funnel.hf import HF_CLASSES, HFFunnel, from_hf
 from xlgen.models.funnel.hf_export import to_hf
 from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel
 from xlgen.models.funnel.numbering import layer_ids
+from xlgen.models.funnel.objectives import FUNNEL_ELECTRA, FUNNEL_MLM
 
 
 def _sequence_head(cfg, *, num_labels, answerability, rngs):
@@ -49,6 +50,7 @@ FAMILY = Family(
     hf_model_type="funnel",
     config_class=FunnelConfig,
     default_objective="funnel_mlm",
+    objectives={FUNNEL_MLM.name: FUNNEL_MLM, FUNNEL_ELECTRA.name: FUNNEL_ELECTRA},
     models={"mlm": FunnelForMaskedLM, "electra": FunnelElectra, "base": FunnelBaseModel, "model": FunnelModel},
     heads={
         "classification": _sequence_head,
@@ -60,6 +62,8 @@ FAMILY = Family(
     },
     squad_outputs=_squad_outputs,
     input_style="funnel",
+    # FunnelTokenizer's own defaults are <unk>, <sep>, ...: name the vocab.txt pieces
+    hf_wordpiece={"tokenizer_class": "FunnelTokenizer", "bos_token": "[CLS]", "eos_token": "[SEP]"},
     from_hf=from_hf,
     to_hf=to_hf,
     wrap=_wrap,

@@ -1,4 +1,4 @@
-"""The Transformer-XL family record (`xlgen.models.registry`)."""
+"""The Transformer-XL family record (`xlgen.registry`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from xlgen.models.transformer_xl.cost import train_flops
 from xlgen.models.transformer_xl.hf import from_hf
 from xlgen.models.transformer_xl.hf_export import to_hf
 from xlgen.models.transformer_xl.model import TransformerXLConfig, TransformerXLLM, TransfoXLPretrained
+from xlgen.models.transformer_xl.objectives import TXL_LM
 
 
 def _wrap(module: TransformerXLLM, kwargs) -> TransfoXLPretrained:
@@ -24,6 +25,7 @@ FAMILY = Family(
     hf_model_type="transfo-xl",
     config_class=TransformerXLConfig,
     default_objective="txl_lm",
+    objectives={TXL_LM.name: TXL_LM},
     models={"lm": TransformerXLLM},
     from_hf=from_hf,
     to_hf=to_hf,

@@ -1,4 +1,4 @@
-"""The XLNet family record (`xlgen.models.registry`)."""
+"""The XLNet family record (`xlgen.registry`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from xlgen.models.xlnet.heads import XLNetForMultipleChoice, XLNetForQuestionAns
 from xlgen.models.xlnet.hf import HF_HEADS, XLNetFromHF, from_hf
 from xlgen.models.xlnet.hf_export import to_hf
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, XLNetModel
+from xlgen.models.xlnet.objectives import XLNET_PLM
 
 
 def _sequence_head(cfg, *, num_labels, answerability, rngs):
@@ -51,6 +52,7 @@ FAMILY = Family(
     hf_model_type="xlnet",
     config_class=XLNetConfig,
     default_objective="xlnet_plm",
+    objectives={XLNET_PLM.name: XLNET_PLM},
     models={"lm": XLNetLMHeadModel, "base": XLNetModel},
     heads={
         "classification": _sequence_head,

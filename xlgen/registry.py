@@ -1,0 +1,116 @@
+"""The one registry: every trainable system xlgen runs, one line each.
+
+    from xlgen import registry
+    fam = registry.get(config.model.family)          # the system's record (`xlgen.models.family.Family`)
+    obj = registry.objective(config)                 # its `Objective` for `config.objective` (or its default)
+    fam = registry.by_hf_model_type(hf_config["model_type"])
+
+A system is one package that defines its record (`Family`: models, objectives with their data pipelines, optional
+Hugging Face hooks and finetuning heads) and one line in `SYSTEMS` below; it is imported only when a run asks for
+it. Objectives shared by every family with finetuning heads (the finetuning losses) are named in
+`SHARED_OBJECTIVES`. Nothing outside a system's package branches on its name. docs/architecture.md, "Adding a
+system", is the recipe.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict, Tuple
+
+from xlgen.models.family import Family, Objective
+
+# config.model.family -> "module:attribute" of its Family record
+SYSTEMS: Dict[str, str] = {
+    "transformer_xl": "xlgen.models.transformer_xl.family:FAMILY",
+    "xlnet": "xlgen.models.xlnet.family:FAMILY",
+    "funnel": "xlgen.models.funnel.family:FAMILY",
+}
+
+# config.objective -> "module:attribute" of an Objective that works with any family's finetuning heads
+SHARED_OBJECTIVES: Dict[str, str] = {
+    "finetune": "xlgen.tasks.objective:FINETUNE",
+}
+
+_LOADED: Dict[str, object] = {}
+
+
+def _load(ref: str):
+    if ref not in _LOADED:
+        module, attr = ref.split(":")
+        _LOADED[ref] = getattr(importlib.import_module(module), attr)
+    return _LOADED[ref]
+
+
+def register(family: Family) -> Family:
+    """Add (or replace) a system at run time (a user's own package; built-in systems are lines in `SYSTEMS`)."""
+    _LOADED[f"<registered>:{family.name}"] = family
+    SYSTEMS[family.name] = f"<registered>:{family.name}"
+    return family
+
+
+def names() -> Tuple[str, ...]:
+    """The registered `config.model.family` values."""
+    return tuple(SYSTEMS)
+
+
+def get(name: str) -> Family:
+    """The system called `name` (`config.model.family`); ValueError naming the registered ones otherwise."""
+    if name not in SYSTEMS:
+        raise ValueError(f"model.family={name!r}: unknown; expected one of {sorted(SYSTEMS)}")
+    return _load(SYSTEMS[name])
+
+
+def objective_names(family: str) -> Tuple[str, ...]:
+    """The `config.objective` values a system accepts: its own, then the shared ones."""
+    return tuple(get(family).objectives) + tuple(SHARED_OBJECTIVES)
+
+
+def objective(config) -> Objective:
+    """The `Objective` of a run: `config.objective` (empty = the system's default) among the system's own objectives
+    and the shared ones; ValueError naming the valid ones otherwise."""
+    fam = get(config.model.family)
+    name = config.get("objective") or fam.default_objective
+    if name in fam.objectives:
+        return fam.objectives[name]
+    if name in SHARED_OBJECTIVES:
+        return _load(SHARED_OBJECTIVES[name])
+    raise ValueError(
+        f"objective={name!r}: not an objective of model.family={fam.name!r}; expected one of "
+        f"{list(objective_names(fam.name))}"
+    )
+
+
+def _with_hf() -> Tuple[Family, ...]:
+    return tuple(f for f in (get(n) for n in SYSTEMS) if f.hf_model_type is not None)
+
+
+def by_hf_model_type(model_type: str) -> Family:
+    """The family loading Hugging Face `config.json` files with this `model_type`."""
+    for family in _with_hf():
+        if family.hf_model_type == model_type:
+            return family
+    supported = sorted(f.hf_model_type for f in _with_hf())
+    raise ValueError(f"model_type={model_type!r} is not supported; supported: {supported}")
+
+
+def hf_model_types() -> Tuple[str, ...]:
+    return tuple(f.hf_model_type for f in _with_hf())
+
+
+def family_of(module) -> Family:
+    """The system an xlgen module (model or head) belongs to: the system whose package defines its class."""
+    mod = type(module).__module__
+    for name, ref in SYSTEMS.items():
+        package = ref.split(":")[0].rsplit(".", 1)[0]
+        if mod == package or mod.startswith(package + "."):
+            return get(name)
+    for name in SYSTEMS:  # systems registered at run time: a model class they list
+        family = get(name)
+        if any(type(module) is cls for cls in family.models.values() if isinstance(cls, type)):
+            return family
+    raise ValueError(f"{type(module).__name__}: not a model of a registered family ({sorted(SYSTEMS)})")
+
+
+def model_config(config, **overrides):
+    """The system's frozen config dataclass from `config.model` (minus `family`), with clear errors."""
+    return get(config.model.family).model_config(config.model, **overrides)
