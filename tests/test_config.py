@@ -101,7 +101,11 @@ def test_parameterised_configs_and_their_file_aliases():
     ]
     glue_tasks = ("cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb", "wnli")
     aliases += [(os.path.join(REPO, f"configs/finetune/{t}.py"), f"configs/finetune/glue.py:{t}") for t in glue_tasks]
-    assert len(aliases) == 10 + 9
+    aliases += [
+        (os.path.join(REPO, f"configs/pretrain/xlnet_{v}.py"), f"configs/pretrain/xlnet.py:{v}")
+        for v in ("base", "large", "large_bsz8192", "tiny")
+    ]
+    assert len(aliases) == 10 + 9 + 4
     for old, new in aliases:
         assert load_config(old).to_dict() == load_config(os.path.join(REPO, new)).to_dict(), (old, new)
     c = load_config(os.path.join(REPO, "configs/pretrain/funnel.py:B6-3x2-3x2H768_electra"), ["--config.seed=3"])

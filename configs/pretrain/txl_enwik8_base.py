@@ -9,16 +9,15 @@ steps, clip 0.25; evaluation tgt 80 / mem 2100 / clamp 820.
 """
 
 import data_pipelines
+from configs.models import transformer_xl
 from xlgen.config import base_config
 from xlgen.models.output_config import config_defaults
 
 
 def get_config():
     c = base_config()
-    c.model = dict(
-        family="transformer_xl",
+    c.model = transformer_xl(
         vocab_size=265,
-        cutoffs=(),
         div_val=1,  # 9 special ids + 256 byte values (the original counts 204)
         n_layer=12,
         d_model=512,
@@ -27,19 +26,6 @@ def get_config():
         d_head=64,
         d_inner=2048,
         mem_len=512,
-        clamp_len=-1,
-        same_length=False,
-        untie_r=True,
-        proj_share_all_but_first=False,
-        tie_word_embeddings=True,
-        dropout=0.1,
-        dropatt=0.0,
-        init_std=0.02,
-        proj_init_std=0.01,
-        layer_norm_epsilon=1e-5,
-        scan_layers=False,
-        remat=False,
-        dtype="bfloat16",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")

@@ -14,16 +14,15 @@ a v3 pod (not architecture): bfloat16 compute with float32 parameters, fully sha
 """
 
 import data_pipelines
+from configs.models import transformer_xl
 from xlgen.config import base_config
 from xlgen.models.output_config import config_defaults
 
 
 def get_config():
     c = base_config()
-    c.model = dict(
-        family="transformer_xl",
+    c.model = transformer_xl(
         vocab_size=265,
-        cutoffs=(),
         div_val=1,  # 9 special ids + 256 byte values (the original counts 204)
         n_layer=24,
         d_model=1024,
@@ -32,19 +31,10 @@ def get_config():
         d_head=128,
         d_inner=3072,
         mem_len=768,
-        clamp_len=-1,
-        same_length=False,
-        untie_r=True,
-        proj_share_all_but_first=False,
-        tie_word_embeddings=True,
         dropout=0.15,
         dropatt=0.15,
-        init_std=0.02,
-        proj_init_std=0.01,
-        layer_norm_epsilon=1e-5,
         scan_layers=True,
         remat=True,
-        dtype="bfloat16",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")

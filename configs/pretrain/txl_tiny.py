@@ -4,17 +4,15 @@ xlgen train --config=configs/pretrain/txl_tiny.py --workdir=/tmp/txl_tiny
 """
 
 import data_pipelines
+from configs.models import transformer_xl
 from xlgen.config import base_config
 from xlgen.models.output_config import config_defaults
 
 
 def get_config():
     c = base_config()
-    c.model = dict(
-        family="transformer_xl",
+    c.model = transformer_xl(
         vocab_size=74,
-        cutoffs=(),
-        div_val=1,
         d_model=64,
         d_embed=64,
         n_head=4,
@@ -22,18 +20,6 @@ def get_config():
         d_inner=256,
         n_layer=2,
         mem_len=32,
-        clamp_len=-1,
-        same_length=False,
-        untie_r=True,
-        proj_share_all_but_first=False,
-        tie_word_embeddings=True,
-        dropout=0.1,
-        dropatt=0.0,
-        init_std=0.02,
-        proj_init_std=0.01,
-        layer_norm_epsilon=1e-5,
-        scan_layers=False,
-        remat=False,
         dtype="float32",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings

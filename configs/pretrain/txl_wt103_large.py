@@ -14,14 +14,14 @@ Execution choices: bfloat16 compute, float32 parameters, parameters and optimize
 """
 
 import data_pipelines
+from configs.models import transformer_xl
 from xlgen.config import base_config
 from xlgen.models.output_config import config_defaults
 
 
 def get_config():
     c = base_config()
-    c.model = dict(
-        family="transformer_xl",
+    c.model = transformer_xl(
         vocab_size=267735,
         cutoffs=(20000, 40000, 200000),
         div_val=4,
@@ -32,19 +32,12 @@ def get_config():
         d_head=64,
         d_inner=4096,
         mem_len=384,
-        clamp_len=-1,
-        same_length=False,
-        untie_r=True,
         proj_share_all_but_first=True,
-        tie_word_embeddings=True,
         dropout=0.2,
         dropatt=0.2,
         init_std=0.005,
-        proj_init_std=0.01,
-        layer_norm_epsilon=1e-5,
         scan_layers=True,
         remat=True,
-        dtype="bfloat16",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")

@@ -1,18 +1,10 @@
-"""XLNet-Large pretraining as in the final paper: batch 8192 on 512 TPU v3 chips (`v3:16x32`), 500K steps.
+"""XLNet-Large with the final paper's batch of 8192 (same steps and optimiser as `xlnet_large.py`).
 
-Same model, data flags and optimiser as `xlnet_large.py` (the thesis setup, batch 2048); only the global batch
-differs (8 rows per v3 core). Paper appendix (v2): lr 4e-4, 40K warmup, linear decay, eps 1e-6, weight decay 0.01.
-
-    xlgen plan  --config=configs/pretrain/xlnet_large_bsz8192.py --topology=v3:16x32
+An alias of `configs/pretrain/xlnet.py:large_bsz8192` (the settings and their sources are there).
 """
 
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location("xlnet_large", os.path.join(os.path.dirname(__file__), "xlnet_large.py"))
-_large = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_large)
+from configs.pretrain import xlnet
 
 
 def get_config():
-    return _large.get_config(batch_size=8192)
+    return xlnet.get_config("large_bsz8192")
