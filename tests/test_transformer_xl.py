@@ -286,7 +286,7 @@ def test_cached_evaluation_equals_projecting_the_memory(overrides):
     """`TransfoXLPretrained` with its evaluation cache (position keys formed once per length; the returned memory
     rows' keys/values reused when those very `mems` come back) gives the uncached results, segment after segment,
     for HF-style zero memory and for the fixed-length buffer (`mem_valid`); other mems are projected as usual."""
-    from xlgen.models.transformer_xl.model import TransfoXLPretrained
+    from xlgen.models.transformer_xl.pretrained import TransfoXLPretrained
 
     L, M = 3, 5
     ids = np.random.default_rng(2).integers(0, SMALL["vocab_size"], (2, 4 * L))
@@ -323,7 +323,7 @@ def test_cached_segment_writes_memory_sized_arrays_once():
     them (12 and 4 such ops here instead of 4 and 2)."""
     import re
 
-    from xlgen.models.transformer_xl.model import TransfoXLPretrained
+    from xlgen.models.transformer_xl.pretrained import TransfoXLPretrained
 
     L, M, n_layer = 5, 13, SMALL["n_layer"]
     wrapper = TransfoXLPretrained(make_model(mem_len=M, scan_layers=False))
@@ -348,7 +348,7 @@ def test_cached_segment_writes_memory_sized_arrays_once():
 def test_evaluation_program_is_compiled_for_small_ops():
     """On XLA:CPU the wrapper compiles its segment program with `platforms.small_op_compiler_options()`: no YNNPACK
     fusions, which the same program compiled with XLA's defaults does use (for its products and reductions)."""
-    from xlgen.models.transformer_xl.model import TransfoXLPretrained
+    from xlgen.models.transformer_xl.pretrained import TransfoXLPretrained
 
     wrapper = TransfoXLPretrained(make_model(mem_len=5))
     ids = np.zeros((1, 3), np.int32)

@@ -27,15 +27,22 @@ i.e. the row holding distance mlen + i - j. Funnel's pooled queries use `stride`
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from xlgen.models import xla_cpu
 from xlgen.models.layers import Dense, Dropout, LayerNorm, normal, param
+from xlgen.models.xla_cpu import (  # operand layouts for the products (same math; see xla_cpu)
+    ContentKeyOperand,
+    PositionKeyOperand,
+    ValueOperand,
+    content_key_operand,
+    position_key_operand,
+)
 from xlgen.sharding import constrain
 
 SCORES = ("activation_batch", "activation_heads", "activation_length", "activation_kv_length")  # [b, n, q, k]
@@ -143,54 +150,14 @@ def _skew_width(r: int, klen: int, offset: int, stride: int) -> int:
     return max(r, offset + klen, stride + klen)
 
 
-def _cpu_tangent_width(width: int, stride: int) -> int:
-    """Row width for the tangent skew on XLA:CPU, whose transpose (the backward pass: pad the `[q, klen]`
-    cotangent into rows of w - stride, flatten, pad, reshape into rows of w) is emitted as vectorised code only when
-    w - stride is a power of two; otherwise every element pays integer divisions. On `[4,4,512,512]` f32 (Funnel at
-    seq 512) the transpose takes 17.8 ms with w = 1024 and 5.8 ms with w = 1025; on `[8,8,256,640]` (XLNet,
-    memory 128) 13.1 ms with w = 640 and 6.9 ms with w = 1025. Used up to twice the smallest width."""
-    pow2 = (1 << (width - stride - 1).bit_length()) + stride
-    return pow2 if pow2 <= 2 * width else width
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
-def _relative_shift(x: jax.Array, klen: int, offset: int, stride: int) -> jax.Array:
-    return _skew(x, klen, offset, stride, _skew_width(x.shape[-1], klen, offset, stride))
-
-
-@_relative_shift.defjvp
-def _relative_shift_jvp(klen, offset, stride, primals, tangents):
-    """The shift is linear: its tangent is the same map (at every entry the caller keeps; entries a caller must
-    mask may hold other rows' values), built on XLA:CPU with the row width whose transpose -- reverse mode -- is
-    fast (`_cpu_tangent_width`); other platforms (and AOT compiles for them on a CPU host) keep the smallest."""
-    (x,), (t,) = primals, tangents
-    width = _skew_width(x.shape[-1], klen, offset, stride)
-    tangent = jax.lax.platform_dependent(
-        t,
-        cpu=functools.partial(_skew, klen=klen, offset=offset, stride=stride, width=_cpu_tangent_width(width, stride)),
-        default=functools.partial(_skew, klen=klen, offset=offset, stride=stride, width=width),
-    )
-    return _relative_shift(x, klen, offset, stride), tangent
+# The shift is linear: its derivative is the same map on the tangent. `xla_cpu.linear_skew` defines it once, with
+# the tangent's row width chosen per backend (the primal uses the smallest).
+_relative_shift = xla_cpu.linear_skew(_skew, _skew_width)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Score terms and the attention itself
 # ----------------------------------------------------------------------------------------------------------------
-
-
-class ContentKeyOperand(NamedTuple):
-    """Key heads laid out for the content product: `keys [b, n, d, k]`, behind an optimization barrier
-    (`content_key_operand`); formed once per layer when several products use the keys (XLNet's two streams)."""
-
-    keys: jax.Array
-
-
-def content_key_operand(k_head: jax.Array) -> ContentKeyOperand:
-    """Key heads `[b,k,n,d]` -> `[b,n,d,k]` operand. Layout only: the key gradient is then formed as
-    `(q+u)^T dS` (`[d, k]` outputs) rather than `dS^T (q+u)` (`[k, d]`), which XLA:CPU ran at about half the
-    speed at seq 512 (5.3 vs 9.7 ms standalone, cf. `position_key_operand`); the barrier keeps XLA from folding
-    the transpose back into the product."""
-    return ContentKeyOperand(jax.lax.optimization_barrier(jnp.transpose(k_head, (0, 2, 3, 1))))
 
 
 def content_scores(q_head: jax.Array, k_head, r_w_bias: jax.Array) -> jax.Array:
@@ -199,47 +166,6 @@ def content_scores(q_head: jax.Array, k_head, r_w_bias: jax.Array) -> jax.Array:
     if isinstance(k_head, ContentKeyOperand):
         return jnp.einsum("bind,bndj->bnij", qu, k_head.keys.astype(q_head.dtype))
     return jnp.einsum("bind,bjnd->bnij", qu, k_head)
-
-
-class ValueOperand(NamedTuple):
-    """Value heads laid out `values [b, n, d, k]` for the probabilities-by-values product: the layout XLA:CPU
-    itself gives raw `[b, k, n, d]` values before that product, kept by cached evaluation's memory (Transformer-XL
-    `TransfoXLPretrained`), so only a segment's own rows are transposed."""
-
-    values: jax.Array
-
-
-class PositionKeyOperand(NamedTuple):
-    """Position keys laid out for the position product: `keys [b, n, d, r]`, behind an optimization barrier
-    (`position_key_operand`). Pass it wherever position keys go to form it once for several products (XLNet's
-    two streams)."""
-
-    keys: jax.Array
-
-
-def position_key_operand(k_head_r: jax.Array, batch: int, direction: Optional[jax.Array] = None) -> PositionKeyOperand:
-    """Position keys `[r,n,d]` (shared by the batch), `[b,r,n,d]` (per example), or `[2,r,n,d]` with a one-hot
-    `direction [b,2]` (XLNet bi_data: row b uses keys `direction[b] @ k_head_r`) -> `[b,n,d,r]` operand.
-
-    Layout only (same math, same FLOPs, bitwise-equal results on XLA:CPU):
-    * the product is batched over (b, n), the shared keys broadcast over the batch, so no `[b,n,q,r]` tensor goes
-      through a layout transpose (a shared-key einsum spent 22% of a Funnel seq-512 step in such transposes);
-    * the keys enter the product as `[b,n,d,r]`: their gradient is then formed as `(q+v)^T · dS` (`[d, r]`
-      outputs) rather than `dS^T · (q+v)` (`[r, d]`), which XLA:CPU ran 2.8x slower for `[512,1024]`
-      cotangents (29.6 vs 10.7 ms for Funnel's 16 heads x batch). One layer's attention core at seq 512, forward
-      and backward: 78 -> 69 ms;
-    * the broadcast over the batch (and XLNet's direction select) is a product, so its transpose -- the key
-      gradient's sum over the batch -- is a matrix-vector product: as a `reduce` over the short leading axis,
-      YNNPACK took 6 ms for `[4,1024,4,64]` (0.15 ms as a product);
-    * the barrier's transpose is a barrier on the key cotangent, so XLA does not fold that batch sum back into the
-      product as a contracting dimension (which transposes the `[b,n,q,r]` cotangent again)."""
-    if direction is not None:
-        keys = jnp.einsum("bs,sndr->bndr", direction.astype(k_head_r.dtype), jnp.transpose(k_head_r, (0, 2, 3, 1)))
-    elif k_head_r.ndim == 3:
-        keys = jnp.einsum("b,ndr->bndr", jnp.ones((batch,), k_head_r.dtype), jnp.transpose(k_head_r, (1, 2, 0)))
-    else:
-        keys = jnp.transpose(k_head_r, (0, 2, 3, 1))
-    return PositionKeyOperand(jax.lax.optimization_barrier(keys))
 
 
 def position_contraction(qv: jax.Array, k_head_r) -> jax.Array:
@@ -432,10 +358,8 @@ class RelativeMultiHeadAttention(nnx.Module):
         return self.r(pos_emb, gather_input_dims=True)
 
     def content_keys(self, k_head):
-        """The key heads as the content product's operand: in training (dropout not deterministic) the `[b,n,d,k]`
-        layout whose gradient XLA:CPU forms fast (`content_key_operand`; Funnel 12L step ~0.97x); in evaluation,
-        which has no backward pass, the keys as they are (the extra transpose made a batch-1 Transformer-XL
-        segment 5% slower). Idempotent."""
+        """The key heads as the content product's operand: in training the `[b,n,d,k]` layout of
+        `xla_cpu.content_key_operand`; in evaluation (no backward pass) the keys as they are. Idempotent."""
         if isinstance(k_head, ContentKeyOperand) or self.dropatt.deterministic:
             return k_head
         return content_key_operand(k_head)

@@ -1,4 +1,5 @@
-"""`build_program(config, mesh)`: the sharded training program, built abstractly.
+"""`build_program(config, mesh)`: the sharded training program, built abstractly; `train_step` and `eval_step`
+(module-level, below) are what it jits.
 
     program = build_program(config, mesh)
     state, mems = program.init_state()                      # created directly sharded (jit with out_shardings)
@@ -20,6 +21,7 @@ of the model is reseeded, so a resumed run draws exactly the same masks. `xlgen 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -164,6 +166,112 @@ def _opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh):
     return jax.tree_util.tree_map_with_path(pick, abstract_opt)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Step:
+    """What one training step needs besides its arguments: the config, the objective (model and loss), the abstract
+    training model, the optimizer and its schedule, the number of gradient-accumulation micro-batches."""
+
+    config: Any
+    objective: Objective
+    spec: ModelSpec
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    accum: int
+
+
+def loss_fn(step: Step, params, batch, mems, key):
+    """(loss, (metrics, new_mems)) of the objective on `batch`, the model's dropout streams reseeded from `key`."""
+    model = materialize(step.spec.abstract, params, rest=seeded_rest(step.spec.rest, key))
+    with sharding.activation_rules(step.config.mesh.rules):  # the models' activation constraints use these rules
+        loss, aux, new_mems = step.objective.loss(model, batch, mems, key, step.config)
+    return loss, (aux, new_mems)
+
+
+def accumulated_grads(step: Step, params, batch, mems, key):
+    """((loss, (metrics, new_mems)), grads) over `step.accum` micro-batches: micro-batch a = rows a, a+A, a+2A, ...
+    (strided, so each stays evenly sharded), weighted by the loss's normaliser (`Objective.loss_weight`, e.g.
+    target tokens): the accumulated loss and gradient are those of the global batch, whatever the padding or target
+    masks of each micro-batch."""
+    grad_fn = jax.value_and_grad(functools.partial(loss_fn, step), has_aux=True)
+    accum, weight_fn = step.accum, step.objective.loss_weight
+    if accum == 1:
+        return grad_fn(params, batch, mems, key)
+
+    def split(x, axis):
+        shp = x.shape
+        x = x.reshape(shp[:axis] + (shp[axis] // accum, accum) + shp[axis + 1 :])
+        return jnp.moveaxis(x, axis + 1, 0)
+
+    micro = jax.tree.map(lambda x: split(x, 0), batch)
+    micro_mems = split(mems, 1) if mems is not None else None
+
+    def body(acc, xs):
+        i, mb, mm = xs
+        (l, (a, nm)), g = grad_fn(params, mb, mm, jax.random.fold_in(key, i))
+        w = jnp.asarray(weight_fn(mb, step.config), jnp.float32) if weight_fn is not None else jnp.ones((), jnp.float32)
+        acc = jax.tree.map(lambda s, x: s + w * x, acc, (l, a, g, 1.0))
+        return acc, nm
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    aux0 = jax.eval_shape(
+        lambda: loss_fn(
+            step, params, jax.tree.map(lambda x: x[0], micro), None if micro_mems is None else micro_mems[0], key
+        )[1][0]
+    )
+    aux0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux0)
+    (loss, aux, grads, total_w), new_micro = jax.lax.scan(
+        body,
+        (jnp.zeros((), jnp.float32), aux0, zeros, jnp.zeros((), jnp.float32)),
+        (jnp.arange(accum), micro, micro_mems),
+    )
+    total_w = jnp.where(total_w > 0, total_w, 1.0)
+    loss, aux, grads = jax.tree.map(lambda x: (x / total_w).astype(x.dtype), (loss, aux, grads))
+    new_mems = None
+    if new_micro is not None:
+        nm = jnp.moveaxis(new_micro, 0, 2)  # [L, b/A, A, M, d]
+        new_mems = nm.reshape(nm.shape[:1] + (nm.shape[1] * accum,) + nm.shape[3:])
+    return (loss, (aux, new_mems)), grads
+
+
+def train_step(step: Step, state, batch, mems):
+    """One optimizer update: (state, batch, mems) -> (state, mems, metrics). The step key is fold_in(rng, step), so
+    a resumed run draws the same dropout masks. A non-finite loss or gradient norm skips the update (parameters,
+    optimizer state and memory stay as they were; the step and its batch are consumed); with finite values the
+    selects return their first operand bit for bit. The loop counts the skips (metrics["nonfinite"])."""
+    t = state["step"]
+    key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), t)
+    params = state["params"]
+    (loss, (aux, new_mems)), grads = accumulated_grads(step, params, batch, mems, key)
+    updates, opt_state = step.tx.update(grads, state["opt_state"], params)
+    new_params = optax.apply_updates(params, updates)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new_params, opt_state = jax.tree.map(
+        lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
+    )
+    new_state = {"params": new_params, "opt_state": opt_state, "step": t + 1, "rng": state["rng"]}
+    if mems is not None:
+        new_mems = jnp.where(finite, new_mems.astype(mems.dtype), mems)
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "learning_rate": step.schedule(t),
+        **aux,
+        "nonfinite": jnp.logical_not(finite).astype(jnp.float32),
+    }
+    return new_state, new_mems, metrics
+
+
+def eval_step(config, objective: Objective, spec: ModelSpec, params, batch, mems):
+    """(sum of per-token losses, count, new_mems) of the eval model (dropout off) on `batch`."""
+    model = materialize(spec.abstract, params, rest=seeded_rest(spec.rest, jax.random.key(0)))
+    with sharding.activation_rules(config.mesh.rules):
+        total, count, new_mems = objective.eval_loss(model, batch, mems, config)
+    if mems is not None:
+        new_mems = new_mems.astype(mems.dtype)
+    return total, count, new_mems
+
+
 # Config sections that do not change the compiled program (a resumed or re-run job reuses the executables).
 _NOT_PROGRAM = ("checkpoint", "log_every_steps", "eval_every_steps", "tensorboard", "peak_flops_per_device")
 _PROGRAMS: Dict[Tuple, "Program"] = {}
@@ -230,7 +338,6 @@ def _build_program(config, mesh: Mesh) -> Program:
         )
 
     seed = int(config.seed)
-    rest_train = train_spec.rest
 
     def init_fn():
         model = objective.make_model(config, nnx.Rngs(params=seed, dropout=seed + 1, sample=seed + 2), True)
@@ -266,89 +373,10 @@ def _build_program(config, mesh: Mesh) -> Program:
             f"data-parallel size = {accum} * {dp}: every micro-batch must split evenly over the "
             f"data-parallel devices"
         )
-    weight_fn = objective.loss_weight
-
-    def loss_fn(params, batch, mems, key):
-        rest = seeded_rest(rest_train, key)
-        model = materialize(train_spec.abstract, params, rest=rest)
-        with sharding.activation_rules(config.mesh.rules):  # the models' activation constraints use these rules
-            loss, aux, new_mems = objective.loss(model, batch, mems, key, config)
-        return loss, (aux, new_mems)
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def train_step(state, batch, mems):
-        step = state["step"]
-        key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)
-        params = state["params"]
-        if accum == 1:
-            (loss, (aux, new_mems)), grads = grad_fn(params, batch, mems, key)
-        else:
-            # Microbatch a = rows a, a+A, a+2A, ... (strided, so each microbatch stays evenly sharded).
-            def split(x, axis):
-                shp = x.shape
-                x = x.reshape(shp[:axis] + (shp[axis] // accum, accum) + shp[axis + 1 :])
-                return jnp.moveaxis(x, axis + 1, 0)
-
-            micro = jax.tree.map(lambda x: split(x, 0), batch)
-            micro_mems = split(mems, 1) if mems is not None else None
-
-            def body(acc, xs):
-                # micro-batches weighted by the loss's normaliser (e.g. target tokens): the accumulated loss and
-                # gradient are those of the global batch, whatever the padding / target masks of each micro-batch
-                i, mb, mm = xs
-                (l, (a, nm)), g = grad_fn(params, mb, mm, jax.random.fold_in(key, i))
-                w = (
-                    jnp.asarray(weight_fn(mb, config), jnp.float32)
-                    if weight_fn is not None
-                    else jnp.ones((), jnp.float32)
-                )
-                acc = jax.tree.map(lambda s, x: s + w * x, acc, (l, a, g, 1.0))
-                return acc, nm
-
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            aux0 = jax.eval_shape(
-                lambda: loss_fn(
-                    params, jax.tree.map(lambda x: x[0], micro), None if micro_mems is None else micro_mems[0], key
-                )[1][0]
-            )
-            aux0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux0)
-            (loss, aux, grads, total_w), new_micro = jax.lax.scan(
-                body,
-                (jnp.zeros((), jnp.float32), aux0, zeros, jnp.zeros((), jnp.float32)),
-                (jnp.arange(accum), micro, micro_mems),
-            )
-            total_w = jnp.where(total_w > 0, total_w, 1.0)
-            loss, aux, grads = jax.tree.map(lambda x: (x / total_w).astype(x.dtype), (loss, aux, grads))
-            if new_micro is not None:
-                nm = jnp.moveaxis(new_micro, 0, 2)  # [L, b/A, A, M, d]
-                new_mems = nm.reshape(nm.shape[:1] + (nm.shape[1] * accum,) + nm.shape[3:])
-            else:
-                new_mems = None
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
-        grad_norm = optax.global_norm(grads)
-        # A non-finite loss or gradient norm skips the update (parameters, optimizer state and memory stay as they
-        # were; the step and its batch are consumed). With finite values the selects return their first operand
-        # bit for bit. The loop counts the skips (metrics["nonfinite"]) and stops after too many in a row.
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        new_params, opt_state = jax.tree.map(
-            lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
-        )
-        new_state = {"params": new_params, "opt_state": opt_state, "step": step + 1, "rng": state["rng"]}
-        if mems is not None:
-            new_mems = jnp.where(finite, new_mems.astype(mems.dtype), mems)
-        metrics = {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "learning_rate": schedule(step),
-            **aux,
-            "nonfinite": jnp.logical_not(finite).astype(jnp.float32),
-        }
-        return new_state, new_mems, metrics
+    step = Step(config=config, objective=objective, spec=train_spec, tx=tx, schedule=schedule, accum=accum)
 
     train_step_jit = jax.jit(
-        train_step,
+        functools.partial(train_step, step),
         in_shardings=(state_shardings, batch_shardings, mems_sharding),
         out_shardings=(state_shardings, mems_sharding, rep),
         donate_argnums=(0, 2),
@@ -398,23 +426,14 @@ def make_eval_step(program: Program):
 
 def _make_eval_step(program: Program):
     config, objective, spec, mesh = program.config, program.objective, program.eval_spec, program.mesh
-    rest = spec.rest
     mems_shape = objective.mems_shape(config, "eval")
     mems_sh = NamedSharding(mesh, sharding.mems_spec()) if mems_shape is not None else None
     bspec = objective.batch_shapes(config, "eval")
     bsh = {k: sharding.batch_sharding(mesh, len(s)) for k, (s, _) in bspec.items()}
     rep = sharding.replicated(mesh)
 
-    def eval_step(params, batch, mems):
-        model = materialize(spec.abstract, params, rest=seeded_rest(rest, jax.random.key(0)))
-        with sharding.activation_rules(config.mesh.rules):
-            total, count, new_mems = objective.eval_loss(model, batch, mems, config)
-        if mems is not None:
-            new_mems = new_mems.astype(mems.dtype)
-        return total, count, new_mems
-
     step = jax.jit(
-        eval_step,
+        functools.partial(eval_step, config, objective, spec),
         in_shardings=(program.state_shardings["params"], bsh, mems_sh),
         out_shardings=(rep, rep, mems_sh),
         donate_argnums=(2,),

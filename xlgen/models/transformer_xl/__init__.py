@@ -1,4 +1,4 @@
-"""Transformer-XL (Dai et al., 2019): `model` (config, segment-recurrent LM, HF calling convention), `hf` (Hugging
+"""Transformer-XL (Dai et al., 2019): `model` (config, segment-recurrent LM), `pretrained` (HF calling convention and evaluation cache), `hf` (Hugging
 Face loading), `cost` (analytic FLOPs) and `family` (the registry record); the adaptive softmax it uses is shared in
 `xlgen.models.adaptive_softmax`."""
 
@@ -6,11 +6,11 @@ from xlgen.models.transformer_xl.hf import from_hf
 from xlgen.models.transformer_xl.model import (
     TransformerXLConfig,
     TransformerXLLM,
-    TransfoXLPretrained,
     attention_mask,
     count_params,
     from_params,
 )
+from xlgen.models.transformer_xl.pretrained import TransfoXLPretrained
 
 __all__ = [
     "TransfoXLPretrained",

@@ -9,8 +9,9 @@ from xlgen.models.numbering import layer_stack_ids
 from xlgen.models.transformer_xl.cost import train_flops
 from xlgen.models.transformer_xl.hf import from_hf
 from xlgen.models.transformer_xl.hf_export import to_hf
-from xlgen.models.transformer_xl.model import TransformerXLConfig, TransformerXLLM, TransfoXLPretrained
+from xlgen.models.transformer_xl.model import TransformerXLConfig, TransformerXLLM
 from xlgen.models.transformer_xl.objectives import TXL_LM
+from xlgen.models.transformer_xl.pretrained import TransfoXLPretrained
 
 
 def _wrap(module: TransformerXLLM, kwargs) -> TransfoXLPretrained:

@@ -1,7 +1,7 @@
 """Transformer-XL and Hugging Face (transformers 4.34.1): loading TransfoXLLMHeadModel / TransfoXLModel checkpoints
 (`from_hf`, the `xlgen.from_pretrained` loader). HF weights map onto xlgen's parameter paths (`hf_to_xlgen_params`)
 and go into the module through `xlgen.models.params.materialize` (`model.from_params`); the result is called with
-HF's convention through `model.TransfoXLPretrained`.
+HF's convention through `pretrained.TransfoXLPretrained`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any, Dict
 
 import numpy as np
 
-from xlgen.models.transformer_xl.model import TransformerXLConfig, TransfoXLPretrained, from_params
+from xlgen.models.transformer_xl.model import TransformerXLConfig, from_params
+from xlgen.models.transformer_xl.pretrained import TransfoXLPretrained
 
 
 def hf_to_xlgen_params(
