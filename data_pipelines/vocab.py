@@ -74,7 +74,7 @@ def split_digit_comma(sp, piece: str) -> list[str] | None:
 
 def encode_pieces(sp, text: str, sample: bool = False) -> list[str]:
     """XLNet's `encode_pieces`: SentencePiece pieces, with "<digits>," re-split so the comma is its own piece
-    (`split_digit_comma`). Pretraining and finetuning (`data_pipelines.tasks.tokenization`) both tokenise this way."""
+    (`split_digit_comma`). Pretraining and finetuning (`xlgen.finetune.readers.tokenization`) both tokenise this way."""
     pieces = sp.SampleEncodeAsPieces(text, 64, 0.1) if sample else sp.EncodeAsPieces(text)
     out = []
     for piece in pieces:

@@ -38,7 +38,7 @@ NUMBER_TEXTS = [
 
 def test_finetune_tokenizer_matches_pretraining_on_numbers(number_spm):
     from data_pipelines import vocab
-    from data_pipelines.tasks.tokenization import SentencePieceTaskTokenizer, cover_span, preprocess_with_map
+    from xlgen.finetune.readers.tokenization import SentencePieceTaskTokenizer, cover_span, preprocess_with_map
 
     pre_tok = vocab.SentencePieceTokenizer(number_spm)
     task_tok = SentencePieceTaskTokenizer(number_spm)
@@ -492,8 +492,8 @@ def test_race_input_order_per_family():
     every option starts from the untouched article (xlgen does not repeat run_race.py's shared-list append)."""
     import types
 
-    from data_pipelines.tasks.examples import ChoiceExample
-    from data_pipelines.tasks.features import choice_features
+    from xlgen.finetune.readers.examples import ChoiceExample
+    from xlgen.finetune.readers.features import choice_features
 
     enc = lambda s: [int(w) for w in s.split()]  # noqa: E731
     xlnet = types.SimpleNamespace(style="xlnet", cls_id=3, sep_id=4, pad_id=5, encode=enc)

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from data_pipelines.tasks import synthetic
 from xlgen import finetune as ft
+from xlgen.finetune.readers import synthetic
 
 XLNET, FUNNEL = "configs/finetune/tiny.py", "configs/finetune/tiny_funnel.py"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,7 +204,7 @@ def test_layer_wise_lr_decay_scales_per_family(tmp_path):
     rate^(L-1-l), embeddings and heads 1.0 (as the original); Funnel: the embedding is layer 0 below the encoder
     layers, and a QA model's decoder layers sit on top of the encoder (as Funnel's optimization.py)."""
     from xlgen import optim
-    from xlgen.tasks.objective import FINETUNE
+    from xlgen.finetune.objective import FINETUNE
     from xlgen.train.program import abstract_model
 
     for cfg_file, task, expect in (

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from xlgen import config as config_lib
-from xlgen.tasks import TASKS
+from xlgen.finetune.tasks import TASKS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = sorted(

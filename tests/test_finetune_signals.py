@@ -42,7 +42,7 @@ def _records(workdir):
 
 @pytest.mark.slow
 def test_sigterm_during_finetune_saves_and_resumes_exactly(tmp_path, compile_cache):
-    from data_pipelines.tasks import synthetic
+    from xlgen.finetune.readers import synthetic
 
     data = str(tmp_path / "sst2")
     synthetic.write_glue(data, "sst2", n_train=64, n_dev=16, n_test=0)

@@ -246,8 +246,8 @@ def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, c
     """`xlgen finetune` with data_dir, tokenizer and workdir on gs:// gives exactly the local run's losses, dev
     results and prediction files; `--config.init_from=gs://...` starts a new run from the bucket workdir's tensors."""
     from data_pipelines import paths
-    from data_pipelines.tasks import synthetic
     from xlgen import finetune as ft
+    from xlgen.finetune.readers import synthetic
 
     data = tmp_path / "sst2"
     synthetic.write_glue(str(data), "sst2", n_train=64, n_dev=16, n_test=4)

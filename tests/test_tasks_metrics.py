@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from xlgen.tasks import metrics
-from xlgen.tasks import squad_eval as se
+from xlgen.finetune import metrics
+from xlgen.finetune import squad_eval as se
 
 
 def test_classification_and_regression_metrics_match_definitions():

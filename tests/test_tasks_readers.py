@@ -6,15 +6,15 @@ import types
 import numpy as np
 import pytest
 
-from data_pipelines.tasks import TaskDataError, synthetic
-from data_pipelines.tasks.classification import read_classification
-from data_pipelines.tasks.features import choice_features, pack, text_features
-from data_pipelines.tasks.glue import GLUE_TASKS, read_glue
-from data_pipelines.tasks.pipeline import FeaturePipeline, eval_batches
-from data_pipelines.tasks.race import read_race
-from data_pipelines.tasks.squad import read_squad
-from xlgen.tasks import TASKS, get_task
-from xlgen.tasks.submission import glue_submission_text
+from xlgen.finetune.readers import TaskDataError, synthetic
+from xlgen.finetune.readers.classification import read_classification
+from xlgen.finetune.readers.features import choice_features, pack, text_features
+from xlgen.finetune.readers.glue import GLUE_TASKS, read_glue
+from xlgen.finetune.readers.pipeline import FeaturePipeline, eval_batches
+from xlgen.finetune.readers.race import read_race
+from xlgen.finetune.readers.squad import read_squad
+from xlgen.finetune.submission import glue_submission_text
+from xlgen.finetune.tasks import TASKS, get_task
 
 
 def test_every_glue_task_reads_every_split(tmp_path):
@@ -136,7 +136,7 @@ def test_xlnet_and_funnel_input_layouts():
         [1, 1, 1, 1, 1, 1, 0, 0],
     )
     # pair truncation pops from the longer text; labels kept
-    from data_pipelines.tasks.examples import ChoiceExample, TextExample
+    from xlgen.finetune.readers.examples import ChoiceExample, TextExample
 
     f = text_features([TextExample("0", "1 2 3 4 5 6", "7 8", 1)], _TOK, max_seq_length=8)
     assert f["input_ids"][0].tolist() == [1, 2, 3, 4, 7, 8, 4, 3]  # 5 pieces fit: A keeps 3, B keeps 2
@@ -235,4 +235,4 @@ def test_tfds_records_map_to_the_same_examples(monkeypatch):
     assert calls[0] == ("glue/mnli", "validation_matched", "/data/tfds", False)
 
 
-from data_pipelines.tasks.examples import TextExample  # noqa: E402
+from xlgen.finetune.readers.examples import TextExample  # noqa: E402

@@ -4,10 +4,10 @@ across doc-stride windows; layout, p_mask and max-context invariants; beam decod
 import numpy as np
 import pytest
 
-from data_pipelines.tasks import synthetic
-from data_pipelines.tasks.squad import read_squad, squad_features
-from data_pipelines.tasks.tokenization import SentencePieceTaskTokenizer, cover_span, preprocess_with_map
-from xlgen.tasks import squad_decode, squad_eval
+from xlgen.finetune import squad_decode, squad_eval
+from xlgen.finetune.readers import synthetic
+from xlgen.finetune.readers.squad import read_squad, squad_features
+from xlgen.finetune.readers.tokenization import SentencePieceTaskTokenizer, cover_span, preprocess_with_map
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,7 @@ def test_start_block_summary_and_printed_commands_work(tmp_path, compile_cache):
 
 def test_finetune_platform_cpu_is_quiet(tmp_path, compile_cache):
     """`xlgen finetune --platform=cpu` imports jax before it picks the platform: the platform must still hold."""
-    from data_pipelines.tasks import synthetic
+    from xlgen.finetune.readers import synthetic
 
     data = tmp_path / "sst2"
     synthetic.write_glue(str(data), "sst2", n_train=32, n_dev=16, n_test=4)
@@ -259,11 +259,11 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path, compil
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     """prepare spm with a --vocab_size the corpus cannot fill; a truncated SQuAD file (line, column, character);
     xlgen --version; xlgen config show; train --help names it."""
-    from data_pipelines.tasks import synthetic
-    from data_pipelines.tasks.examples import TaskDataError
-    from data_pipelines.tasks.squad import read_squad
     from xlgen import __version__
     from xlgen.cli import main
+    from xlgen.finetune.readers import synthetic
+    from xlgen.finetune.readers.examples import TaskDataError
+    from xlgen.finetune.readers.squad import read_squad
 
     corpus = tmp_path / "small.txt"
     corpus.write_text("\n".join(f"line {i} of a very small corpus about cats and dogs" for i in range(200)))
@@ -317,8 +317,8 @@ def test_workdir_keeps_its_tokenizer_and_a_different_one_is_an_error(tmp_path):
     from ml_collections import ConfigDict
 
     from data_pipelines import vocab as vocab_lib
-    from data_pipelines.tasks import synthetic
     from xlgen.finetune.data import load_tokenizer
+    from xlgen.finetune.readers import synthetic
     from xlgen.train import tokenizer_store
 
     texts = [f"the {w} sat on the mat near {v}" for w in ("cat", "dog", "cow") for v in ("home", "town", "sea")] * 20

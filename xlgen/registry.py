@@ -28,7 +28,7 @@ SYSTEMS: Dict[str, str] = {
 
 # config.objective -> "module:attribute" of an Objective that works with any family's finetuning heads
 SHARED_OBJECTIVES: Dict[str, str] = {
-    "finetune": "xlgen.tasks.objective:FINETUNE",
+    "finetune": "xlgen.finetune.objective:FINETUNE",
 }
 
 _LOADED: Dict[str, object] = {}

@@ -1,7 +1,7 @@
 """CPU-sized finetuning smoke/demo run: a tiny, randomly initialised XLNet (no init_from) on any task, e.g. the
 synthetic SST-2 in the official format:
 
-    python -c "from data_pipelines.tasks import synthetic as s; s.write_glue('/tmp/sst2', 'sst2', n_train=512); \
+    python -c "from xlgen.finetune.readers import synthetic as s; s.write_glue('/tmp/sst2', 'sst2', n_train=512); \
 s.train_sentencepiece(s.corpus_for('/tmp/sst2'), '/tmp/sst2/spiece.model', vocab_size=100)"
     xlgen finetune --config=configs/finetune/tiny.py --config.task=glue/sst2 --config.data_dir=/tmp/sst2 \
         --config.tokenizer=/tmp/sst2/spiece.model --workdir=/tmp/ft_sst2

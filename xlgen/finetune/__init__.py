@@ -7,7 +7,7 @@
    workdir / `workdir/checkpoints/<step>`), then command-line `--config.model.*` overrides (e.g. dropout) apply.
    Parameters are restored by name where the shapes agree (partial restore); task heads that do not exist in the
    pretrained model start fresh. `init_from=""` starts from random weights (smoke tests).
-2. Data: the task's official files in `data_dir` are read (`data_pipelines.tasks`), tokenized with `tokenizer`
+2. Data: the task's official files in `data_dir` are read (`xlgen.finetune.readers`), tokenized with `tokenizer`
    (default: `spiece.model` / `vocab.txt` found in `init_from`) in the model family's input convention, and
    cached as `.npz` under `DIR/cache/` keyed by everything that affects them.
 3. Training reuses the trainer's program (`build_program`: sharding, jitted/donated step, optimizer with warmup,

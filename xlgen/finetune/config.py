@@ -42,7 +42,7 @@ def resolve_config(config, model_overrides: Dict[str, str] = ()):
     from ml_collections import ConfigDict
 
     from xlgen import config as config_lib
-    from xlgen.tasks import get_task
+    from xlgen.finetune.tasks import get_task
 
     task = get_task(config.task)  # unknown task -> error listing the known ones
     if config.init_from:

@@ -35,7 +35,7 @@ def _local_tokenizer_file(path: str) -> str:
 
 
 def load_tokenizer(config):
-    from data_pipelines.tasks.tokenization import load_task_tokenizer
+    from xlgen.finetune.readers.tokenization import load_task_tokenizer
 
     path = config.tokenizer or (config.init_from if config.init_from else "")
     if config.init_from:  # an xlgen pretraining workdir carries its tokenizer (xlgen/train/tokenizer_store.py)
@@ -105,9 +105,9 @@ def _save_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
 
 def split_examples_and_features(config, tokenizer, split: str, workdir: Optional[str]):
     """(examples, features) of `split`, features cached in `workdir/cache/`."""
-    from data_pipelines.tasks.features import choice_features, text_features
-    from data_pipelines.tasks.squad import squad_features
-    from xlgen.tasks import get_task
+    from xlgen.finetune.readers.features import choice_features, text_features
+    from xlgen.finetune.readers.squad import squad_features
+    from xlgen.finetune.tasks import get_task
 
     task = get_task(config.task)
     d = config.data

@@ -16,8 +16,8 @@ class Predictor:
         import jax
 
         from xlgen import sharding
+        from xlgen.finetune.objective import batch_shapes, forward
         from xlgen.models.params import materialize
-        from xlgen.tasks.objective import batch_shapes, forward
         from xlgen.train.program import concrete_rest
 
         self.program = program
@@ -40,8 +40,8 @@ class Predictor:
         """Outputs for every row of `features` (eval batches padded; padding rows dropped)."""
         import jax
 
-        from data_pipelines.tasks.pipeline import eval_batches
         from xlgen import sharding
+        from xlgen.finetune.readers.pipeline import eval_batches
         from xlgen.train.loop import global_batch
 
         gb = self.bspec["input_ids"][0][0]
@@ -58,8 +58,8 @@ class Predictor:
 
 def evaluate_split(config, task, examples, features, outputs, split: str) -> Tuple[Dict[str, float], Dict[str, Any]]:
     """Task metrics of one dev split and the prediction artefacts to write."""
-    from xlgen.tasks import metrics as M
-    from xlgen.tasks import squad_decode, squad_eval
+    from xlgen.finetune import metrics as M
+    from xlgen.finetune import squad_decode, squad_eval
 
     arts: Dict[str, Any] = {}
     if task.kind == "squad":
@@ -127,7 +127,7 @@ def _suffix(task, split: str) -> str:
 
 
 def run_evaluation(config, predictor, params, data: Dict[str, Any], step: int) -> Tuple[Dict[str, float], Dict]:
-    from xlgen.tasks import get_task
+    from xlgen.finetune.tasks import get_task
 
     task = get_task(config.task)
     results: Dict[str, float] = {}

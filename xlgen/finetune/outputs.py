@@ -41,14 +41,14 @@ def write_artefacts(workdir: str, results: Dict[str, Any], artefacts: Dict[str, 
 def write_test_predictions(config, predictor, params, tokenizer, workdir: str) -> List[str]:
     """GLUE submission files from the test split(s), when the test files exist."""
     from data_pipelines import paths
-    from xlgen.tasks import get_task
-    from xlgen.tasks.submission import glue_submission_text
+    from xlgen.finetune.submission import glue_submission_text
+    from xlgen.finetune.tasks import get_task
 
     task = get_task(config.task)
     written = []
     if not task.name.startswith("glue/"):
         return written
-    from data_pipelines.tasks.glue import glue_file
+    from xlgen.finetune.readers.glue import glue_file
 
     for split in task.test_splits:
         if not os.path.exists(glue_file(task.name[5:], config.data_dir, split)):

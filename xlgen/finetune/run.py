@@ -28,9 +28,9 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
 
 
 def _finetune(config, wd: Workdir, t_begin: float) -> Dict[str, Any]:
-    from data_pipelines.tasks.pipeline import FeaturePipeline
     from xlgen import sharding
-    from xlgen.tasks import get_task
+    from xlgen.finetune.readers.pipeline import FeaturePipeline
+    from xlgen.finetune.tasks import get_task
     from xlgen.train import loop
     from xlgen.train.program import build_program
 
@@ -112,7 +112,7 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
     import jax
 
     from xlgen import sharding
-    from xlgen.tasks import get_task
+    from xlgen.finetune.tasks import get_task
     from xlgen.train.program import build_program
 
     wd = Workdir(workdir)

@@ -75,7 +75,7 @@ def _sentence(rng, cue=None, n=8) -> str:
 
 def write_glue(data_dir: str, task: str, *, n_train: int = 64, n_dev: int = 32, n_test: int = 8, seed: int = 0) -> None:
     """Write `task`'s train/dev/test files (MNLI: dev_matched/dev_mismatched/test_matched/test_mismatched)."""
-    from data_pipelines.tasks.glue import GLUE_TASKS
+    from xlgen.finetune.readers.glue import GLUE_TASKS
 
     spec = GLUE_TASKS[task]
     rng = np.random.default_rng(seed)

@@ -13,7 +13,7 @@ import dataclasses
 import os
 from typing import Dict, List, Optional, Tuple
 
-from data_pipelines.tasks.examples import TaskDataError, TextExample, where
+from xlgen.finetune.readers.examples import TaskDataError, TextExample, where
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,8 +25,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from data_pipelines.tasks.examples import SquadExample, TaskDataError, json_error, where
-from data_pipelines.tasks.tokenization import cover_span
+from xlgen.finetune.readers.examples import SquadExample, TaskDataError, json_error, where
+from xlgen.finetune.readers.tokenization import cover_span
 
 SEG_P, SEG_Q, SEG_CLS, SEG_PAD = 0, 1, 2, 4
 

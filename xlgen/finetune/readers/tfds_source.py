@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from data_pipelines.tasks.examples import ChoiceExample, SquadExample, TaskDataError, TextExample
+from xlgen.finetune.readers.examples import ChoiceExample, SquadExample, TaskDataError, TextExample
 
 TFDS_PREFIX = "tfds:"
 
@@ -68,7 +68,7 @@ def _source(name: str, split: str, data_dir: Optional[str]):
 
 def read_tfds(task_name: str, split: str, data_dir: str) -> List[Any]:
     """Examples of `task_name`/`split` from the TFDS directory in `data_dir` ("tfds:[DIR]")."""
-    from data_pipelines.tasks.glue import GLUE_TASKS
+    from xlgen.finetune.readers.glue import GLUE_TASKS
 
     root = data_dir[len(TFDS_PREFIX) :] if data_dir.startswith(TFDS_PREFIX) else data_dir
     if task_name.startswith("glue/"):

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import optax
 
 from xlgen import registry
+from xlgen.finetune.tasks import get_task
 from xlgen.models.family import Objective
-from xlgen.tasks import get_task
 
 NEG = -1e30
 

@@ -11,10 +11,10 @@ import dataclasses
 import os
 from typing import Optional, Tuple
 
-from data_pipelines.tasks import classification as _cls
-from data_pipelines.tasks import glue as _glue
-from data_pipelines.tasks import race as _race
-from data_pipelines.tasks import squad as _squad
+from xlgen.finetune.readers import classification as _cls
+from xlgen.finetune.readers import glue as _glue
+from xlgen.finetune.readers import race as _race
+from xlgen.finetune.readers import squad as _squad
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +32,9 @@ class Task:
 
     def read(self, data_dir: str, split: str, *, skip_malformed: bool = False):
         """Examples of `split` from the official files in `data_dir`, or from a prepared TFDS dataset when
-        `data_dir` is "tfds:[TFDS_DIR]" (`data_pipelines.tasks.tfds_source`)."""
+        `data_dir` is "tfds:[TFDS_DIR]" (`xlgen.finetune.readers.tfds_source`)."""
         if data_dir.startswith("tfds:"):
-            from data_pipelines.tasks.tfds_source import read_tfds
+            from xlgen.finetune.readers.tfds_source import read_tfds
 
             return read_tfds(self.name, split, data_dir)
         if self.name.startswith("glue/"):

@@ -12,7 +12,7 @@ import json
 import os
 from typing import List, Sequence
 
-from data_pipelines.tasks.examples import ChoiceExample, TaskDataError, json_error, where
+from xlgen.finetune.readers.examples import ChoiceExample, TaskDataError, json_error, where
 
 LEVELS = ("middle", "high")
 NUM_OPTIONS = 4

@@ -16,7 +16,7 @@ import glob
 import os
 from typing import Dict, List
 
-from data_pipelines.tasks.examples import TaskDataError, TextExample, where
+from xlgen.finetune.readers.examples import TaskDataError, TextExample, where
 
 NUM_CLASSES: Dict[str, int] = {"imdb": 2, "yelp2": 2, "yelp5": 5, "dbpedia": 14, "ag": 4, "amazon2": 2, "amazon5": 5}
 

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from data_pipelines.tasks.examples import ChoiceExample, TextExample
+from xlgen.finetune.readers.examples import ChoiceExample, TextExample
 
 SEG_A, SEG_B, SEG_CLS, SEG_SEP, SEG_PAD = 0, 1, 2, 3, 4
 
