@@ -25,6 +25,7 @@ setup(
         "tqdm>=4.66",
         "scipy>=1.13",
         "scikit-learn>=1.5",
+        "seqeval>=1.2,<2",  # entity-level NER metrics (finetuning conll2003)
         "safetensors>=0.4",
         "tokenizers>=0.14,<0.15",
         "absl-py>=2",

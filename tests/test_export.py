@@ -204,6 +204,7 @@ XLNET_FIELDS = {
     "XLNetLMHeadModel": ("logits",),
     "XLNetForSequenceClassification": ("logits",),
     "XLNetForMultipleChoice": ("logits",),
+    "XLNetForTokenClassification": ("logits",),
     "XLNetForQuestionAnswering": ("start_top_log_probs", "end_top_log_probs", "cls_logits"),
 }
 
@@ -214,6 +215,7 @@ XLNET_FIELDS = {
         ("XLNetLMHeadModel", dict(attn_type="bi", ff_activation="gelu")),
         ("XLNetForSequenceClassification", dict(num_labels=3, ff_activation="relu")),
         ("XLNetForMultipleChoice", dict()),
+        ("XLNetForTokenClassification", dict(num_labels=5)),
         ("XLNetForQuestionAnswering", dict()),
     ],
 )
@@ -280,6 +282,7 @@ def funnel_inputs(arch, rng, l=11):
         ("FunnelForPreTraining", dict(block_sizes=[1, 2], block_repeats=[2, 1], num_decoder_layers=1)),
         ("FunnelForSequenceClassification", dict(block_sizes=[1, 1, 1], num_labels=3, attention_type="factorized")),
         ("FunnelForMultipleChoice", dict(block_sizes=[1, 1])),
+        ("FunnelForTokenClassification", dict(block_sizes=[1, 1], num_decoder_layers=1, num_labels=5)),
         ("FunnelForQuestionAnswering", dict(block_sizes=[1, 1], num_decoder_layers=1)),
     ],
 )

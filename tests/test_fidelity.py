@@ -496,8 +496,8 @@ def test_race_input_order_per_family():
     from xlgen.finetune.readers.features import choice_features
 
     enc = lambda s: [int(w) for w in s.split()]  # noqa: E731
-    xlnet = types.SimpleNamespace(style="xlnet", cls_id=3, sep_id=4, pad_id=5, encode=enc)
-    funnel = types.SimpleNamespace(style="funnel", cls_id=101, sep_id=102, pad_id=0, encode=enc)
+    xlnet = types.SimpleNamespace(style="cls_last", cls_id=3, sep_id=4, pad_id=5, encode=enc)
+    funnel = types.SimpleNamespace(style="cls_first", cls_id=101, sep_id=102, pad_id=0, encode=enc)
     ex = ChoiceExample("q", "1 2 3", ("20 21 22", "30", "40", "50"), 2, "high")
     fx = choice_features([ex], xlnet, max_seq_length=10, max_qa_length=2)
     assert fx["input_ids"][0, 0].tolist() == [5, 5, 1, 2, 3, 4, 21, 22, 4, 3]

@@ -52,6 +52,13 @@ PARITY_CASES = [
     ("FunnelForQuestionAnswering", "factorized", dict(block_sizes=[1, 1, 1], num_decoder_layers=1), 12),
     ("FunnelForMultipleChoice", "relative_shift", dict(block_sizes=[1, 1]), 12),
     ("FunnelForMultipleChoice", "factorized", dict(block_sizes=[1, 1]), 11),
+    (
+        "FunnelForTokenClassification",
+        "relative_shift",
+        dict(block_sizes=[1, 1], num_decoder_layers=1, num_labels=5),
+        11,
+    ),
+    ("FunnelForTokenClassification", "factorized", dict(block_sizes=[1, 2], num_decoder_layers=1, num_labels=3), 12),
 ]
 
 

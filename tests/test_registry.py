@@ -44,10 +44,11 @@ def test_every_family_is_complete_and_found_by_name_hf_type_and_module():
 
 def test_finetuning_heads_per_family():
     """XLNet and Funnel have a head for every task kind; Transformer-XL none (a clear error)."""
-    kinds = {"classification", "regression", "multiple_choice", "squad"}
+    kinds = {"classification", "regression", "multiple_choice", "squad", "token_classification"}
     for name in ("xlnet", "funnel"):
         fam = registry.get(name)
-        assert set(fam.heads) == kinds and fam.squad_outputs is not None and fam.input_style == name
+        assert set(fam.heads) == kinds and fam.squad_outputs is not None
+        assert fam.input_style == {"xlnet": "cls_last", "funnel": "cls_first"}[name]
         cfg = fam.model_config(TINY[name], **fam.finetune_overrides(3))
         head = nnx.eval_shape(lambda: fam.head("squad", cfg, num_labels=3, answerability=False, rngs=nnx.Rngs(0)))
         assert registry.family_of(head) is fam

@@ -119,7 +119,9 @@ def test_squad_reader_errors(tmp_path):
         read_squad(str(tmp_path / "train-v2.0.json"), version="v1.1", require_answers=True)
 
 
-_TOK = types.SimpleNamespace(style="xlnet", cls_id=3, sep_id=4, pad_id=5, encode=lambda s: [int(w) for w in s.split()])
+_TOK = types.SimpleNamespace(
+    style="cls_last", cls_id=3, sep_id=4, pad_id=5, encode=lambda s: [int(w) for w in s.split()]
+)
 
 
 def test_xlnet_and_funnel_input_layouts():
@@ -129,7 +131,7 @@ def test_xlnet_and_funnel_input_layouts():
         [4, 4, 0, 0, 0, 1, 1, 2],
         [0, 0, 1, 1, 1, 1, 1, 1],
     )
-    funnel = types.SimpleNamespace(style="funnel", cls_id=101, sep_id=102, pad_id=0)
+    funnel = types.SimpleNamespace(style="cls_first", cls_id=101, sep_id=102, pad_id=0)
     assert pack(funnel, [10, 11], [12], 8) == (
         [101, 10, 11, 102, 12, 102, 0, 0],
         [2, 0, 0, 0, 1, 1, 0, 0],

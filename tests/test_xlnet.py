@@ -195,6 +195,25 @@ def test_sequence_classification_and_regression_parity(tmp_path):
         assert out.logits.shape == (b, num_labels) and d < TOL and dl < TOL
 
 
+def test_token_classification_parity(tmp_path):
+    """`XLNetForTokenClassification`: logits at every position and HF's loss (labels -100 ignored) with the same
+    weights, and the head of the finetuning registry is that class."""
+    rng = np.random.RandomState(4)
+    b, l = 2, 9
+    ids = rng.randint(0, VOCAB, (b, l))
+    tt = np.zeros((b, l), np.int64)
+    am = np.ones((b, l), np.float32)
+    am[1, :3] = 0
+    labels = rng.randint(0, 5, (b, l))
+    labels[1, :3] = -100
+    ref_model, path = hf_model("XLNetForTokenClassification", tmp_path, num_labels=5)
+    ref = hf_call(ref_model, input_ids=ids, token_type_ids=tt, attention_mask=am, labels=labels)
+    out = xlgen.from_pretrained(path)(input_ids=ids, token_type_ids=tt, attention_mask=am, labels=labels)
+    d, dl = maxdiff(out.logits, ref.logits), abs(float(out.loss) - float(ref.loss))
+    print(f"PARITY XLNetForTokenClassification: logits {d:.2e} loss {dl:.2e}")
+    assert out.logits.shape == (b, l, 5) and d < TOL and dl < TOL
+
+
 def test_multiple_choice_parity(tmp_path):
     ref_model, path = hf_model("XLNetForMultipleChoice", tmp_path)
     rng = np.random.RandomState(4)

@@ -7,29 +7,15 @@ Top-level keys (contract): `task`, `data_dir`, `init_from` (HF directory or xlge
 
 from ml_collections import ConfigDict
 
+from configs.pretrain import xlnet
 from xlgen.config import base_config
 
-# XLNet-Large (cased_L-24_H-1024_A-16); used only when init_from is empty.
-XLNET_LARGE = dict(
-    family="xlnet",
-    vocab_size=32000,
-    d_model=1024,
-    n_layer=24,
-    n_head=16,
-    d_head=64,
-    d_inner=4096,
-    ff_activation="gelu",
-    untie_r=True,
-    attn_type="bi",
-    initializer_range=0.02,
-    layer_norm_eps=1e-12,
-    dropout=0.1,
-    dropatt=0.1,
+# XLNet-Large (cased_L-24_H-1024_A-16) as finetuned: no memory, one direction, the heads' settings; used only when
+# init_from is empty.
+XLNET_LARGE = xlnet.model(
     mem_len=None,
     reuse_len=None,
     bi_data=False,
-    clamp_len=-1,
-    same_length=False,
     num_labels=2,
     summary_type="last",
     summary_use_proj=True,

@@ -56,11 +56,16 @@ def collect_log_probs(config, model, *, contexts: int, split: str) -> np.ndarray
     import jax.numpy as jnp
     from flax import nnx
 
+    from xlgen import registry
     from xlgen.models.transformer_xl.objectives import eval_mem_len
     from xlgen.train import loop
 
-    if config.model.family != "transformer_xl":
-        raise ValueError(f"xlgen analyze rank: model.family={config.model.family!r}; supported: transformer_xl")
+    objective = registry.objective(config)
+    if objective.pipeline != "lm":
+        raise ValueError(
+            f"xlgen analyze rank: objective {objective.name!r} is not a language model on the 'lm' stream "
+            "(Transformer-XL's txl_lm)"
+        )
     pipe = loop.make_pipeline(config, split)
     mem_len = eval_mem_len(config)
     graphdef, state = nnx.split(model)

@@ -147,6 +147,10 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
             max_query_length=int(d.max_query_length),
             is_training=split == "train",
         )
+    elif task.kind == "token_classification":
+        from xlgen.finetune.readers.conll import token_features
+
+        feats = token_features(examples, tokenizer, task.label_names, max_seq_length=int(d.max_seq_length))
     elif task.kind == "multiple_choice":
         feats = choice_features(
             examples, tokenizer, max_seq_length=int(d.max_seq_length), max_qa_length=int(d.max_qa_length)

@@ -99,6 +99,24 @@ def evaluate_split(config, task, examples, features, outputs, split: str) -> Tup
         arts["predictions.json"] = final
         arts["nbest_predictions.json"] = nbest
         return {k: float(v) for k, v in res.items()}, arts
+    if task.kind == "token_classification":
+        from seqeval.metrics import f1_score, precision_score, recall_score
+        from seqeval.scheme import IOB2
+
+        from xlgen.finetune.readers.conll import conll_text, word_predictions
+
+        pred = outputs["logits"].argmax(-1)
+        names = task.label_names
+        y_pred = [word_predictions(e, w, p, names) for e, w, p in zip(examples, features["word_index"], pred)]
+        y_true = [list(e.tags) for e in examples]
+        kw = dict(mode="strict", scheme=IOB2, zero_division=0)
+        res = {
+            "precision": float(precision_score(y_true, y_pred, **kw)),
+            "recall": float(recall_score(y_true, y_pred, **kw)),
+            "f1": float(f1_score(y_true, y_pred, **kw)),
+        }
+        arts["predictions.txt"] = conll_text(examples, y_pred)
+        return res, arts
     labels = features["labels"]
     if task.kind == "regression":
         pred = outputs["logits"][:, 0]

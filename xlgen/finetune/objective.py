@@ -11,6 +11,7 @@ Models (heads owned by the model files; "<cls>" summary, fresh head parameters):
 Losses (XLNet `function_builder.py`, Funnel `classifier.py`/`squad.py`):
     classification  mean cross-entropy;  regression  mean squared error of the single logit;
     multiple choice cross-entropy over the options;
+    token classification  cross-entropy over the labelled pieces (each word's first), mean over the batch's pieces;
     SQuAD           (CE(start) + CE(end)) / 2 over positions with p_mask = 0, + 0.5 * BCE(cls_logits,
                     is_impossible) when the model has an answerability head (always on for XLNet, as the
                     original trains v1.1 and v2.0 with the same head).
@@ -76,6 +77,8 @@ def batch_shapes(config, split: str):
                 "is_impossible": ((b,), f32),
             }
         )
+    elif task.kind == "token_classification":
+        spec.update({"labels": ((b, L), i32), "label_mask": ((b, L), f32)})
     else:
         spec["labels"] = ((b,), f32 if task.kind == "regression" else i32)
     return spec
@@ -108,6 +111,12 @@ def task_loss(outputs: Dict[str, jax.Array], batch, config) -> jax.Array:
         return (outputs["logits"][:, 0] - batch["labels"]) ** 2
     if task.kind in ("classification", "multiple_choice"):
         return optax.softmax_cross_entropy_with_integer_labels(outputs["logits"], batch["labels"])
+    if task.kind == "token_classification":
+        # HF's loss: the mean over the batch's labelled pieces (each word's first piece); as a per-example value
+        # whose batch mean is that token mean
+        w = batch["label_mask"]
+        ce = optax.softmax_cross_entropy_with_integer_labels(outputs["logits"], batch["labels"]) * w
+        return ce.sum(-1) * (w.shape[0] / jnp.maximum(w.sum(), 1.0))
     p_mask = batch["p_mask"]
     s_lp = _masked_log_softmax(outputs["start_logits"], p_mask)
     e_lp = _masked_log_softmax(outputs["end_logits"], p_mask)

@@ -1,5 +1,6 @@
 """Output files of a finetune workdir (temp file + rename): `eval_results.json`, GLUE `dev_predictions*.tsv` and
-submission TSVs (`submission/<Task>.tsv`), SQuAD `predictions.json`, `null_odds.json`, `nbest_predictions.json`."""
+submission TSVs (`submission/<Task>.tsv`), SQuAD `predictions.json`, `null_odds.json`, `nbest_predictions.json`,
+CoNLL `predictions.txt` (word, gold and predicted tag per line)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def write_artefacts(workdir: str, results: Dict[str, Any], artefacts: Dict[str, 
         path = paths.join(workdir, name)
         if name.endswith(".json"):
             _write_json(path, a)
+        elif isinstance(a, str):  # a text file as it is (CoNLL predictions.txt)
+            _write_text(path, a)
         else:
             _write_tsv(path, *a)
     _write_json(paths.join(workdir, EVAL_RESULTS), results)

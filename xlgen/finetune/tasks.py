@@ -2,7 +2,8 @@
 
 Names: `glue/{cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli}`, `squad/v1.1`, `squad/v2.0`, `race` (also `race/high`,
 `race/middle` to train/evaluate one level), and the long-text classification tasks `imdb`, `yelp2`, `yelp5`,
-`dbpedia`, `ag`, `amazon2`, `amazon5` (also accepted with a `classification/` prefix).
+`dbpedia`, `ag`, `amazon2`, `amazon5` (also accepted with a `classification/` prefix), and CoNLL-2003 NER
+`conll2003` (token classification, entity-level precision / recall / F1 by seqeval).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from typing import Optional, Tuple
 
 from xlgen.finetune.readers import classification as _cls
+from xlgen.finetune.readers import conll as _conll
 from xlgen.finetune.readers import glue as _glue
 from xlgen.finetune.readers import race as _race
 from xlgen.finetune.readers import squad as _squad
@@ -20,7 +22,7 @@ from xlgen.finetune.readers import squad as _squad
 @dataclasses.dataclass(frozen=True)
 class Task:
     name: str
-    kind: str  # "classification" | "regression" | "squad" | "multiple_choice"
+    kind: str  # "classification" | "regression" | "squad" | "multiple_choice" | "token_classification"
     num_labels: int  # classes (1 for regression / span tasks, options for RACE)
     label_names: Optional[Tuple[str, ...]]  # strings written to submission files
     metrics: Tuple[str, ...]  # metric names reported on dev
@@ -47,6 +49,8 @@ class Task:
             }
             path = os.path.join(data_dir, names.get(split, split))
             return _squad.read_squad(path, version=self.version, require_answers=split in ("train", "dev"))
+        if self.kind == "token_classification":
+            return _conll.read_conll(_conll.conll_file(data_dir, split))
         if self.kind == "multiple_choice":
             levels = (self.name.split("/")[1],) if "/" in self.name else _race.LEVELS
             return _race.read_race(data_dir, split, levels)
@@ -91,6 +95,11 @@ for _n, _k in _cls.NUM_CLASSES.items():
     TASKS[_n] = Task(
         _n, "classification", _k, tuple(str(i + 1) for i in range(_k)), ("accuracy",), "accuracy", test_splits=()
     )
+# BIO tags of CoNLL-2003's four entity types (the IOB1 files are converted on reading)
+CONLL2003_TAGS = ("O",) + tuple(f"{p}-{t}" for t in ("PER", "ORG", "LOC", "MISC") for p in ("B", "I"))
+TASKS["conll2003"] = Task(
+    "conll2003", "token_classification", len(CONLL2003_TAGS), CONLL2003_TAGS, ("precision", "recall", "f1"), "f1"
+)
 
 
 def get_task(name: str) -> Task:

@@ -61,5 +61,15 @@ class SquadExample:
     is_impossible: bool
 
 
-Example = Union[TextExample, ChoiceExample, SquadExample]
+@dataclasses.dataclass(frozen=True)
+class TokenExample:
+    """One sentence of a token-classification task (CoNLL-2003 NER): its words and their BIO tags (None for
+    unlabelled text)."""
+
+    guid: str
+    words: Tuple[str, ...]
+    tags: Optional[Tuple[str, ...]]
+
+
+Example = Union[TextExample, ChoiceExample, SquadExample, TokenExample]
 Examples = List[Example]

@@ -37,7 +37,7 @@ def pack(
 ) -> Tuple[List[int], List[int], List[int]]:
     """(input_ids, token_type_ids, attention_mask) of one already-truncated input, length `max_seq_length`."""
     ids_a = list(ids_a)
-    if tokenizer.style == "xlnet":
+    if tokenizer.style == "cls_last":
         body = ids_a + [tokenizer.sep_id]
         seg = [SEG_A] * (len(ids_a) + 1)
         if ids_b is not None:
@@ -97,7 +97,7 @@ def choice_features(
             qa = tokenizer.encode(ending)[-max_qa_length:]
             c = ctx[: max_seq_length - 3 - len(qa)]
             # XLNet run_race.py: article <sep> qa <sep> <cls>; Funnel race.py: [CLS] qa [SEP] article [SEP]
-            first, second = (c, qa) if tokenizer.style == "xlnet" else (qa, c)
+            first, second = (c, qa) if tokenizer.style == "cls_last" else (qa, c)
             for lst, v in zip(per, pack(tokenizer, first, second, max_seq_length)):
                 lst.append(v)
         for k, v in zip(("input_ids", "token_type_ids", "attention_mask"), per):

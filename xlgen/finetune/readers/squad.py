@@ -2,8 +2,8 @@
 
 Feature layout (XLNet, `squad_utils.py`; P before Q because in pretraining B is the shorter segment):
 
-    [<pad> ...] P-window <sep> Q <sep> <cls>        (style "xlnet": LEFT padding, <cls> last)
-    [<cls>] Q [<sep>] P-window [<sep>] [<pad> ...]  (style "funnel": BERT layout, right padding)
+    [<pad> ...] P-window <sep> Q <sep> <cls>        (style "cls_last": LEFT padding, <cls> last)
+    [<cls>] Q [<sep>] P-window [<sep>] [<pad> ...]  (style "cls_first": BERT layout, right padding)
 
 * pieces with exact character offsets (`tokenization.py`), question truncated to `max_query_length` pieces,
   windows of at most `max_seq_length - |Q| - 3` paragraph pieces every `doc_stride` pieces;
@@ -142,7 +142,7 @@ def squad_features(
             tok_answer = cover_span(d_starts, d_ends, char_start, char_start + len(text))
         for span_index, (s0, n) in enumerate(spans):
             window = list(range(s0, s0 + n))
-            if style == "xlnet":
+            if style == "cls_last":
                 body = [d_ids[i] for i in window] + [tokenizer.sep_id] + q_ids + [tokenizer.sep_id, tokenizer.cls_id]
                 seg = [SEG_P] * (n + 1) + [SEG_Q] * (len(q_ids) + 1) + [SEG_CLS]
                 pad = L - len(body)

@@ -5,6 +5,9 @@
 * `write_squad(dir, version)`: SQuAD JSON; answers are word spans of the context (v2.0 adds unanswerable
   questions); the question repeats the word before the answer, so the span is findable.
 * `write_race(dir)`: RACE `{train,dev}/{high,middle}/*.txt` JSON files; the correct option is in the article.
+* `write_conll(dir)`: CoNLL-2003 `train.txt` / `valid.txt` / `test.txt` with IOB1 tags (as the original release):
+  entities are a first word and an optional continuation word from small lexicons per type, among filler words,
+  sometimes adjacent to another entity of the same type (the IOB1 `B-` case).
 * `train_sentencepiece(texts, path)`: a tiny XLNet-recipe SentencePiece model (control symbols <cls> <sep> <pad>
   <mask> <eod>, punctuation as user-defined symbols).
 """
@@ -225,6 +228,46 @@ def write_race(data_dir: str, *, n_articles: int = 6, seed: int = 0, splits=("tr
                         {"id": f"{level}{a}.txt", "article": article, "questions": qs, "options": opts, "answers": ans},
                         f,
                     )
+
+
+# per entity type: (first words, continuation words); an entity is a first word and optionally a continuation, so
+# where one entity ends and an adjacent one of the same type begins is readable from the words
+ENTITIES = {
+    "PER": (("Anna", "Boris", "Chen", "Dara"), ("Smith", "Okafor", "Ivanova")),
+    "ORG": (("Acme", "Globex", "Initech"), ("Corp", "Group", "Labs")),
+    "LOC": (("Paris", "Lagos", "Quito", "Oslo"), ("City", "Bay", "North")),
+    "MISC": (("Olympic", "Nobel", "Euro"), ("Games", "Prize", "Cup")),
+}
+
+
+def conll_sentences(rng, n: int) -> List[List[tuple]]:
+    """`n` sentences of (word, IOB1 tag): 6-12 filler words with 1-3 entities of one or two lexicon words."""
+    out = []
+    for _ in range(n):
+        words = [(str(w), "O") for w in rng.choice(FILLER, size=int(rng.integers(6, 13)))]
+        for _ in range(int(rng.integers(1, 4))):
+            kind = str(rng.choice(sorted(ENTITIES)))
+            first, cont = ENTITIES[kind]
+            ent = [str(rng.choice(first))] + ([str(rng.choice(cont))] if rng.random() < 0.5 else [])
+            at = int(rng.integers(0, len(words) + 1))
+            prev = words[at - 1][1] if at > 0 else "O"
+            first = "B-" if prev[2:] == kind else "I-"  # IOB1: B- only right after an entity of the same type
+            words[at:at] = [(w, (first if i == 0 else "I-") + kind) for i, w in enumerate(ent)]
+        out.append(words)
+    return out
+
+
+def write_conll(data_dir: str, *, n_train: int = 200, n_dev: int = 50, n_test: int = 20, seed: int = 0) -> None:
+    """CoNLL-2003-format files (`word POS chunk TAG`, `-DOCSTART-` documents, IOB1 tags) in `data_dir`."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(data_dir, exist_ok=True)
+    for name, n in (("train.txt", n_train), ("valid.txt", n_dev), ("test.txt", n_test)):
+        lines = ["-DOCSTART- -X- -X- O", ""]
+        for s in conll_sentences(rng, n):
+            lines.extend(f"{w} NN B-NP {t}" for w, t in s)
+            lines.append("")
+        with open(os.path.join(data_dir, name), "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def train_sentencepiece(texts: Iterable[str], path: str | None = None, *, vocab_size: int = 200) -> bytes:

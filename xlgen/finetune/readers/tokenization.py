@@ -81,7 +81,7 @@ def _byte_to_char(s: str) -> np.ndarray:
 class SentencePieceTaskTokenizer:
     """XLNet-style SentencePiece tokenizer with exact original-character offsets."""
 
-    style = "xlnet"
+    style = "cls_last"
 
     def __init__(
         self,
@@ -177,7 +177,7 @@ class SentencePieceTaskTokenizer:
 class WordPieceTaskTokenizer:
     """BERT/Funnel WordPiece (`vocab.txt`) through the `tokenizers` library; offsets come from the library."""
 
-    style = "funnel"
+    style = "cls_first"
 
     def __init__(self, vocab_file: str, *, lower: bool = True):
         from tokenizers import BertWordPieceTokenizer

@@ -9,6 +9,7 @@ from xlgen.models.funnel.heads import (
     FunnelForMultipleChoice,
     FunnelForQuestionAnswering,
     FunnelForSequenceClassification,
+    FunnelForTokenClassification,
 )
 from xlgen.models.funnel.hf import HF_CLASSES, HFFunnel, from_hf
 from xlgen.models.funnel.hf_export import to_hf
@@ -59,9 +60,12 @@ FAMILY = Family(
         "squad": lambda cfg, *, num_labels, answerability, rngs: FunnelForQuestionAnswering(
             cfg, answerability=answerability, rngs=rngs
         ),
+        "token_classification": lambda cfg, *, num_labels, answerability, rngs: FunnelForTokenClassification(
+            cfg, num_labels, rngs=rngs
+        ),
     },
     squad_outputs=_squad_outputs,
-    input_style="funnel",
+    input_style="cls_first",
     # FunnelTokenizer's own defaults are <unk>, <sep>, ...: name the vocab.txt pieces
     hf_wordpiece={"tokenizer_class": "FunnelTokenizer", "bos_token": "[CLS]", "eos_token": "[SEP]"},
     from_hf=from_hf,

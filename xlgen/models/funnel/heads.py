@@ -5,6 +5,7 @@ Heads (all HF-compatible, same parameter roles as transformers 4.34.1):
     FunnelForPreTraining              ELECTRA discriminator: logit "token was replaced" per position `[b, T]`
     FunnelForSequenceClassification   encoder only (decoder dropped): tanh(W h_<cls>) -> `[b, num_labels]`
                                       (num_labels = 1: regression)
+    FunnelForTokenClassification      encoder + decoder: dropout, linear per position -> `[b, T, num_labels]` (NER)
     FunnelForMultipleChoice           encoder only: input `[b, choices, T]` -> `[b, choices]` (RACE)
     FunnelForQuestionAnswering        decoder output -> start/end logits `[b, T]`; optional answerability logit
                                       `cls_logits` `[b]` (original `answer_class`, SQuAD 2.0)
@@ -93,6 +94,22 @@ class FunnelForSequenceClassification(nnx.Module):
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None) -> FunnelOutput:
         out = self.funnel(input_ids, token_type_ids, attention_mask)
         return out.replace(logits=self.classifier(out.last_hidden_state[:, 0]))
+
+
+class FunnelForTokenClassification(nnx.Module):
+    """Encoder and decoder (full length); `logits` `[b, T, num_labels]` = Dropout(h) W + c at every position (HF
+    `FunnelForTokenClassification`: dropout `hidden_dropout`)."""
+
+    def __init__(self, cfg: FunnelConfig, num_labels: int = 2, *, rngs: nnx.Rngs):
+        self.config, self.num_labels = cfg, num_labels
+        self.funnel = FunnelModel(cfg, rngs=rngs)
+        self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.classifier = Dense((cfg.d_model,), (num_labels,), ("embed",), (None,), init_std=cfg.init_std, rngs=rngs)
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None) -> FunnelOutput:
+        out = self.funnel(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.drop(out.last_hidden_state)).astype(jnp.float32)
+        return out.replace(logits=logits)
 
 
 class FunnelForMultipleChoice(nnx.Module):

@@ -17,6 +17,7 @@ from xlgen.models.funnel.heads import (
     FunnelForPreTraining,
     FunnelForQuestionAnswering,
     FunnelForSequenceClassification,
+    FunnelForTokenClassification,
 )
 from xlgen.models.funnel.model import (
     FunnelBaseModel,
@@ -36,6 +37,7 @@ HF_CLASSES = (
     "FunnelForSequenceClassification",
     "FunnelForQuestionAnswering",
     "FunnelForMultipleChoice",
+    "FunnelForTokenClassification",
 )
 
 
@@ -192,6 +194,13 @@ def _load_hf(hf_config: dict, weights: dict, kwargs: dict, arch: str, compiler_o
                 "linear_hidden": _linear(weights, "classifier.linear_hidden", (d,), (d,)),
                 "linear_out": _linear(weights, "classifier.linear_out", (d,), (n_labels,)),
             },
+        }
+    elif arch == "FunnelForTokenClassification":
+        n_labels = weights["classifier.weight"].shape[0]
+        module = build(FunnelForTokenClassification, n_labels)
+        tree = {
+            "funnel": _funnel_state(weights, p, cfg, decoder=True),
+            "classifier": _linear(weights, "classifier", (cfg.d_model,), (n_labels,)),
         }
     else:  # FunnelForQuestionAnswering
         module = build(FunnelForQuestionAnswering)

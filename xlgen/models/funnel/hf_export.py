@@ -127,6 +127,10 @@ def to_hf(module) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
         _linear(p, "classifier.linear_hidden", "classifier.linear_hidden", sd)
         _linear(p, "classifier.linear_out", "classifier.linear_out", sd)
         num_labels = int(sd["classifier.linear_out.weight"].shape[0]) if arch.endswith("Classification") else 1
+    elif arch == "FunnelForTokenClassification":
+        _funnel(p, "funnel.", "funnel.", cfg, True, sd)
+        _linear(p, "classifier", "classifier", sd)
+        num_labels = int(sd["classifier.weight"].shape[0])
     elif arch == "FunnelForQuestionAnswering":
         _funnel(p, "funnel.", "funnel.", cfg, True, sd)
         _linear(p, "qa_outputs", "qa_outputs", sd)

@@ -5,7 +5,12 @@ from __future__ import annotations
 from xlgen.models.family import Family
 from xlgen.models.numbering import layer_stack_ids
 from xlgen.models.xlnet.cost import train_flops
-from xlgen.models.xlnet.heads import XLNetForMultipleChoice, XLNetForQuestionAnswering, XLNetForSequenceClassification
+from xlgen.models.xlnet.heads import (
+    XLNetForMultipleChoice,
+    XLNetForQuestionAnswering,
+    XLNetForSequenceClassification,
+    XLNetForTokenClassification,
+)
 from xlgen.models.xlnet.hf import HF_HEADS, XLNetFromHF, from_hf
 from xlgen.models.xlnet.hf_export import to_hf
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, XLNetModel
@@ -59,11 +64,14 @@ FAMILY = Family(
         "regression": _sequence_head,
         "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: XLNetForMultipleChoice(cfg, rngs=rngs),
         "squad": lambda cfg, *, num_labels, answerability, rngs: XLNetForQuestionAnswering(cfg, rngs=rngs),
+        "token_classification": lambda cfg, *, num_labels, answerability, rngs: XLNetForTokenClassification(
+            cfg, rngs=rngs
+        ),
     },
     squad_outputs=_squad_outputs,
     # finetuning: one segment per example, no recurrence memory, no bidirectional pipeline
     finetune_overrides=lambda num_labels: dict(num_labels=num_labels, mem_len=None, reuse_len=None, bi_data=False),
-    input_style="xlnet",
+    input_style="cls_last",
     from_hf=from_hf,
     to_hf=to_hf,
     wrap=_wrap,

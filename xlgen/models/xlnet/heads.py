@@ -2,6 +2,7 @@
 
 * `SequenceSummary`: the `<cls>` state (XLNet puts `<cls>` LAST: summary_type="last"), tanh projection, dropout.
 * `XLNetForSequenceClassification`: summary -> `logits_proj` `[b, num_labels]` (num_labels=1: regression).
+* `XLNetForTokenClassification` (NER): a linear classifier on every position -> `[b, l, num_labels]`.
 * `XLNetForMultipleChoice` (RACE): options flattened to `[b*c, l]`, one logit each -> `[b, c]`.
 * `XLNetForQuestionAnswering` (SQuAD 2.0 beam head, original `function_builder.get_qa_outputs`): start logits
   masked by `p_mask`; end logits conditioned on the gold start (training) or on each of the top `start_n_top`
@@ -82,6 +83,20 @@ class XLNetForSequenceClassification(nnx.Module):
         h, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
         logits = self.logits_proj(self.sequence_summary(h, cls_index)).astype(jnp.float32)
         return logits, new_mems
+
+
+class XLNetForTokenClassification(nnx.Module):
+    """Token classification (NER, HF `XLNetForTokenClassification`): logits `[b, l, num_labels]` = h W + c at every
+    position of the last layer's states h (no dropout before the classifier, as HF)."""
+
+    def __init__(self, config: XLNetConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.transformer = XLNetModel(config, rngs=rngs)
+        self.classifier = _dense(config, config.d_model, config.num_labels, rngs, out_axis=None)
+
+    def __call__(self, input_ids, token_type_ids=None, **kwargs):
+        h, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
+        return self.classifier(h).astype(jnp.float32), new_mems
 
 
 class XLNetForMultipleChoice(nnx.Module):

@@ -17,6 +17,7 @@ from xlgen.models.xlnet.heads import (
     XLNetForMultipleChoice,
     XLNetForQuestionAnswering,
     XLNetForSequenceClassification,
+    XLNetForTokenClassification,
     squad_loss,
 )
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, XLNetModel
@@ -69,6 +70,8 @@ def hf_to_xlgen(head: str, config: XLNetConfig, weights: Dict[str, np.ndarray]) 
         if "sequence_summary.summary.weight" in w:
             _hf_linear(w, "sequence_summary.summary", "sequence_summary.summary", out)
         _hf_linear(w, "logits_proj", "logits_proj", out)
+    elif head == "XLNetForTokenClassification":
+        _hf_linear(w, "classifier", "classifier", out)
     elif head == "XLNetForQuestionAnswering":
         _hf_linear(w, "start_logits.dense", "start_logits.dense", out)
         _hf_linear(w, "end_logits.dense_0", "end_logits.dense_0", out, in_shape=(2, d))
@@ -88,6 +91,7 @@ _CLASSES = {
         XLNetForSequenceClassification,
         XLNetForQuestionAnswering,
         XLNetForMultipleChoice,
+        XLNetForTokenClassification,
     )
 }
 HF_HEADS = tuple(_CLASSES)

@@ -102,6 +102,8 @@ def to_hf(module) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
         if c.summary_use_proj:
             _linear(p, "sequence_summary.summary", "sequence_summary.summary", sd)
         _linear(p, "logits_proj", "logits_proj", sd)
+    elif arch == "XLNetForTokenClassification":
+        _linear(p, "classifier", "classifier", sd)
     elif arch == "XLNetForQuestionAnswering":
         _linear(p, "start_logits.dense", "start_logits.dense", sd)
         _linear(p, "end_logits.dense_0", "end_logits.dense_0", sd)
