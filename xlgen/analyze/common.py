@@ -50,7 +50,7 @@ def output_embedding(model) -> Tuple[np.ndarray, bool]:
         raise ValueError(f"{type(model).__name__} has no language-model output layer (.softmax)")
     if isinstance(head, AdaptiveLogSoftmax):
         if head.div_val == 1:
-            table = (emb.tables[0] if head.tie_weights else head.tables[0])[...]
+            table = emb.output_table(0) if head.tie_weights else head.tables[0][...]
         else:
             table = head.cluster_weights(0, emb)[0]
         return np.asarray(table, np.float32), True
