@@ -111,3 +111,7 @@ def test_doc_with_a_frozen_param_group_trains_resumes_exactly_and_ranks(tmp_path
     assert np.abs(lower[1] - lower[0]).max() > 0
     doc = _rank(full)
     assert doc["output_layer"] == "doc" and doc["rank"] > doc["bound"] == 18, doc["rank"]
+    from xlgen.analyze import kld
+
+    k = kld.analyze(full, contexts=64)  # the same contexts' Q, one forward pass per segment
+    assert k["contexts"] == 64 and k["expected_pairwise_kld"] > 0
