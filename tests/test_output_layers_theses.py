@@ -234,3 +234,23 @@ def test_spectrum_control_with_the_adaptive_softmax():
     assert {"sc_u_fro", "sc_prior"} <= set(terms) and float(penalty) > 0
     with pytest.raises(ValueError, match="div_val"):
         TransformerXLConfig(vocab_size=V, cutoffs=(10, 25), div_val=2, output=dict(spectrum_control=True))
+
+
+def test_doc_incremental_decoding_equals_the_full_pass():
+    """`xlgen generate` with DOC: each step's log-probs (from the step's own per-layer states) equal one full pass
+    over prompt + generated tokens (as tests/test_generate.py checks for the softmax)."""
+    import dataclasses
+
+    from test_generate import tiny_txl
+
+    from xlgen.generate import TXLDecoder
+
+    mem_len, prompt, n_new = 4, [3, 7, 1], 5
+    model = tiny_txl(output_layer="doc", output=dict(doc_counts=(2, 1, 1)))
+    res = TXLDecoder(model, mem_len).generate(prompt, max_new_tokens=n_new, seed=3, top_k=5, return_log_probs=True)
+    full_cfg = dataclasses.replace(model.config, same_length=True)
+    ids = np.concatenate([np.asarray([prompt]), res["tokens"][:, :-1]], axis=1)
+    m = nnx.merge(nnx.graphdef(model), nnx.state(model))
+    m.config = full_cfg
+    ref = np.asarray(m(jnp.asarray(ids), None, mem_len=mem_len + 1)[0])[:, len(prompt) - 1 :]
+    np.testing.assert_allclose(res["log_probs"], ref, atol=1e-5)
