@@ -22,6 +22,14 @@ def save_figure(fig, path: str) -> None:
     paths.atomic_write_figure(path, fig, dpi=120)
 
 
+def write_json(path: str, obj, prefix: str = "") -> None:
+    """Write a tool's JSON report atomically (data_pipelines.paths) and say where."""
+    from data_pipelines.paths import write_json_atomic
+
+    write_json_atomic(path, obj)
+    print(f"{prefix}json: {path}")
+
+
 def setup(platform: str = "") -> None:
     """JAX platform and compilation cache as `xlgen train` sets them (delegated commands start bare)."""
     from xlgen import runtime

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from xlgen.analyze.common import save_figure
+from xlgen.analyze.common import save_figure, write_json
 
 
 def summarize(values: Sequence[float]) -> Dict:
@@ -144,10 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         tail = f"  rank-sum p = {test['p_value']:.3g} vs {result['baseline']}" if test else "  (baseline)"
         print(f"{name}: {g['mean']:.4f} ± {g['std']:.4f} (n = {g['n']}){tail}")
     if args.json:
-        from data_pipelines.paths import write_json_atomic
-
-        write_json_atomic(args.json, result)
-        print(f"json: {args.json}")
+        write_json(args.json, result)
     if args.png:
         plot(args.png, result, args.metric)
         print(f"png: {args.png}")

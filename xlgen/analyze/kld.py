@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from xlgen.analyze.common import save_figure
+from xlgen.analyze.common import save_figure, write_json
 
 
 def pairwise_kld(log_probs: np.ndarray, block: int = 1024) -> np.ndarray:
@@ -113,10 +113,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"(std {rep['std']:.3f}, median {rep['median']:.3f})"
     )
     if args.json:
-        from data_pipelines.paths import write_json_atomic
-
-        write_json_atomic(args.json, rep)
-        print(f"  json: {args.json}")
+        write_json(args.json, rep, "  ")
     if args.png:
         _plot(args.png, rep)
         print(f"  png: {args.png}")

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, save_figure
+from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, save_figure, write_json
 from xlgen.analyze.rank import press_tolerance
 
 DEFAULT_NOISE = (1e-2, 1e-4, 1e-8, 1e-12, 1e-16, 1e-20, 1e-24, 1e-28, 1e-32)
@@ -168,10 +168,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         eff = " / ".join(str(v) for v in r["effective_rank"].values())
         print(f"Algorithm 5.2: c = {r['c']:g}: Press rank {r['press_rank']}, ε-rank (1e-3/1e-4/1e-5) {eff}")
     if args.json:
-        from data_pipelines.paths import write_json_atomic
-
-        write_json_atomic(args.json, rep)
-        print(f"json: {args.json}")
+        write_json(args.json, rep)
     if args.png:
         _plot(args.png, rep)
         print(f"png: {args.png}")

@@ -176,6 +176,19 @@ def exp_rank(args) -> Dict:
     return results
 
 
+def sc_overrides(c1: float) -> Dict[str, str]:
+    """Spectrum control as in (b) and (f): orthogonality λ1 = λ2 = 1, polynomial prior c1 k^(-0.5) with λ = 10."""
+    return {
+        "model.output.spectrum_control": "True",
+        "model.output.sc_lambda_u_fro": "1.0",
+        "model.output.sc_lambda_v_fro": "1.0",
+        "model.output.sc_prior": "poly",
+        "model.output.sc_c1": f"{c1:.6g}",
+        "model.output.sc_gamma": "0.5",
+        "model.output.sc_lambda_prior": "10.0",
+    }
+
+
 def exp_spectrum(args) -> Dict:
     from xlgen.analyze.common import load_model, output_embedding
     from xlgen.analyze.spectrum import plot_spectra, spectrum_report
@@ -186,17 +199,7 @@ def exp_spectrum(args) -> Dict:
     w_base, _ = output_embedding(model)
     rep_base = spectrum_report(w_base)
     c1 = rep_base["singular_values"][0]
-    sc_over = {
-        "model.output_layer": "softmax",
-        "model.output.spectrum_control": "True",
-        "model.output.sc_lambda_u_fro": "1.0",
-        "model.output.sc_lambda_v_fro": "1.0",
-        "model.output.sc_prior": "poly",
-        "model.output.sc_c1": f"{c1:.6g}",
-        "model.output.sc_gamma": "0.5",
-        "model.output.sc_lambda_prior": "10.0",
-        "total_steps": str(args.steps),
-    }
+    sc_over = {"model.output_layer": "softmax", **sc_overrides(c1), "total_steps": str(args.steps)}
     sc_wd = os.path.join(args.out, "spectrum", "spectrum_control")
     sc = run(sc_wd, sc_over)
     _, model, _ = load_model(sc_wd)
@@ -365,18 +368,7 @@ def exp_sc_adaptive(args) -> Dict:
         w_base, _ = output_embedding(load_model(base_wd)[1])
         rep_base = spectrum_report(w_base, sample=0)
         c1 = rep_base["singular_values"][0]
-        sc_over = {
-            **word,
-            "model.output.spectrum_control": "True",
-            "model.output.sc_lambda_u_fro": "1.0",
-            "model.output.sc_lambda_v_fro": "1.0",
-            "model.output.sc_prior": "poly",
-            "model.output.sc_c1": f"{c1:.6g}",
-            "model.output.sc_gamma": "0.5",
-            "model.output.sc_lambda_prior": "10.0",
-            "seed": str(seed),
-            "total_steps": str(args.steps),
-        }
+        sc_over = {**word, **sc_overrides(c1), "seed": str(seed), "total_steps": str(args.steps)}
         sc_wd = os.path.join(args.out, "sc_adaptive", f"spectrum_control_seed{seed}")
         sc = run(sc_wd, sc_over)
         w_sc, _ = output_embedding(load_model(sc_wd)[1])
