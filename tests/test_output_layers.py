@@ -13,7 +13,8 @@ from xlgen.models import output_layers as ol
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding
 
 V, D = 40, 8
-OUT = dict(n_experts=4, d2=4, plif_intervals=64)
+OUT = dict(n_experts=4, d2=4, plif_intervals=64, doc_counts=(2, 1, 1))
+N_LAYER = 2  # DOC reads n_layer + 1 = 3 states
 
 
 def _emb(d_embed=D, d_proj=D, seed=0):
@@ -21,7 +22,9 @@ def _emb(d_embed=D, d_proj=D, seed=0):
 
 
 def _layer(name, block=32768, train=False, d_embed=D, d_proj=D, **out):
-    layer = ol.make_output_layer(name, V, d_embed, d_proj, {**OUT, **out}, block_size=block, rngs=nnx.Rngs(1))
+    layer = ol.make_output_layer(
+        name, V, d_embed, d_proj, {**OUT, **out}, block_size=block, n_layer=N_LAYER, rngs=nnx.Rngs(1)
+    )
     layer.train() if train else layer.eval()
     return layer
 
@@ -42,7 +45,10 @@ def test_probabilities_sum_to_one_and_nll_matches_log_probs(name):
     labels = jax.random.randint(jax.random.key(3), (3, 5), 0, V).at[0, 0].set(-1)
     layer = _layer(name, block=16, d_embed=6)
     _random_bias(layer)
-    lp, nll = nnx.jit(lambda lay, e, h, y: (lay.log_probs(h, e), lay.nll(h, y, e)))(layer, emb, h, labels)
+    layers = _h((N_LAYER + 1, 3, 5), seed=8) if layer.needs_layers else None  # DOC's per-layer states
+    lp, nll = nnx.jit(lambda lay, e, h, y, s: (lay.log_probs(h, e, s), lay.nll(h, y, e, s)))(
+        layer, emb, h, labels, layers
+    )
     assert lp.shape == (3, 5, V) and lp.dtype == jnp.float32
     np.testing.assert_allclose(np.exp(np.asarray(lp, np.float64)).sum(-1), 1.0, atol=2e-6)
     ref = -np.take_along_axis(np.asarray(lp), np.asarray(labels.clip(0))[..., None], -1)[..., 0]

@@ -129,11 +129,15 @@ class TXLDecoder:
         model = nnx.merge(graphdef, params)
         mems, kv, step_keys = state
         cache = {"kv_mem": kv, "position_keys": step_keys if ids.shape[1] == 1 else None}
-        h, new_mems, new_kv = model.hidden_states(ids, mems, mem_len=mem_len, mem_valid=mem_valid, cache=cache)
+        layers = getattr(model.softmax, "needs_layers", False)  # DOC reads every layer's state
+        h, new_mems, new_kv, *rest = model.hidden_states(
+            ids, mems, mem_len=mem_len, mem_valid=mem_valid, cache=cache, with_layers=layers
+        )
         new_kv = jax.tree.map(lambda x: x[..., x.shape[-1] - mem_len :], new_kv)  # the memory's rows: fixed shapes
         if step_keys is None:
             step_keys = model.position_keys(1, mem_len + 1)
-        log_probs = model.softmax.log_probs(h[:, -1:], model.embedding)[:, 0]
+        extra = {"layers": rest[0][:, :, -1:]} if layers else {}
+        log_probs = model.softmax.log_probs(h[:, -1:], model.embedding, **extra)[:, 0]
         return log_probs, (new_mems, new_kv, step_keys), advance_memory_validity(mem_valid, ids.shape[1], mem_len)
 
     def empty_state(self, batch: int):

@@ -52,6 +52,20 @@ Two semantics (`optimizer.layer_decay_mode`):
   layer's update relative to the top layer's is ~0.9 / 0.4 / 0.07 at layers 16 / 8 / 0, against 0.13 / 0.013 /
   0.0013 in `lr` mode (`effective_layer_ratios`; table in docs/training.md).
 
+Parameter groups (`optimizer.param_groups`, default None = none): a sequence of dicts
+{"pattern": regex, "lr_scale": float | "learning_rate": float, "frozen": bool}, matched with `re.search` against the
+dotted parameter names (`softmax.slope_logits`, `layers.3.attn.q.kernel`; a scanned stack is one name, `layers.…`);
+the first group that matches a parameter owns it, and every group must match at least one parameter. A group's
+update is multiplied by `lr_scale`, or by `learning_rate / optimizer.learning_rate` (its own peak, the same
+schedule shape), on top of any layer-wise decay: a true per-group learning rate. `frozen=True` parameters never
+move: their gradients are zeroed before clipping (so they do not count in the global norm; their Adam moments stay
+0) and their update, weight decay included, is multiplied by 0 (`optax.masked(optax.set_to_zero())` + a scale).
+Without groups the optimizer (and its state) is exactly what it was. Examples: LMS-PLIF's layer-specific rate
+(001 §4.3.2.1) `({"pattern": "^softmax[.]slope_logits$", "learning_rate": 0.02},)`; LMS-PLIF† (frozen random
+slopes, 001 §5.7.1) `({"pattern": "slope_logits", "frozen": True},)`; finetuning with a frozen embedding
+`({"pattern": "^embedding[.]", "frozen": True},)`. On the command line: `--config.optimizer.param_groups=
+"({'pattern': 'slope_logits', 'frozen': True},)"`.
+
 Parameters live in a flat dict {dotted_name: array}; stacked layers (a leading `layers` logical axis) get a
 per-row scale vector. `layer_ids` is the only way parameters are numbered into layers (the trainer, finetuning
 and every objective use it); it asks the family registry: the numberings live in `xlgen.models.numbering`
@@ -216,6 +230,60 @@ def scale_by_tree(scales: Dict[str, np.ndarray]) -> optax.GradientTransformation
     return optax.GradientTransformation(init, update)
 
 
+PARAM_GROUP_KEYS = ("pattern", "lr_scale", "learning_rate", "frozen")
+
+
+def param_group_scales(
+    names: Sequence[str], groups, base_learning_rate: float
+) -> Tuple[Dict[str, float], Dict[str, bool], list]:
+    """({name: update scale}, {name: frozen}, [names matched by each group]) for `optimizer.param_groups` (module
+    docstring). Errors name the group index and key."""
+    parsed = []
+    for i, g in enumerate(groups or ()):
+        where = f"optimizer.param_groups[{i}]"
+        try:
+            g = dict(g)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected a dict with keys {PARAM_GROUP_KEYS}, got {g!r}") from None
+        bad = sorted(set(g) - set(PARAM_GROUP_KEYS))
+        if bad:
+            raise ValueError(f"{where}.{bad[0]}: unknown key; valid keys: {PARAM_GROUP_KEYS}")
+        if "pattern" not in g:
+            raise ValueError(f"{where}: needs a 'pattern' (regex on dotted parameter names)")
+        try:
+            pattern = re.compile(str(g["pattern"]))
+        except re.error as e:
+            raise ValueError(f"{where}.pattern={g['pattern']!r}: not a regex ({e})") from None
+        if "lr_scale" in g and "learning_rate" in g:
+            raise ValueError(f"{where}: give lr_scale or learning_rate, not both")
+        if "learning_rate" in g:
+            if base_learning_rate <= 0:
+                raise ValueError(f"{where}.learning_rate needs optimizer.learning_rate > 0")
+            scale = float(g["learning_rate"]) / float(base_learning_rate)
+        else:
+            scale = float(g.get("lr_scale", 1.0))
+        if scale < 0:
+            raise ValueError(f"{where}: the learning rate must be >= 0")
+        frozen = bool(g.get("frozen", False))
+        parsed.append((pattern, 0.0 if frozen else scale, frozen))
+    scales = {n: 1.0 for n in names}
+    frozen_mask = {n: False for n in names}
+    matched: list = [[] for _ in parsed]
+    for n in names:
+        for i, (pattern, scale, frozen) in enumerate(parsed):
+            if pattern.search(n):
+                scales[n], frozen_mask[n] = scale, frozen
+                matched[i].append(n)
+                break
+    for i, m in enumerate(matched):
+        if not m:
+            raise ValueError(
+                f"optimizer.param_groups[{i}].pattern={parsed[i][0].pattern!r}: matches no parameter (or only ones "
+                f"an earlier group owns); names look like {sorted(names)[:3]}"
+            )
+    return scales, frozen_mask, matched
+
+
 def make_optimizer(
     opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str] = None
 ) -> Tuple[optax.GradientTransformation, optax.Schedule]:
@@ -236,7 +304,11 @@ def make_optimizer(
     scales = layer_decay_scales(meta, family, rate)
     wd = float(opt_cfg.weight_decay) if opt_cfg.name == "adamw" else 0.0
     mask = weight_decay_mask(list(meta), opt_cfg.get("weight_decay_mask", "xlgen")) if wd > 0 else None
+    groups = opt_cfg.get("param_groups", None)
+    group_scales, frozen, _ = param_group_scales(list(meta), groups, float(opt_cfg.learning_rate))
     parts = []
+    if any(frozen.values()):  # no gradient for frozen parameters: outside the clip norm, Adam moments stay 0
+        parts.append(optax.masked(optax.set_to_zero(), frozen))
     if float(opt_cfg.clip_norm) > 0:
         parts.append(optax.clip_by_global_norm(float(opt_cfg.clip_norm)))
     if rate != 1.0 and mode == "faithful":
@@ -251,4 +323,6 @@ def make_optimizer(
     parts.append(optax.scale_by_learning_rate(schedule))
     if rate != 1.0 and mode == "lr":
         parts.append(scale_by_tree(scales))
+    if groups:  # per-group learning rate; 0 for frozen groups (weight decay included)
+        parts.append(scale_by_tree({n: np.float32(v) for n, v in group_scales.items()}))
     return optax.chain(*parts), schedule

@@ -5,6 +5,12 @@
                                                                        output-embedding singular values, isotropy
     xlgen analyze recl     --workdir=DIR [--workdir=DIR2 ...] [--r=0.1,0.5,1.0 --delta=100 --json=FILE]
                                                                        relative effective context length (TXL)
+    xlgen analyze kld      --workdir=DIR [--contexts=N --json=FILE --png=FILE]
+                                                                       expected pairwise KLD between contexts
+    xlgen analyze robustness (--workdir=DIR | --npy=Q.npy) [--keep=10 --noise=... --json --png]
+                                                                       Press-rank robustness (001 Alg. 5.1/5.2)
+    xlgen analyze compare  --group=NAME=DIR,DIR,... [--values=NAME=X,X] [--metric=loss --json --png]
+                                                                       mean ± std over seeds, Wilcoxon rank-sum
 
 Each tool is a module with `main(argv) -> int`, registered in `TOOLS` below (add one line per new tool).
 """
@@ -19,6 +25,9 @@ TOOLS = {
     "rank": "xlgen.analyze.rank",
     "spectrum": "xlgen.analyze.spectrum",
     "recl": "xlgen.analyze.recl",
+    "kld": "xlgen.analyze.kld",
+    "robustness": "xlgen.analyze.robustness",
+    "compare": "xlgen.analyze.compare",
 }
 
 

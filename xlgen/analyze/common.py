@@ -22,6 +22,14 @@ def save_figure(fig, path: str) -> None:
     paths.atomic_write_figure(path, fig, dpi=120)
 
 
+def write_json(path: str, obj, prefix: str = "") -> None:
+    """Write a tool's JSON report atomically (data_pipelines.paths) and say where."""
+    from data_pipelines.paths import write_json_atomic
+
+    write_json_atomic(path, obj)
+    print(f"{prefix}json: {path}")
+
+
 def setup(platform: str = "") -> None:
     """JAX platform and compilation cache as `xlgen train` sets them (delegated commands start bare)."""
     from xlgen import runtime
@@ -50,7 +58,7 @@ def output_embedding(model) -> Tuple[np.ndarray, bool]:
         raise ValueError(f"{type(model).__name__} has no language-model output layer (.softmax)")
     if isinstance(head, AdaptiveLogSoftmax):
         if head.div_val == 1:
-            table = (emb.tables[0] if head.tie_weights else head.tables[0])[...]
+            table = emb.output_table(0) if head.tie_weights else head.tables[0][...]
         else:
             table = head.cluster_weights(0, emb)[0]
         return np.asarray(table, np.float32), True

@@ -11,7 +11,11 @@ rounding noise of a float32 Q sits far above float64's ζ, so a float64 eps repo
 Also reported: the NumPy/MATLAB tolerance s_max · max(M, V) · eps, and ε-effective ranks (the smallest k with
 Σ_{i<=k} s_i² >= (1 - ε) Σ s_i², ε ∈ {1e-3, 1e-4, 1e-5}; 001 L1883-1889), which are robust to noise.
 
-    xlgen analyze rank --workdir=DIR [--contexts=N] [--split=valid] [--json=FILE] [--png=FILE]
+    xlgen analyze rank --workdir=DIR [--contexts=N] [--split=valid] [--json=FILE] [--png=FILE] [--linear-png=FILE]
+
+`--png` plots σ_k/σ_1 on a log axis (001 Figs. 5.9/5.11, the SigSoftmax paper's view); `--linear-png` the singular
+values normalised to [0, 1] on a linear axis over the first 500 indices, y in [0, 0.2] (001 Figs. 5.10/5.12, where
+every head's decay looks alike). `plot_linear` overlays several runs (the reproductions use it).
 """
 
 from __future__ import annotations
@@ -121,6 +125,30 @@ def _plot(path: str, s: np.ndarray, bound: int, title: str) -> None:
     plt.close(fig)
 
 
+def plot_linear(path: str, curves: Dict[str, np.ndarray], title: str = "", top: int = 500, ymax: float = 0.2):
+    """Singular values of Q normalised to [0, 1] (σ_k / σ_1) on a linear y axis, k <= `top`, y in [0, `ymax`],
+    one line per label (001 Figs. 5.10/5.12)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, s in curves.items():
+        s = np.asarray(s, np.float64)
+        k = min(top, len(s))
+        ax.plot(np.arange(1, k + 1), s[:k] / s[0], lw=1.2, label=label)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, ymax)
+    ax.set_xlabel("index k")
+    ax.set_ylabel("σ_k / σ_1 of Q (linear)")
+    ax.set_title(title or "normalised singular values of Q")
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
 def analyze(workdir: str, *, contexts: int = 0, split: str = "") -> Dict:
     """The rank report of a workdir (JSON-ready except `singular_values`, a NumPy array)."""
     from xlgen.analyze.common import load_model, output_embedding
@@ -156,6 +184,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--split", default="", help="data split (default config.eval.split)")
     p.add_argument("--json", default="", help="write the report here (keys rank, bound, ...)")
     p.add_argument("--png", default="", help="plot the normalised singular values of Q here")
+    p.add_argument("--linear-png", default="", help="σ_k/σ_1 of Q, linear axis, k <= 500 (001 Fig. 5.10)")
     p.add_argument("--platform", default="")
     args = p.parse_args(argv)
     from xlgen.analyze.common import setup
@@ -184,6 +213,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.png:
         _plot(args.png, s, rep["bound"], f"{rep['output_layer']}: rank {rep['rank']} (bound {rep['bound']})")
         print(f"  png: {args.png}")
+    if args.linear_png:
+        plot_linear(args.linear_png, {rep["output_layer"]: s}, f"{rep['output_layer']}: rank {rep['rank']}")
+        print(f"  linear png: {args.linear_png}")
     return 0
 
 

@@ -9,7 +9,12 @@ eigenvectors a of WᵀW,
 
 computed in float64 over all words, or a uniform sample of `--sample` words (002 samples 40K of WT103's 260K).
 
+The 2-D PCA projection of the rows of W (seed 002 Figs. 1-3: a narrow cone for degenerate embeddings; seed 001
+Fig. 5.8) is reported as the explained-variance ratios of the first two components (JSON
+`pca_explained_variance_ratio`) and drawn with `--pca-png` (one panel per workdir; sklearn's PCA, centred rows).
+
     xlgen analyze spectrum --workdir=DIR [--workdir=DIR2 ...] [--label=NAME ...] [--json=FILE] [--png=FILE]
+                           [--pca-png=FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +42,39 @@ def isotropy(w: np.ndarray, *, sample: int = 0, seed: int = 0) -> Dict[str, floa
     return {"I1": float(z.min() / z.max()), "I2": float(np.sqrt(np.mean((z - z.mean()) ** 2)) / z.mean())}
 
 
+def pca_2d(w: np.ndarray, *, sample: int = 0, seed: int = 0):
+    """(coordinates `[V', 2]`, explained-variance ratios `[2]`) of the rows of W (`sample` > 0: that many rows,
+    uniformly drawn) under sklearn's PCA (rows centred)."""
+    from sklearn.decomposition import PCA
+
+    w = np.asarray(w, np.float64)
+    if sample and sample < w.shape[0]:
+        w = w[np.random.default_rng(seed).choice(w.shape[0], sample, replace=False)]
+    pca = PCA(n_components=2, svd_solver="full")
+    coords = pca.fit_transform(w)
+    return coords, pca.explained_variance_ratio_
+
+
+def plot_pca(path: str, panels: Dict[str, np.ndarray]) -> None:
+    """One scatter panel of 2-D PCA coordinates per label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.6), squeeze=False)
+    for ax, (label, xy) in zip(axes[0], panels.items()):
+        ax.scatter(xy[:, 0], xy[:, 1], s=3, alpha=0.5)
+        ax.set_title(label, fontsize=9)
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.set_xlabel("PC 1")
+        ax.set_ylabel("PC 2")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
 def spectrum_report(w: np.ndarray, *, sample: int = 0) -> Dict:
     """Singular values (descending), normalised ones, isotropy and ε-effective ranks of W."""
     s = np.linalg.svd(np.asarray(w, np.float64), compute_uv=False)
@@ -46,6 +84,7 @@ def spectrum_report(w: np.ndarray, *, sample: int = 0) -> Dict:
         "normalized_singular_values": [float(x) for x in s / s[0]],
         **isotropy(w, sample=sample),
         "effective_rank": {f"{e:g}": effective_rank(s, e) for e in EFFECTIVE_EPS},
+        "pca_explained_variance_ratio": [float(x) for x in pca_2d(w, sample=sample)[1]],
     }
 
 
@@ -77,6 +116,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--sample", type=int, default=40000, help="words sampled for I1/I2 (0 = all)")
     p.add_argument("--json", default="", help="one workdir: its report; several: {label: report}")
     p.add_argument("--png", default="", help="normalised singular values, log-log, overlaid")
+    p.add_argument("--pca-png", default="", help="2-D PCA of the embedding rows, one panel per workdir")
     p.add_argument("--platform", default="")
     args = p.parse_args(argv)
     if args.label and len(args.label) != len(args.workdir):
@@ -85,7 +125,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from xlgen.analyze.common import load_model, output_embedding, setup
 
     setup(args.platform)
-    reports = {}
+    reports, pcas = {}, {}
     for i, wd in enumerate(args.workdir):
         label = args.label[i] if args.label else os.path.basename(os.path.normpath(wd))
         try:
@@ -95,6 +135,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"xlgen analyze spectrum: error: {wd}: {e}", file=sys.stderr)
             return 2
         rep = spectrum_report(w, sample=args.sample)
+        if args.pca_png:
+            pcas[label] = pca_2d(w, sample=min(args.sample or 5000, 5000))[0]
         rep.update({"workdir": wd, "step": int(step), "output_layer": config.model.get("output_layer", "adaptive")})
         reports[label] = rep
         s = np.asarray(rep["normalized_singular_values"])
@@ -112,6 +154,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.png:
         plot_spectra(args.png, {k: np.asarray(r["singular_values"]) for k, r in reports.items()})
         print(f"png: {args.png}")
+    if args.pca_png:
+        plot_pca(args.pca_png, pcas)
+        print(f"pca png: {args.pca_png}")
     return 0
 
 

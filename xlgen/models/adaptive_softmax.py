@@ -129,6 +129,15 @@ class AdaptiveEmbedding(nnx.Module):
             ]
         )
 
+    def output_table(self, t: int) -> jax.Array:
+        """Table t `[V_t, d_t]` (what a tied output layer reads; `SpectralEmbedding` has the same method)."""
+        return self.tables[t][...]
+
+    def output_proj(self, t: int) -> Optional[jax.Array]:
+        """Projection t `[d_t, d_proj]` or None (what a tied output layer reads)."""
+        proj = self.projs[t]
+        return None if proj is None else proj[...]
+
     def cluster_weights(self, k: int):
         """(table rows `[V_k, d_k]`, projection `[d_k, d_proj]` or None) of cluster k (head = 0)."""
         if self.div_val == 1:
@@ -214,7 +223,7 @@ class AdaptiveLogSoftmax(nnx.Module):
         if self.tie_weights:
             if embedding is None:
                 raise ValueError("tied adaptive softmax needs the AdaptiveEmbedding it is tied to")
-            table = embedding.tables[t][...]
+            table = embedding.output_table(t)
         else:
             table = self.tables[t][...]
         bias = self.biases[t][...]
@@ -226,7 +235,7 @@ class AdaptiveLogSoftmax(nnx.Module):
         elif self.tie_projs[k] and (self.div_val != 1 or self.dims[0] != self.d_proj):
             if embedding is None:
                 raise ValueError("adaptive softmax with tied projections needs the AdaptiveEmbedding")
-            proj = embedding.projs[t][...]
+            proj = embedding.output_proj(t)
         return table, bias, proj
 
     @staticmethod

@@ -10,9 +10,13 @@ embedding (tied to the input table by default), P `[d_e, d_model]` the tied proj
     gss         P(z|c) = softmax(P̃L(l; c, k))_z,  P̃L(x;c,k) = k(x-c) + c - (k-1) softplus(x-c)   (001 eq. 4.14-4.16)
     plif        P(z|c) = softmax(f(l))_z, f increasing piecewise linear on [-T, T], K pieces,
                 slopes softplus(v_i), continuous, extended linearly outside [-T, T]          (001 §3.3, LMS-PLIF)
-    mos         P(z|c) = Σ_k π_{c,k} softmax(h_{c,k}ᵀE + b)_z,  h_{c,k} = tanh(W_k h), π_c = softmax(W_π h)
-                                                                                             (Yang et al.; 001 §3.1)
+    mos         P(z|c) = Σ_k π_{c,k} softmax(h_{c,k}ᵀE + b)_z,  h_{c,k} = tanh(W_k h) ∈ R^{d_e}, π_c = softmax(W_π h)
+                (no prior bias: 000 A.2.4; tanh in the embedding space: 001 §3.1.2; variational dropout on h_{c,k}
+                shared over time: 000 A.7)                                                   (Yang et al.; 001 §3.1)
     moc         P(z|c) = softmax((Σ_k π_{c,k} h_{c,k})ᵀE + b)_z   (same parameters as MoS; low rank control)
+    doc         P(z|c) = Σ_r π_{c,r} softmax(g_{c,r}ᵀE + b)_z,  g_{c,r} = tanh(W_{r,i} o_{c,i}) from layer i's
+                output o_i (o_0 the embedding), v_i components per layer, π_c = softmax(U o_top)
+                                                                     (Takase et al. 2018; 001 §3.1.6 eq. 3.14-3.16)
     mixtape     P(z|c) ∝ exp(Σ_k π_{c,z,k} h_{c,k}ᵀe_z + b_z), per-token priors from a sigmoid tree over gates
                 a_{c,z,k} = v_zᵀ tanh(U_k h) + u_kᵀh + b_{z,k}, v_z ∈ R^{d2}                 (Yang et al. 2019; 001 §3.4)
     adaptive    the projected adaptive softmax (`xlgen.models.adaptive_softmax`, the Transformer-XL default)
@@ -35,6 +39,7 @@ Sharding: every per-vocabulary parameter carries the logical axis "vocab" (and "
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -150,13 +155,16 @@ def _logits(hs: jax.Array, table: jax.Array, bias: jax.Array) -> jax.Array:
 class OutputLayer(nnx.Module):
     """Base: a softmax (or mixture of E softmaxes) over V rows tied to `embedding` (see the module doc).
 
-    Subclasses implement `_prepare(h, table, bias, proj)` -> (state {name: `[N, ...]`}, rows {name: `[V, ...]`},
-    score_fn(state, rows, margin) -> `[N, E, R]` float32 scores, log_mix `[N, E]` or None for E = 1). `margin`
-    `[N]` or None is subtracted from the raw logit before the layer's transform (AdvSoft).
+    Subclasses implement `_prepare(h, table, bias, proj, lead, layers)` -> (state {name: `[N, ...]`}, rows
+    {name: `[V, ...]`}, score_fn(state, rows, margin) -> `[N, E, R]` float32 scores, log_mix `[N, E]` or None for
+    E = 1). `margin` `[N]` or None is subtracted from the raw logit before the layer's transform (AdvSoft). `lead`
+    is the leading shape of h before flattening (`[batch, time]` for variational dropout); `layers`
+    `[n_layer + 1, ..., d_model]` the per-layer states for layers with `needs_layers` (DOC), else None.
     """
 
     name = "base"
     supports_adv = True
+    needs_layers = False
 
     def __init__(
         self,
@@ -169,9 +177,10 @@ class OutputLayer(nnx.Module):
         init_std: float = 0.02,
         proj_init_std: float = 0.01,
         block_size: int = 32768,
+        n_layer: int = 1,
         rngs: nnx.Rngs,
     ):
-        self.vocab_size, self.d_embed, self.d_proj = vocab_size, d_embed, d_proj
+        self.vocab_size, self.d_embed, self.d_proj, self.n_layer = vocab_size, d_embed, d_proj, n_layer
         self.output, self.tie_weights, self.block_size = output, tie_weights, block_size
         self.deterministic = False  # model.eval() sets True: AdvSoft and dropout only in training
         self.bias = param(rngs, zeros, (vocab_size,), ("vocab",))
@@ -204,30 +213,43 @@ class OutputLayer(nnx.Module):
         """h `[..., d_model]` -> h Pᵀ `[..., d_e]` (identity without a projection)."""
         return h if proj is None else h @ proj.astype(h.dtype).T
 
-    def _prepare(self, h, table, bias, proj):
+    def _prepare(self, h, table, bias, proj, lead, layers):
         raise NotImplementedError
 
+    def _flat_layers(self, layers, lead):
+        """Per-layer states `[n_layer + 1, *lead, d]` -> `[n_layer + 1, N, d]` (None stays None)."""
+        if layers is None:
+            if self.needs_layers:
+                raise ValueError(f"output layer {self.name!r} needs the per-layer states (layers=...)")
+            return None
+        if layers.shape[1:-1] != tuple(lead):
+            raise ValueError(f"layers shape {layers.shape} does not match the states' leading shape {lead}")
+        return layers.reshape(layers.shape[0], -1, layers.shape[-1])
+
     # -- outputs ---------------------------------------------------------------------------------------------------
-    def log_probs(self, h: jax.Array, embedding=None) -> jax.Array:
-        """log P `[..., V]` float32 for h `[..., d_model]`."""
+    def log_probs(self, h: jax.Array, embedding=None, layers: Optional[jax.Array] = None) -> jax.Array:
+        """log P `[..., V]` float32 for h `[..., d_model]` (and, for DOC, `layers` `[n_layer + 1, ..., d_model]`)."""
         lead = h.shape[:-1]
         table, bias, proj = self.weights(embedding)
-        state, rows, score_fn, log_mix = self._prepare(h.reshape(-1, h.shape[-1]), table, bias, proj)
+        flat = self._flat_layers(layers, lead)
+        state, rows, score_fn, log_mix = self._prepare(h.reshape(-1, h.shape[-1]), table, bias, proj, lead, flat)
         lp = jax.nn.log_softmax(_vocab_sharded(score_fn(state, rows, None)), axis=-1)  # [N, E, V]
         lp = lp[:, 0] if log_mix is None else jax.nn.logsumexp(lp + log_mix[..., None], axis=1)
         return lp.reshape(lead + (self.vocab_size,))
 
-    def nll(self, h: jax.Array, labels: jax.Array, embedding=None) -> jax.Array:
+    def nll(self, h: jax.Array, labels: jax.Array, embedding=None, layers: Optional[jax.Array] = None) -> jax.Array:
         """-log P(labels) `[...]` float32 (labels < 0: 0) without building `[N, V]` when V > block_size.
 
         Per component e: target score t_e (gathered rows) minus the blocked log-normaliser; mixtures combine
         log Σ_e π_e exp(t_e - lse_e). AdvSoft (training): t' = score with the margin ε‖h_e‖ and
         lse' = lse + log(1 + exp(t - lse)(exp(t' - t) - 1)) (the target's own term in the normaliser changes)."""
         lead = labels.shape
+        flat = self._flat_layers(layers, h.shape[:-1])
+        h_lead = h.shape[:-1]
         h = h.reshape(-1, h.shape[-1])
         labels = labels.reshape(-1)
         table, bias, proj = self.weights(embedding)
-        state, rows, score_fn, log_mix = self._prepare(h, table, bias, proj)
+        state, rows, score_fn, log_mix = self._prepare(h, table, bias, proj, h_lead, flat)
         idx = jnp.clip(labels, 0, self.vocab_size - 1)
         target_rows = {k: jnp.take(v, idx, axis=0) for k, v in rows.items()}
 
@@ -286,11 +308,13 @@ class _SingleSoftmax(OutputLayer):
     def transform(self, x: jax.Array) -> jax.Array:
         return x
 
-    def contexts(self, h: jax.Array, proj) -> jax.Array:
+    def contexts(self, h: jax.Array, proj, lead) -> jax.Array:
         """The context vectors `[N, 1, d_e]`."""
+        del lead
         return self.project(h, proj)[:, None, :]
 
-    def _prepare(self, h, table, bias, proj):
+    def _prepare(self, h, table, bias, proj, lead, layers):
+        del layers
         transform = self.transform_fn()
 
         def score_fn(state, rows, margin):
@@ -299,7 +323,7 @@ class _SingleSoftmax(OutputLayer):
                 x = x - margin[:, None, None]
             return transform(x)
 
-        return {"h": self.contexts(h, proj)}, {"table": table, "bias": bias}, score_fn, None
+        return {"h": self.contexts(h, proj, lead)}, {"table": table, "bias": bias}, score_fn, None
 
     def transform_fn(self) -> Callable:
         return self.transform
@@ -329,16 +353,28 @@ class GSS(_SingleSoftmax):
         return smooth_pl(x, self.output.c, self.output.k)
 
 
+def plif_slope_init(kind: str) -> Callable:
+    """Initialiser of PLIF's slope parameters v (slopes softplus(v)). "random" (001 §5.7.1: "all these 10^5
+    parameters are initialized with random positive values"; the distribution is not given): v ~ U(0, 1), i.e.
+    slopes in (0.69, 1.31); "identity": softplus(v) = 1, f(x) = x at init."""
+    if kind == "random":
+        return lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, 0.0, 1.0)
+    if kind == "identity":
+        return lambda key, shape, dtype: jnp.full(shape, math.log(math.e - 1.0), dtype)
+    raise ValueError(f"config.model.output.plif_init={kind!r}: expected 'random' or 'identity'")
+
+
 class PLIF(_SingleSoftmax):
-    """LMS-PLIF: softmax(f(l)), f learned increasing piecewise linear (`plif`), initialised to the identity."""
+    """LMS-PLIF: softmax(f(l)), f learned increasing piecewise linear (`plif`); slopes softplus(v), v random
+    positive at init (001 §5.7.1; `plif_init="identity"` starts at f(x) = x). LMS-PLIF† (frozen slopes) is an
+    optimizer setting: `optimizer.param_groups=({"pattern": r"slope_logits", "frozen": True},)`."""
 
     name = "plif"
 
     def __init__(self, *args, rngs: nnx.Rngs, **kw):
         super().__init__(*args, rngs=rngs, **kw)
         n = self.output.plif_intervals
-        inv_softplus_1 = math.log(math.e - 1.0)
-        self.slope_logits = param(rngs, lambda key, shape, dtype: jnp.full(shape, inv_softplus_1, dtype), (n,), (None,))
+        self.slope_logits = param(rngs, plif_slope_init(self.output.plif_init), (n,), (None,))
 
     def transform_fn(self):
         slopes = jax.nn.softplus(self.slope_logits[...].astype(jnp.float32))
@@ -353,21 +389,43 @@ def latent_init_std(d_in: int) -> float:
     return 1.0 / math.sqrt(3.0 * d_in)
 
 
+def expert_dropout(x: jax.Array, drop: Dropout, lead) -> jax.Array:
+    """Dropout on context vectors x `[N, K, d]` of N = prod(lead) positions; `drop` with broadcast_dims (1,) (the
+    variational kind) draws one mask per sequence (lead[0]) and (k, feature), shared over the time axes lead[1:]."""
+    if drop.rate == 0.0 or not drop.broadcast_dims:
+        return drop(x)
+    b = lead[0] if len(lead) else 1
+    return drop(x.reshape((b, -1) + x.shape[1:])).reshape(x.shape)
+
+
+def make_expert_dropout(output: OutputConfig, rngs: nnx.Rngs) -> Dropout:
+    """The "MoS dropout" on h_{c,k}: variational (one mask per sequence, 000 A.7) or per element."""
+    dims = (1,) if output.expert_dropout_kind == "variational" else ()
+    return Dropout(output.expert_dropout, broadcast_dims=dims, rngs=rngs)
+
+
 class _Experts(nnx.Module):
-    """h_{c,k} = tanh(W_k h + b_k) `[N, K, d_model]` (with dropout) and log π_c = log softmax(W_π h) `[N, K]`."""
+    """h_{c,k} = tanh(W_k h) `[N, K, d_out]` (with the latent bias of the original code, and expert dropout) and
+    log π_c = log softmax(W_π h) `[N, K]` (no bias unless `prior_bias`; 000 A.2.4)."""
 
-    def __init__(self, d_model: int, n_experts: int, dropout: float, init_std: float, rngs: nnx.Rngs):
-        del init_std  # the original MoS initialisation, see latent_init_std
-        std = latent_init_std(d_model)
-        self.n_experts = n_experts
-        self.latent = Dense((d_model,), (n_experts, d_model), ("embed",), (None, "embed"), init_std=std, rngs=rngs)
-        self.prior = Dense((d_model,), (n_experts,), ("embed",), (None,), init_std=std, rngs=rngs)
-        self.drop = Dropout(dropout, rngs=rngs)
+    def __init__(self, d_in: int, d_out: int, output: OutputConfig, rngs: nnx.Rngs):
+        std = latent_init_std(d_in)  # the original MoS initialisation, see latent_init_std
+        k = output.n_experts
+        self.n_experts = k
+        self.latent = Dense((d_in,), (k, d_out), ("embed",), (None, "embed"), init_std=std, rngs=rngs)
+        self.prior = Dense((d_in,), (k,), ("embed",), (None,), use_bias=output.prior_bias, init_std=std, rngs=rngs)
+        self.drop = make_expert_dropout(output, rngs)
 
-    def __call__(self, h: jax.Array):
-        hk = self.drop(jnp.tanh(self.latent(h)))
+    def __call__(self, h: jax.Array, lead=None):
+        """h `[N, d_in]` -> (h_k `[N, K, d_out]`, log π `[N, K]` float32); `lead` = h's shape before flattening."""
+        hk = expert_dropout(jnp.tanh(self.latent(h)), self.drop, h.shape[:1] if lead is None else lead)
         log_prior = jax.nn.log_softmax(self.prior(h).astype(jnp.float32), axis=-1)
         return hk, log_prior
+
+
+def _expert_width(output: OutputConfig, d_embed: int, d_proj: int) -> int:
+    """Width of h_{c,k}: d_e ("embed", 001 §3.1.2) or d_model ("model", projected afterwards)."""
+    return d_embed if output.expert_space == "embed" else d_proj
 
 
 class MoS(OutputLayer):
@@ -378,11 +436,16 @@ class MoS(OutputLayer):
 
     def __init__(self, vocab_size, d_embed, d_proj, output, *, init_std=0.02, rngs, **kw):
         super().__init__(vocab_size, d_embed, d_proj, output, init_std=init_std, rngs=rngs, **kw)
-        self.experts = _Experts(d_proj, output.n_experts, output.expert_dropout, init_std, rngs)
+        self.experts = _Experts(d_proj, _expert_width(self.output, d_embed, d_proj), self.output, rngs)
 
-    def _prepare(self, h, table, bias, proj):
-        hk, log_prior = self.experts(h)
-        state = {"h": self.project(hk, proj)}
+    def expert_contexts(self, hk: jax.Array, proj) -> jax.Array:
+        """h_{c,k} in the embedding space: as computed ("embed") or P·h_{c,k} ("model")."""
+        return hk if self.output.expert_space == "embed" else self.project(hk, proj)
+
+    def _prepare(self, h, table, bias, proj, lead, layers):
+        del layers
+        hk, log_prior = self.experts(h, lead)
+        state = {"h": self.expert_contexts(hk, proj)}
 
         def score_fn(state, rows, margin):
             del margin
@@ -398,12 +461,64 @@ class MoC(_SingleSoftmax):
 
     def __init__(self, vocab_size, d_embed, d_proj, output, *, init_std=0.02, rngs, **kw):
         super().__init__(vocab_size, d_embed, d_proj, output, init_std=init_std, rngs=rngs, **kw)
-        self.experts = _Experts(d_proj, output.n_experts, output.expert_dropout, init_std, rngs)
+        self.experts = _Experts(d_proj, _expert_width(self.output, d_embed, d_proj), self.output, rngs)
 
-    def contexts(self, h, proj):
-        hk, log_prior = self.experts(h)
+    def contexts(self, h, proj, lead):
+        hk, log_prior = self.experts(h, lead)
         mixed = jnp.einsum("nk,nkd->nd", jnp.exp(log_prior).astype(hk.dtype), hk)
-        return self.project(mixed, proj)[:, None, :]
+        mixed = mixed if self.output.expert_space == "embed" else self.project(mixed, proj)
+        return mixed[:, None, :]
+
+
+class DOC(MoS):
+    """Direct Output Connection (Takase et al. 2018; 001 §3.1.6): a mixture of R = Σ_i v_i softmaxes whose
+    contexts come from several layers, P = Σ_r π_r softmax(g_rᵀE + b) (eq. 3.14), g_{c,r} = tanh(W_{r,i} o_{c,i})
+    (eq. 3.15, with the tanh of Takase et al. and MoS; `doc_tanh=False` drops it as eq. 3.15 is printed),
+    π_c = softmax(U o_{c,top}) (eq. 3.16, no bias). `doc_counts` = (v_top, v_top-1, ...): o_top is the model's
+    final state h (after its dropout), o_{top-j} the output of the block j below, o_0 the embedding output.
+    With `doc_counts=(K,)` DOC is MoS with K experts (the same parameters, `experts` = the top layer's)."""
+
+    name = "doc"
+    needs_layers = True
+
+    def __init__(self, vocab_size, d_embed, d_proj, output, *, init_std=0.02, rngs, n_layer: int = 1, **kw):
+        output = OutputConfig.from_any(output)
+        counts = output.doc_counts
+        if len(counts) > n_layer + 1:
+            raise ValueError(
+                f"config.model.output.doc_counts={counts}: {len(counts)} entries, but the model has {n_layer} "
+                f"blocks + the embedding = {n_layer + 1} states"
+            )
+        top = dataclasses.replace(output, n_experts=sum(counts))  # the prior is over all R components
+        super().__init__(vocab_size, d_embed, d_proj, top, init_std=init_std, rngs=rngs, n_layer=n_layer, **kw)
+        width = _expert_width(self.output, d_embed, d_proj)
+        std = latent_init_std(d_proj)
+        # experts.latent holds the top layer's v_top projections; one Dense per lower state with v_i > 0
+        self.experts.latent = Dense((d_proj,), (counts[0], width), ("embed",), (None, "embed"), init_std=std, rngs=rngs)
+        self.lower = nnx.List(
+            [
+                Dense((d_proj,), (v, width), ("embed",), (None, "embed"), init_std=std, rngs=rngs) if v else None
+                for v in counts[1:]
+            ]
+        )
+
+    def _prepare(self, h, table, bias, proj, lead, layers):
+        """h `[N, d]` the top state, layers `[n_layer + 1, N, d]` (layers[-1-j] = output of the j-th block from the
+        top, layers[0] the embedding output)."""
+        act = jnp.tanh if self.output.doc_tanh else (lambda x: x)
+        log_prior = jax.nn.log_softmax(self.experts.prior(h).astype(jnp.float32), axis=-1)
+        parts = [act(self.experts.latent(h))] if self.output.doc_counts[0] else []
+        for j, dense in enumerate(self.lower, start=1):
+            if dense is not None:
+                parts.append(act(dense(layers[layers.shape[0] - 1 - j].astype(h.dtype))))
+        g = expert_dropout(jnp.concatenate(parts, axis=1), self.experts.drop, lead)  # [N, R, width]
+        state = {"h": self.expert_contexts(g, proj)}
+
+        def score_fn(state, rows, margin):
+            del margin
+            return _logits(state["h"], rows["table"], rows["bias"])
+
+        return state, {"table": table, "bias": bias}, score_fn, log_prior
 
 
 class Mixtape(OutputLayer):
@@ -426,7 +541,8 @@ class Mixtape(OutputLayer):
         self.gate_vocab = param(rngs, normal(init_std), (vocab_size, d2), ("vocab", None))
         self.gate_bias = param(rngs, zeros, (vocab_size, g), ("vocab", None))
 
-    def _prepare(self, h, table, bias, proj):
+    def _prepare(self, h, table, bias, proj, lead, layers):
+        del lead, layers
         k = self.output.n_experts
         hk = self.project(self.drop(jnp.tanh(self.latent(h))), proj)  # [N, K, d_e]
         state = {
@@ -461,6 +577,7 @@ OUTPUT_LAYERS: Dict[str, type] = {
     "plif": PLIF,
     "mos": MoS,
     "moc": MoC,
+    "doc": DOC,
     "mixtape": Mixtape,
 }
 
@@ -494,6 +611,18 @@ def spectrum_prior(k: jax.Array, kind: str, c1: float, c2: float, gamma: float) 
     if kind == "poly":
         return c1 * k ** (-gamma)
     raise ValueError(f"spectrum prior {kind!r}: expected 'exp' or 'poly'")
+
+
+def singular_values(sigma: jax.Array, order: str = "sorted") -> jax.Array:
+    """The σ_k the spectrum prior compares with its descending target. "sorted": the singular values of
+    U diag(σ) Vᵀ for orthonormal U, V, i.e. |σ| in descending order (a negative σ_k is a sign flip of u_k, so σ_k
+    of seed 002 — "the k-th largest singular value", positive — is the k-th largest |σ|); "index": σ as stored
+    (signs and positions kept: xlgen before issue 35, which let the prior pull an unordered or negative σ_k)."""
+    if order == "sorted":
+        return -jnp.sort(-jnp.abs(sigma))
+    if order == "index":
+        return sigma
+    raise ValueError(f"config.model.output.sc_prior_order={order!r}: expected 'sorted' or 'index'")
 
 
 def spectral_from_table(table) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -530,9 +659,14 @@ def expand_spectral_params(params: Dict[str, Any], prefix: str = "embedding/") -
 class SpectralEmbedding(nnx.Module):
     """Tied word embedding E = U diag(σ) Vᵀ (seed 002 eq. 3): U `[V, r]` ("vocab", None), σ `[r]`, V `[d_e, r]`.
 
-    Input: sqrt(d_proj) · (U[x] ⊙ σ) Vᵀ (Pᵀ when d_e != d_proj), as `AdaptiveEmbedding` with div_val 1, no cutoffs.
-    Output: `cluster_weights(0)` gives the full table (and projection) to the output layer. Initialised as the thin
-    SVD of a normal(init_std) table, i.e. the same distribution as the unfactorised embedding.
+    Input: sqrt(d_proj) · (U[x] ⊙ σ) Vᵀ (Pᵀ when d_e != d_proj), as `AdaptiveEmbedding` with div_val 1.
+    Output: `cluster_weights(0)` gives the full table (and projection) to a non-adaptive output layer;
+    `output_table(0)` / `output_proj(0)` give them to the adaptive softmax with div_val 1, whose clusters are row
+    slices of the one table E (the head's shortlist rows and each tail's rows): the spectrum of E is then the
+    spectrum of the whole output embedding, and the cluster logits W_c and per-cluster output projections are
+    untouched (div_val > 1 is refused: clusters of different widths form no single matrix E to factorise; see
+    docs/output_layers.md). Initialised as the thin SVD of a normal(init_std) table, i.e. the same distribution
+    as the unfactorised embedding.
     """
 
     def __init__(
@@ -566,6 +700,17 @@ class SpectralEmbedding(nnx.Module):
             raise ValueError("SpectralEmbedding has a single cluster (no adaptive cutoffs)")
         return self.table(), (None if self.proj is None else self.proj[...])
 
+    def output_table(self, t: int) -> jax.Array:
+        """Table t of a tied adaptive softmax (div_val 1: only t = 0, the whole E)."""
+        if t != 0:
+            raise ValueError("SpectralEmbedding has one table (adaptive softmax with div_val=1 only)")
+        return self.table()
+
+    def output_proj(self, t: int) -> Optional[jax.Array]:
+        if t != 0:
+            raise ValueError("SpectralEmbedding has one table (adaptive softmax with div_val=1 only)")
+        return None if self.proj is None else self.proj[...]
+
     def __call__(self, ids: jax.Array, dtype=jnp.float32) -> jax.Array:
         rows = jnp.take(self.u[...], ids, axis=0, mode="clip") * self.sigma[...]
         emb = (rows @ self.v[...].T).astype(dtype)
@@ -586,6 +731,6 @@ class SpectralEmbedding(nnx.Module):
             total = total + o.sc_lambda_u_spec * terms["sc_u_spec"] + o.sc_lambda_v_spec * terms["sc_v_spec"]
         if o.sc_prior != "none":
             target = spectrum_prior(jnp.arange(1, s.shape[0] + 1), o.sc_prior, o.sc_c1, o.sc_c2, o.sc_gamma)
-            terms["sc_prior"] = jnp.sum((s - target) ** 2)
+            terms["sc_prior"] = jnp.sum((singular_values(s, o.sc_prior_order) - target) ** 2)
             total = total + o.sc_lambda_prior * terms["sc_prior"]
         return total, terms

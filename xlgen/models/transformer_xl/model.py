@@ -113,15 +113,17 @@ class TransformerXLConfig:
         if self.output_layer not in OUTPUT_LAYER_NAMES:
             raise ValueError(f"output_layer={self.output_layer!r}: expected one of {list(OUTPUT_LAYER_NAMES)}")
         if self.output_layer == "adaptive":
-            if out.spectrum_control or out.adv_eps > 0 or out.cosreg > 0:
+            if out.adv_eps > 0 or out.cosreg > 0:
                 raise ValueError(
-                    "output.spectrum_control / adv_eps / cosreg need output_layer=softmax (or another non-adaptive "
-                    "layer), not 'adaptive'"
+                    "output.adv_eps / cosreg need output_layer=softmax (or another non-adaptive layer), not 'adaptive'"
                 )
         elif self.cutoffs:
             raise ValueError(f"output_layer={self.output_layer!r} needs cutoffs=() (one vocabulary table)")
         if out.spectrum_control and (not self.tie_word_embeddings or self.div_val != 1):
-            raise ValueError("output.spectrum_control needs tie_word_embeddings=True and div_val=1")
+            raise ValueError(
+                "output.spectrum_control needs tie_word_embeddings=True and div_val=1 (with div_val > 1 the adaptive "
+                "clusters have tables of different widths: no single output embedding E = U diag(σ) Vᵀ)"
+            )
 
     @property
     def embed_dim(self) -> int:
@@ -342,6 +344,7 @@ class TransformerXLLM(nnx.Module):
                 init_std=c.init_std,
                 proj_init_std=c.proj_init_std,
                 block_size=c.softmax_block_size,
+                n_layer=c.n_layer,
                 rngs=rngs,
             )
         else:
@@ -368,6 +371,8 @@ class TransformerXLLM(nnx.Module):
     def regularization(self):
         """(penalty, {term: value}) of the output-embedding regularisers (CosReg, spectrum control); 0 without."""
         if self.config.output_layer == "adaptive":
+            if self.config.output.spectrum_control:  # E = U diag(σ) Vᵀ under the adaptive softmax (div_val 1)
+                return self.embedding.penalty(self.config.output)
             return jnp.zeros((), jnp.float32), {}
         return self.softmax.regularization(self.embedding)
 
@@ -385,8 +390,13 @@ class TransformerXLLM(nnx.Module):
         mem_len: Optional[int] = None,
         mem_valid: Optional[jax.Array] = None,
         cache: Optional[dict] = None,
+        with_layers: bool = False,
     ):
         """Last-layer states `[b,l,d_model]` (after the final dropout) and the new memory (see module doc).
+
+        `with_layers`: one more (last) result, every layer's state `[n_layer + 1, b, l, d_model]` from the same pass
+        (index 0 the embedding output, n the output of block n, the last one before the final dropout), for output
+        layers that read several layers (DOC).
 
         `cache` (cached evaluation, see `TransfoXLPretrained`): {"position_keys": `[n_layer, m+l, n, d]` from
         `position_keys(l, m+l)`, per-layer `PositionKeyOperand`s (a list; stacked in one for scanned layers), or
@@ -444,9 +454,10 @@ class TransformerXLLM(nnx.Module):
             hids = jnp.stack(hids)
             kvs = tuple(list(x) for x in zip(*kvs)) if kvs else None  # per layer: stacking would copy them all
         new_mems = update_mems(mems, hids, mem_len) if mem_len > 0 else mems[:, :, :0]
-        if cache is None:
-            return self.drop(h), new_mems
-        return self.drop(h), new_mems, jax.lax.stop_gradient(kvs)
+        out = (self.drop(h), new_mems) if cache is None else (self.drop(h), new_mems, jax.lax.stop_gradient(kvs))
+        if with_layers:
+            out = out + (jnp.concatenate([hids, h[None].astype(hids.dtype)]),)
+        return out
 
     def position_keys(self, qlen: int, klen: int) -> jax.Array:
         """Every layer's position keys W_r R for `qlen` queries against `klen` keys `[n_layer, klen, n, d]`
@@ -479,10 +490,14 @@ class TransformerXLLM(nnx.Module):
         (negative = ignored) -> `(log_probs [b,l,V] | nll [b,l], new_mems [n_layer,b,min(m+l,mem_len),d])`, with
         the memory rows' keys/values third when `cache` is given (see `hidden_states`).
         Log-probs / nll are float32; with labels the `[b,l,V]` tensor is never built."""
-        h, new_mems, *kv = self.hidden_states(input_ids, mems, mem_len=mem_len, mem_valid=mem_valid, cache=cache)
+        layers = getattr(self.softmax, "needs_layers", False)  # DOC: every layer's state, from this one pass
+        h, new_mems, *kv = self.hidden_states(
+            input_ids, mems, mem_len=mem_len, mem_valid=mem_valid, cache=cache, with_layers=layers
+        )
+        extra = {"layers": kv.pop()} if layers else {}
         if labels is None:
-            return (self.softmax.log_probs(h, self.embedding), new_mems, *kv)
-        return (self.softmax.nll(h, labels, self.embedding), new_mems, *kv)
+            return (self.softmax.log_probs(h, self.embedding, **extra), new_mems, *kv)
+        return (self.softmax.nll(h, labels, self.embedding, **extra), new_mems, *kv)
 
 
 def count_params(model_or_state) -> int:
