@@ -264,15 +264,15 @@ def _losses(workdir):
     [("cegan", {"model.variant": "egan_ent_vi", **SMALL_CEGAN}), ("badgan", {"model.vi_weight": 0.1, **SMALL_BADGAN})],
 )
 def test_multi_player_resume_is_bitwise_exact(tmp_path, family, over):
-    from xlgen.systems.gan import run
+    from xlgen.train import loop
 
     over = {**over, "mesh.num_devices": 1}
     c = _config(family, over)
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    run.train(c, full)
-    run.train(c, part, stop_at=3)
+    loop.train(c, full)
+    loop.train(c, part, stop_at=3)
     assert sorted(_losses(part)) == [1, 2, 3]
-    run.train(c, part)
+    loop.train(c, part)
     a, b = _losses(full), _losses(part)
     assert sorted(b) == list(range(1, 7)) and len(a[6]) >= 3  # every player's loss is logged
     assert [b[s] for s in (4, 5, 6)] == [a[s] for s in (4, 5, 6)]
@@ -281,22 +281,22 @@ def test_multi_player_resume_is_bitwise_exact(tmp_path, family, over):
             json.load(open(os.path.join(part, "labeled.json")))["indices"]
             == json.load(open(os.path.join(full, "labeled.json")))["indices"]
         )
-        rec = run.evaluate(c, part)
+        rec = loop.evaluate(c, part)
         assert 0.0 <= rec["test_error"] <= 1.0
         assert json.load(open(os.path.join(part, "eval_results.json")))["test_error"] == rec["test_error"]
 
 
 def test_eight_devices_equal_one():
-    from xlgen.systems.gan import run
+    from xlgen import sharding
+    from xlgen.systems.gan.system import Pipeline
+    from xlgen.train.program import build_program
 
     assert jax.device_count() >= 8
     results = []
     for n in (1, 8):
         c = _config("badgan", {**SMALL_BADGAN, "mesh.num_devices": n})
-        ds, program, _ = run.program_for(c)
-        from xlgen.systems.gan.system import Pipeline
-
-        pipe = Pipeline(c, ds, program.game)
+        program = build_program(c, sharding.make_mesh(c.mesh))
+        pipe = Pipeline(c.data)
         with jax.set_mesh(program.mesh):
             state, _ = program.init_state()
             losses_ = []

@@ -50,8 +50,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from xlgen import sharding
-from xlgen.models.params import path_name
-from xlgen.train.program import concrete_rest
+from xlgen.models.params import concrete_rest, path_name
 
 # loss_fn(models, batch, key, step, ctx) -> (loss, aux); ctx = {player: aux of its latest update in this step}
 LossFn = Callable[..., Tuple[jax.Array, Dict]]

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from xlgen import optim, registry, sharding
 from xlgen.models.family import Objective
-from xlgen.models.params import materialize, path_name
+from xlgen.models.params import concrete_rest, materialize, path_name
 
 
 @dataclasses.dataclass
@@ -86,21 +86,6 @@ def seeded_rest(rest, key: jax.Array):
         else:
             out.append((path, var))
     return nnx.from_flat_state(out)
-
-
-def concrete_rest(rest):
-    """Materialise abstract non-parameter state (RNG streams) with placeholder values (reseeded every step)."""
-    flat = []
-    for path, var in nnx.to_flat_state(rest):
-        if isinstance(var, nnx.RngKey):
-            k = jax.random.key(0)
-            shape = tuple(var.shape)
-            if shape:
-                k = jax.random.split(k, math.prod(shape)).reshape(shape)
-            flat.append((path, var.replace(k)))
-        else:
-            flat.append((path, var.replace(jnp.zeros(var.shape, var.dtype))))
-    return nnx.from_flat_state(flat)
 
 
 @dataclasses.dataclass
@@ -303,6 +288,10 @@ def build_program(config, mesh: Mesh) -> Program:
 
 def _build_program(config, mesh: Mesh) -> Program:
     objective = registry.objective(config)
+    if objective.game is not None:  # several players, each with its own optimizer (xlgen/train/game.py)
+        from xlgen.train.game import build_game_program
+
+        return build_game_program(config, mesh, objective.game(config), objective.name)
     train_spec = abstract_model(lambda r: objective.make_model(config, r, True), train=True)
     eval_spec = abstract_model(lambda r: objective.make_model(config, r, False), train=False)
 

@@ -21,16 +21,21 @@ Bad GAN (`config.model.family="badgan"`, seed 003 §3.1 / seed 000 Appendix C), 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
-from typing import Any, Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
+from flax import nnx
 
 from data_pipelines import paths
+from xlgen.models.family import Family, Objective
 from xlgen.systems.gan import data as gdata
 from xlgen.systems.gan import evaluation as geval
 from xlgen.systems.gan import losses
@@ -226,7 +231,7 @@ def badgan_game(config, ds: gdata.Dataset) -> Game:
     K, dz = ds.num_classes, int(m.noise_dim)
     hidden = tuple(int(h) for h in m.disc_hidden)
     bsz = int(config.data.batch_size)
-    lbsz = min(int(config.data.labeled_batch_size) or len(ds.labeled), len(ds.labeled))
+    lbsz = labeled_batch_size(config.data, ds)
     w_ent, w_pt, w_ld, w_vi = (float(m.ent_weight), float(m.pt_weight), float(m.ld_weight), float(m.vi_weight))
     if variant == "fm":
         w_ent = w_pt = w_ld = w_vi = 0.0
@@ -376,51 +381,135 @@ def _plot_case_study(config, program, state, ds, path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Entry points
+# The registry records (xlgen/registry.py: SYSTEMS["cegan"], SYSTEMS["badgan"])
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class CeganConfig:
+    """`config.model` of configs/gan/cegan.py (minus `family`)."""
+
+    variant: str = "egan_ent_nn"
+    noise_dim: int = 4
+    hidden: int = 128
+    width: float = 1.0
+    margin: float = 0.0
+    gap_bounds: Tuple[float, float] = (-10.0, 0.1)
+    knn_k: int = 20
+    knn_alpha: float = 1.0
+    vi_weight: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BadganConfig:
+    """`config.model` of configs/gan/badgan.py (minus `family`)."""
+
+    variant: str = "badgan"
+    generator: str = "learned"
+    noise_dim: int = 100
+    disc_hidden: Tuple[int, ...] = (500, 250, 250)
+    gen_hidden: Tuple[int, ...] = (500, 500)
+    input_noise: float = 0.3
+    hidden_noise: float = 0.5
+    ent_weight: float = 0.1
+    pt_weight: float = 0.8
+    ld_weight: float = 1e-3
+    ld_start: int = 500
+    ld_quantile: float = 0.1
+    vi_weight: float = 0.0
+    vi_max_std: float = 1.0
+    density_hidden: int = 256
+    dequantize: float = 1.0 / 16
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(data_json: str) -> gdata.Dataset:
+    d = ml_collections.ConfigDict(json.loads(data_json))
+    return gdata.load(d, int(d.seed))
+
+
+def dataset(data_config) -> gdata.Dataset:
+    """The run's Dataset (cached per data config): `data.seed` draws the batches and, unless `data.label_seed` is
+    set, the labeled subset."""
+    return _dataset(json.dumps(data_config.to_dict(), sort_keys=True, default=str))
+
+
 class Pipeline:
-    """The loop's pipeline: `batch(step)` = data.batch(dataset, seed, step, ...) (global rows; pure in the step)."""
+    """`batch(step)` = data.batch(dataset, data.seed, step, ...): global rows, a pure function of the step;
+    `record(workdir)` writes DIR/labeled.json (the labeled subset of a semi-supervised run)."""
 
     num_steps = None
 
-    def __init__(self, config, ds: gdata.Dataset, game: Game):
-        self.ds, self.seed = ds, int(config.data.seed) + 1000 * int(config.seed)
-        self.bsz = int(config.data.batch_size)
-        self.lbsz = game.batch_shapes["xl"][0][0] if "xl" in game.batch_shapes else 0
-        self.local_batch_size = self.bsz
+    def __init__(self, data_config, split: str = "train", process_index: int = 0, process_count: int = 1):
+        self.ds, self.seed = dataset(data_config), int(data_config.seed)
+        self.global_batch_size = self.local_batch_size = int(data_config.batch_size)
+        self.lbsz = labeled_batch_size(data_config, self.ds)
 
     def batch(self, step: int) -> Dict[str, np.ndarray]:
-        return gdata.batch(self.ds, self.seed, step, self.bsz, self.lbsz)
+        return gdata.batch(self.ds, self.seed, step, self.global_batch_size, self.lbsz)
+
+    def record(self, workdir: str) -> None:
+        if self.ds.labeled is None:
+            return
+        path = os.path.join(workdir, "labeled.json")
+        rec = {"dataset": self.ds.name, "indices": [int(i) for i in self.ds.labeled]}
+        if paths.as_path(path).exists():
+            if json.loads(paths.read_text(path)) != rec:
+                raise ValueError(f"{path}: the labeled subset differs from this config's (data.num_labeled / seed)")
+            return
+        paths.write_json_atomic(path, rec)
 
 
-def build(config):
-    """(dataset, game, evaluate_fn) for a config of either system."""
-    family = str(config.model.family)
-    ds = gdata.load(config.data, int(config.seed))
-    if family == "cegan":
-        return ds, cegan_game(config, ds), cegan_evaluate
-    if family == "badgan":
-        return ds, badgan_game(config, ds), badgan_evaluate
-    raise ValueError(f"model.family={family!r}: expected cegan or badgan")
-
-
-def record_labeled(workdir: str, ds: gdata.Dataset) -> None:
-    """DIR/labeled.json: the labeled training indices of a semi-supervised run (written once; must match)."""
+def labeled_batch_size(data_config, ds: gdata.Dataset) -> int:
     if ds.labeled is None:
-        return
-    path = os.path.join(workdir, "labeled.json")
-    rec = {"dataset": ds.name, "indices": [int(i) for i in ds.labeled]}
-    if paths.as_path(path).exists():
-        old = json.loads(paths.read_text(path))
-        if old != rec:
-            raise ValueError(f"{path}: the labeled subset differs from this config's (data.num_labeled / seed)")
-        return
-    paths.write_json_atomic(path, rec)
+        return 0
+    return min(int(data_config.get("labeled_batch_size", 0)) or len(ds.labeled), len(ds.labeled))
 
 
-def results_json(workdir: str, results: Dict[str, Any]) -> str:
-    path = os.path.join(workdir, "eval_results.json")
-    paths.write_json_atomic(path, results)
-    return path
+class Players(nnx.Module):
+    """Every player's module under its name (the objective's `make_model`: parameter shapes for workdir checks)."""
+
+    def __init__(self, game: Game, rngs: nnx.Rngs):
+        for p in game.players:
+            setattr(self, p.name, p.make(rngs))
+
+
+def _game_only(*args, **kwargs):
+    raise ValueError("a multi-player objective trains through its game (Objective.game), not a single loss")
+
+
+def _objective(name: str, make_game, evaluate) -> Objective:
+    def game(config) -> Game:
+        return make_game(config, dataset(config.data))
+
+    def ev(config, program, state, out_dir, full):
+        return evaluate(config, program, state, dataset(config.data), out_dir, full)
+
+    return Objective(
+        name=name,
+        make_model=lambda config, rngs, train: Players(game(config), rngs),
+        batch_shapes=lambda config, split: game(config).batch_shapes,
+        loss=_game_only,
+        eval_loss=_game_only,
+        pipeline=Pipeline,
+        tokens_per_step=lambda config: game(config).examples_per_step,
+        eval_metrics=lambda loss, config: {},
+        game=game,
+        evaluate=ev,
+    )
+
+
+CEGAN = Family(
+    name="cegan",
+    config_class=CeganConfig,
+    default_objective="cegan",
+    models={"disc": gm.MLP, "gen": gm.FCGenerator, "dc_disc": gm.DCDiscriminator, "dc_gen": gm.DCGenerator},
+    objectives={"cegan": _objective("cegan", cegan_game, cegan_evaluate)},
+)
+BADGAN = Family(
+    name="badgan",
+    config_class=BadganConfig,
+    default_objective="badgan",
+    models={"disc": gm.MLP, "gen": gm.FCGenerator, "density": gm.PixelDensity, "enc": gm.Encoder},
+    objectives={"badgan": _objective("badgan", badgan_game, badgan_evaluate)},
+)
