@@ -26,7 +26,7 @@ def get_config():
             margin=0.0,  # EGAN discriminator: max(E_data c - c(x~), -margin); 0 = none
             gap_bounds=(-10.0, 0.1),  # EGAN: disc updates while gap > [0], gen while gap < [1] (the paper's code)
             knn_k=20,  # EGAN-Ent-NN: neighbours (eq. B.10)
-            knn_alpha=1.0,  # EGAN-Ent-NN: alpha (eq. B.11)
+            knn_alpha=0.5,  # EGAN-Ent-NN: alpha (eq. B.11)
             vi_weight=1.0,  # EGAN-Ent-VI: weight of U(q)
         )
     )

@@ -157,19 +157,6 @@ class GameProgram:
         return {n: lay.merge(state["params"][n], state["stats"][n], train) for n, lay in self.layouts.items()}
 
 
-def _opt_shardings(abstract_opt, shardings: Dict[str, NamedSharding], shapes, mesh):
-    rep = sharding.replicated(mesh)
-
-    def pick(path, leaf):
-        for p in reversed(path):
-            k = getattr(p, "key", None)
-            if isinstance(k, str) and k in shardings and tuple(leaf.shape) == shapes[k]:
-                return shardings[k]
-        return rep
-
-    return jax.tree_util.tree_map_with_path(pick, abstract_opt)
-
-
 def build_game_program(config, mesh: Mesh, game: Game, name: str) -> GameProgram:
     players = {p.name: p for p in game.players}
     for pname, _ in game.order:
@@ -186,7 +173,7 @@ def build_game_program(config, mesh: Mesh, game: Game, name: str) -> GameProgram
         }
         s_sh[n] = {k: rep for k in lay.abstract_stats}
         abstract_opt[n] = jax.eval_shape(players[n].tx.init, lay.abstract_params)
-        o_sh[n] = _opt_shardings(abstract_opt[n], p_sh[n], lay.shapes, mesh)
+        o_sh[n] = sharding.opt_state_shardings(abstract_opt[n], p_sh[n], lay.shapes, mesh)
     state_shardings = {"params": p_sh, "stats": s_sh, "opt_state": o_sh, "step": rep, "rng": rep}
     batch_shardings = {k: sharding.batch_sharding(mesh, len(s)) for k, (s, _) in game.batch_shapes.items()}
     dp = sharding.data_parallel_size(mesh)

@@ -137,20 +137,6 @@ class Program:
         return materialize(spec.abstract, params, rest=concrete_rest(spec.rest))
 
 
-def _opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh):
-    """Each optimizer-state leaf that mirrors a parameter (same dict key, same shape) takes its sharding."""
-    rep = sharding.replicated(mesh)
-
-    def pick(path, leaf):
-        for p in reversed(path):
-            k = getattr(p, "key", None)
-            if isinstance(k, str) and k in param_shardings and tuple(leaf.shape) == param_shapes[k]:
-                return param_shardings[k]
-        return rep
-
-    return jax.tree_util.tree_map_with_path(pick, abstract_opt)
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Step:
     """What one training step needs besides its arguments: the config, the objective (model and loss), the abstract
@@ -309,7 +295,7 @@ def _build_program(config, mesh: Mesh) -> Program:
     rep = sharding.replicated(mesh)
     state_shardings = {
         "params": param_shardings,
-        "opt_state": _opt_state_shardings(abstract_opt, param_shardings, train_spec.shapes, mesh),
+        "opt_state": sharding.opt_state_shardings(abstract_opt, param_shardings, train_spec.shapes, mesh),
         "step": rep,
         "rng": rep,
     }

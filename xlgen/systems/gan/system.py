@@ -396,7 +396,7 @@ class CeganConfig:
     margin: float = 0.0
     gap_bounds: Tuple[float, float] = (-10.0, 0.1)
     knn_k: int = 20
-    knn_alpha: float = 1.0
+    knn_alpha: float = 0.5
     vi_weight: float = 1.0
 
 
