@@ -13,6 +13,7 @@ tables) and the figures of seed 0 copied to `<figures>/`.
   badgan     100 labels on scikit-learn's 8x8 digits: supervised-only, FM, and the full method (FM + PT + LD + Ent),
              plus the ablation rows (+PT, +LD, +Ent separately)
   casestudy  the 2-D case study: complement generator on four_spins, FM on two_circles (figures)
+  tables     print the markdown tables of docs/reproductions.md from the JSON files
 """
 
 from __future__ import annotations
@@ -303,9 +304,41 @@ def casestudy(out: str, seeds: List[int], steps: int, figures: str) -> Dict:
     return res
 
 
+def markdown(figures: str) -> str:
+    """The tables of docs/reproductions.md from the JSON files in `figures`."""
+    out = []
+    path = os.path.join(figures, "cegan.json")
+    if os.path.exists(path):
+        r = json.load(open(path))
+        cols = ("disc_data", "data_disc", "disc_emp", "emp_disc", "gen_data", "data_gen", "gen_emp", "emp_gen")
+        for data, rows in r["table"].items():
+            out.append(f"\n**{data}** ({len(r['seeds'])} seeds, {r['steps']} steps; ours mean ± std / paper)\n")
+            out.append("| model | " + " | ".join(f"KL({c.split('_')[0]}‖{c.split('_')[1]})" for c in cols) + " |")
+            out.append("|---" * (len(cols) + 1) + "|")
+            for v, row in rows.items():
+                paper = r["paper"][data][v]
+                cells = [f"{row[c][0]:.3f} ± {row[c][1]:.3f} / {paper[c]:.3f}" for c in cols]
+                out.append(f"| {v} | " + " | ".join(cells) + " |")
+    path = os.path.join(figures, "badgan.json")
+    if os.path.exists(path):
+        r = json.load(open(path))
+        out.append(f"\n**{r['dataset']}** ({len(r['seeds'])} seeds, {r['steps']} steps)\n")
+        out.append("| setting | test error (%) mean ± std | errors of 497 |")
+        out.append("|---|---|---|")
+        for row, (m, sd) in r["test_error"].items():
+            out.append(f"| {row} | {100 * m:.2f} ± {100 * sd:.2f} | {m * 497:.1f} |")
+    path = os.path.join(figures, "casestudy.json")
+    if os.path.exists(path):
+        r = json.load(open(path))
+        out.append("\n| 2-D case | test error (%) |\n|---|---|")
+        for k, v in r.items():
+            out.append(f"| {k} | {100 * v['test_error']:.2f} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m xlgen.reproductions.gan")
-    p.add_argument("experiment", choices=("cegan", "badgan", "casestudy"))
+    p.add_argument("experiment", choices=("cegan", "badgan", "casestudy", "tables"))
     p.add_argument("--out", default="workdirs/reproductions")
     p.add_argument("--figures", default=os.path.join(REPO, "docs", "reproductions", "gan"))
     p.add_argument("--seeds", default="0,1,2")
@@ -313,6 +346,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]
     os.makedirs(a.figures, exist_ok=True)
+    if a.experiment == "tables":
+        print(markdown(a.figures))
+        return 0
     if a.experiment == "cegan":
         res = cegan(a.out, seeds, a.steps or 2000)
         for data in ("mog4", "biased_mog2", "spirals"):
