@@ -116,9 +116,9 @@ def test_pixel_density_is_autoregressive_and_normalised():
 def test_networks_shapes_and_batch_stats_are_state():
     g = gm.DCGenerator(10, rngs=nnx.Rngs(0), width=0.125)
     d = gm.DCDiscriminator(1, rngs=nnx.Rngs(1), width=0.125)
-    x = g(jnp.ones((2, 10)))
+    x = nnx.jit(lambda m, z: m(z))(g, jnp.ones((2, 10)))
     assert x.shape == (2, 28, 28, 1) and float(x.min()) >= 0 and float(x.max()) <= 1
-    out, feat = d(x)
+    out, feat = nnx.jit(lambda m, x: m(x))(d, x)
     assert out.shape == (2, 1) and feat.shape == (2, 32 * 7 * 7)
     fc = gm.FCGenerator(4, (128, 128), (2,), rngs=nnx.Rngs(0))
     before = jax.tree.map(np.array, nnx.state(fc, nnx.BatchStat))

@@ -216,12 +216,12 @@ def mean_std(vals: List[float]):
     return [float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0]
 
 
-def cegan(out: str, seeds: List[int], steps: int) -> Dict:
+def cegan(out: str, seeds: List[int], steps: int, sets=("mog4", "biased_mog2", "spirals")) -> Dict:
     runs, table = {}, {}
-    for data in ("mog4", "biased_mog2", "spirals"):
+    for data in sets:
         for variant in ("gan", "egan_const", "egan_ent_vi", "egan_ent_nn"):
             for s in seeds:
-                wd = os.path.join(out, "cegan", f"{data}_{variant}_s{s}")
+                wd = os.path.join(out, "cegan", f"{data}_{variant}_s{s}_{steps}")
                 over = {
                     "model.variant": variant,
                     "data.name": data,
@@ -285,7 +285,7 @@ def casestudy(out: str, seeds: List[int], steps: int, figures: str) -> Dict:
         "four_spins_supervised": {"data.name": "four_spins", "model.variant": "supervised", "data.num_labeled": 8},
     }
     small = {
-        "model.disc_hidden": (128, 128, 2),
+        "model.disc_hidden": (128, 128),
         "model.gen_hidden": (128, 128),
         "model.noise_dim": 4,
         "model.input_noise": 0.0,
@@ -307,9 +307,8 @@ def casestudy(out: str, seeds: List[int], steps: int, figures: str) -> Dict:
 def markdown(figures: str) -> str:
     """The tables of docs/reproductions.md from the JSON files in `figures`."""
     out = []
-    path = os.path.join(figures, "cegan.json")
-    if os.path.exists(path):
-        r = json.load(open(path))
+    for path in sorted(p for p in os.listdir(figures) if p.startswith("cegan") and p.endswith(".json")):
+        r = json.load(open(os.path.join(figures, path)))
         cols = ("disc_data", "data_disc", "disc_emp", "emp_disc", "gen_data", "data_gen", "gen_emp", "emp_gen")
         for data, rows in r["table"].items():
             out.append(f"\n**{data}** ({len(r['seeds'])} seeds, {r['steps']} steps; ours mean ± std / paper)\n")
@@ -325,7 +324,8 @@ def markdown(figures: str) -> str:
         out.append(f"\n**{r['dataset']}** ({len(r['seeds'])} seeds, {r['steps']} steps)\n")
         out.append("| setting | test error (%) mean ± std | errors of 497 |")
         out.append("|---|---|---|")
-        for row, (m, sd) in r["test_error"].items():
+        for row in [k for k in BADGAN_ROWS if k in r["test_error"]]:
+            m, sd = r["test_error"][row]
             out.append(f"| {row} | {100 * m:.2f} ± {100 * sd:.2f} | {m * 497:.1f} |")
     path = os.path.join(figures, "casestudy.json")
     if os.path.exists(path):
@@ -343,6 +343,8 @@ def main(argv=None) -> int:
     p.add_argument("--figures", default=os.path.join(REPO, "docs", "reproductions", "gan"))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--data", default="mog4,biased_mog2,spirals", help="cegan: the 2-D sets")
+    p.add_argument("--tag", default="", help="suffix of the JSON file name")
     a = p.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]
     os.makedirs(a.figures, exist_ok=True)
@@ -350,17 +352,19 @@ def main(argv=None) -> int:
         print(markdown(a.figures))
         return 0
     if a.experiment == "cegan":
-        res = cegan(a.out, seeds, a.steps or 2000)
-        for data in ("mog4", "biased_mog2", "spirals"):
+        sets = tuple(a.data.split(","))
+        steps = a.steps or 2000
+        res = cegan(a.out, seeds, steps, sets)
+        for data in sets:
             for v in ("gan", "egan_const", "egan_ent_vi", "egan_ent_nn"):
-                src = os.path.join(a.out, "cegan", f"{data}_{v}_s{seeds[0]}", "eval", "energies.png")
+                src = os.path.join(a.out, "cegan", f"{data}_{v}_s{seeds[0]}_{steps}", "eval", "energies.png")
                 if os.path.exists(src):
-                    shutil.copy(src, os.path.join(a.figures, f"cegan_{data}_{v}.png"))
+                    shutil.copy(src, os.path.join(a.figures, f"cegan_{data}_{v}{a.tag}.png"))
     elif a.experiment == "badgan":
         res = badgan(a.out, seeds, a.steps or 1500)
     else:
         res = casestudy(a.out, seeds, a.steps or 2000, a.figures)
-    path = os.path.join(a.figures, f"{a.experiment}.json")
+    path = os.path.join(a.figures, f"{a.experiment}{a.tag}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
     print(path)

@@ -138,13 +138,14 @@ def two_circles(n: int, seed: int) -> Tuple[np.ndarray, np.ndarray]:
 
 def complement_pool(unlabeled: np.ndarray, n: int, seed: int, margin: float = 0.0) -> np.ndarray:
     """The complement generator of §3.1.4: uniform points in the bounding box of the unlabeled data, minus those on
-    the manifold (closer than `margin` to an unlabeled point; default: 3x the median nearest-neighbour spacing)."""
+    the manifold (closer than `margin` to an unlabeled point; default: 2x the 99th percentile of the data's
+    nearest-neighbour distances, so that the sparse ends of the manifold are excluded too)."""
     from scipy.spatial import cKDTree
 
     tree = cKDTree(unlabeled)
     if margin <= 0:
         d, _ = tree.query(unlabeled, k=2)
-        margin = 3.0 * float(np.median(d[:, 1]))
+        margin = 2.0 * float(np.percentile(d[:, 1], 99))
     lo, hi = unlabeled.min(0), unlabeled.max(0)
     pad = 0.1 * (hi - lo)
     r = keyed_rng(seed, PURPOSE_SPLIT, 7)
