@@ -367,3 +367,41 @@ def test_cli_sigkill_resume_eval_and_plot(tmp_path):
         [*train_cmd(full, cfg)[:3], "plot", f"--workdir={full}"], env=env, cwd=REPO, capture_output=True, text=True
     )
     assert p.returncode == 0 and os.path.exists(os.path.join(full, "plots", "training.png")), p.stderr[-2000:]
+
+
+def test_cegan_on_idx_images_ranking_and_probe(tmp_path):
+    """The DCGAN path (§B.8.1) on a generated IDX directory: trains, then `xlgen eval` ranks 2x20 images by energy
+    and fits the linear probe (Table B.3's proxy) on the discriminator's features."""
+    from xlgen.train import loop
+
+    r = np.random.default_rng(0)
+    labels = np.arange(60, dtype=np.uint8) % 3
+    imgs = np.zeros((60, 28, 28), np.uint8)
+    for i, y in enumerate(labels):  # three classes: a bar in a class-specific row band, plus noise
+        imgs[i, 4 + 8 * y : 8 + 8 * y, 4:24] = 255
+        imgs[i] = np.clip(imgs[i] + r.integers(0, 40, (28, 28)), 0, 255).astype(np.uint8)
+    for stem, arr in (
+        ("train-images-idx3-ubyte", imgs[:40]),
+        ("train-labels-idx1-ubyte", labels[:40]),
+        ("t10k-images-idx3-ubyte", imgs[40:]),
+        ("t10k-labels-idx1-ubyte", labels[40:]),
+    ):
+        _write_idx(tmp_path / stem, arr, 0x08, False)
+    c = _config(
+        "cegan",
+        {
+            "data.name": "idx",
+            "data.dir": str(tmp_path),
+            "model.width": 0.0625,
+            "model.noise_dim": 10,
+            "data.batch_size": 8,
+            "total_steps": 2,
+            "mesh.num_devices": 1,
+            "eval.probe_train": 40,
+        },
+    )
+    wd = str(tmp_path / "run")
+    loop.train(c, wd)
+    rec = loop.evaluate(c, wd)
+    assert 0.0 <= rec["rank_real_fraction_top"] <= 1.0 and 0.0 <= rec["probe_test_error"] <= 0.5
+    assert os.path.exists(os.path.join(wd, "eval", "ranking_top.png"))

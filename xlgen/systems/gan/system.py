@@ -92,7 +92,8 @@ def cegan_game(config, ds: gdata.Dataset) -> Game:
         raise ValueError(f"model.variant={variant!r}: expected one of {', '.join(CEGAN_VARIANTS)}")
     make_d, make_g, make_i = _cegan_nets(config, ds)
     bsz, dz = int(config.data.batch_size), int(m.noise_dim)
-    margin, k, alpha, w_vi = float(m.margin), int(m.knn_k), float(m.knn_alpha), float(m.vi_weight)
+    margin, alpha, w_vi = float(m.margin), float(m.knn_alpha), float(m.vi_weight)
+    k = min(int(m.knn_k), bsz - 1)  # neighbours within the batch
     gap_lo, gap_hi = (float(v) for v in m.gap_bounds)
 
     def noise(key):
