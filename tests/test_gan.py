@@ -369,6 +369,7 @@ def test_cli_sigkill_resume_eval_and_plot(tmp_path):
     assert p.returncode == 0 and os.path.exists(os.path.join(full, "plots", "training.png")), p.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_cegan_on_idx_images_ranking_and_probe(tmp_path):
     """The DCGAN path (§B.8.1) on a generated IDX directory: trains, then `xlgen eval` ranks 2x20 images by energy
     and fits the linear probe (Table B.3's proxy) on the discriminator's features."""
