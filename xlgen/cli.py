@@ -219,8 +219,11 @@ def end_block(summary, config, config_path: str, overrides) -> str:
                 f"  tensorboard: {pip} && {shown_path(os.path.join(sys.prefix, 'bin', 'tensorboard'))} "
                 f"--logdir {shlex.quote(wd + '/tensorboard')}"
             )
-    code = f"import xlgen; m = xlgen.from_pretrained({json.dumps(wd)}); print(type(m).__name__)"
-    lines.append(f"  Python:      {python} -c {shlex.quote(code)}")
+    from xlgen import registry
+
+    if registry.get(config.model.family).wrap is not None:  # systems with an HF-convention wrapper
+        code = f"import xlgen; m = xlgen.from_pretrained({json.dumps(wd)}); print(type(m).__name__)"
+        lines.append(f"  Python:      {python} -c {shlex.quote(code)}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """`xlgen plot --workdir=DIR [--workdir=DIR2 ...] [--out=PNG]`: training curves from `metrics.jsonl` (matplotlib).
 
-One figure, one panel per quantity against the step: training loss, learning rate, tokens/s, and each evaluation
+One figure, one panel per quantity against the step: training loss (and each player's loss, `<player>_loss`, of a
+multi-player system), learning rate, tokens/s, and each evaluation
 metric (eval loss, ppl, bpc, accuracy, f1, ...; one line per split). Several workdirs are overlaid (legend = the
 workdir's name). Written to `DIR/plots/training.png` (one workdir) or `DIR/plots/compare.png` (several; the first
 workdir), or `--out`. Prints the path.
@@ -65,7 +66,13 @@ def plot(workdirs: Sequence[str], out: Optional[str] = None) -> str:
                 for k, v in r.items():
                     if k not in SKIP_EVAL and _num(v) is not None and k not in eval_keys:
                         eval_keys.append(k)
-    panels = [(k, title, None) for k, title in TRAIN_PANELS] + [(k, f"eval {k}", "eval") for k in eval_keys]
+    # a multi-player system logs each player's loss as `<player>_loss`: one panel per player after the first loss
+    player_keys = sorted(
+        {k for recs in runs.values() for r in recs if not r.get("split") for k in r if k.endswith("_loss")}
+    )
+    train_panels = [(k, title, None) for k, title in TRAIN_PANELS]
+    train_panels[1:1] = [(k, f"training {k.replace('_', ' ')}", None) for k in player_keys]
+    panels = train_panels + [(k, f"eval {k}", "eval") for k in eval_keys]
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)

@@ -24,6 +24,8 @@ SYSTEMS: Dict[str, str] = {
     "transformer_xl": "xlgen.models.transformer_xl.family:FAMILY",
     "xlnet": "xlgen.models.xlnet.family:FAMILY",
     "funnel": "xlgen.models.funnel.family:FAMILY",
+    "cegan": "xlgen.systems.gan.system:CEGAN",
+    "badgan": "xlgen.systems.gan.system:BADGAN",
 }
 
 # config.objective -> "module:attribute" of an Objective that works with any family's finetuning heads

@@ -278,3 +278,18 @@ def is_fully_replicated_fraction(specs: Dict[str, P], shapes: Dict[str, Tuple[in
     total = sum(int(np.prod(s)) for s in shapes.values())
     rep = sum(int(np.prod(shapes[k])) for k, sp in specs.items() if all(a is None for a in sp))
     return rep / max(total, 1)
+
+
+def opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh: Mesh):
+    """Each optimizer-state leaf that mirrors a parameter (same dict key, same shape) takes its sharding; the rest
+    (counts, scalars) is replicated."""
+    rep = replicated(mesh)
+
+    def pick(path, leaf):
+        for p in reversed(path):
+            k = getattr(p, "key", None)
+            if isinstance(k, str) and k in param_shardings and tuple(leaf.shape) == param_shapes[k]:
+                return param_shardings[k]
+        return rep
+
+    return jax.tree_util.tree_map_with_path(pick, abstract_opt)

@@ -17,8 +17,7 @@ class Predictor:
 
         from xlgen import sharding
         from xlgen.finetune.objective import batch_shapes, forward
-        from xlgen.models.params import materialize
-        from xlgen.train.program import concrete_rest
+        from xlgen.models.params import concrete_rest, materialize
 
         self.program = program
         config = program.config

@@ -82,6 +82,16 @@ class Objective:
     # accumulation weights micro-batches like one global batch: sum_i w_i * loss_i / sum_i w_i. None = equal weights
     # (exact when every micro-batch has the same normaliser, e.g. a per-example mean).
     loss_weight: Optional[Callable[[Batch, Any], Any]] = None
+    # (config) -> xlgen.train.game.Game: a multi-player objective (several networks, each with its own optimizer and
+    # loss, updated in order in one step, e.g. a GAN's discriminator and generator). The trainer then builds
+    # `xlgen.train.game.build_game_program` instead of the one-model step; `make_model` returns a module holding
+    # every player (for shape checks), `loss` / `eval_loss` are not used.
+    game: Optional[Callable[[Any], Any]] = None
+    # (config, program, state, out_dir, full) -> {metric: float}: the objective's own evaluation, in place of the
+    # eval-split loss. The loop calls it every `eval_every_steps` (full=False: cheap metrics) and `xlgen eval` calls
+    # it on the latest checkpoint (full=True: every metric and figure, the figures in out_dir) and writes the
+    # metrics to DIR/eval_results.json.
+    evaluate: Optional[Callable[..., Dict[str, float]]] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,9 +11,11 @@ layouts.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -172,3 +174,18 @@ class FrozenCall:
 
     def _cache_size(self) -> int:
         return self.jitted._cache_size()
+
+
+def concrete_rest(rest):
+    """Materialise abstract non-parameter state (RNG streams) with placeholder values (reseeded every step)."""
+    flat = []
+    for path, var in nnx.to_flat_state(rest):
+        if isinstance(var, nnx.RngKey):
+            k = jax.random.key(0)
+            shape = tuple(var.shape)
+            if shape:
+                k = jax.random.split(k, math.prod(shape)).reshape(shape)
+            flat.append((path, var.replace(k)))
+        else:
+            flat.append((path, var.replace(jnp.zeros(var.shape, var.dtype))))
+    return nnx.from_flat_state(flat)

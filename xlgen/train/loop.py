@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xlgen import sharding
+from data_pipelines import paths
+from xlgen import registry, sharding
 from xlgen.train import guards, report, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
@@ -48,8 +49,6 @@ class Preempted(SystemExit):
 
 
 def _shapes(config) -> Dict[str, Any]:
-    from xlgen import registry
-
     obj = registry.objective(config)
     spec = abstract_model(lambda r: obj.make_model(config, r, True), train=True)
     out = {f"param {k}": v for k, v in spec.shapes.items()}
@@ -93,7 +92,6 @@ def make_pipeline(config, split: str):
     """This process's rows of the data stream the run's objective reads (`Objective.pipeline`), for `split`; the
     evaluation splits read their layout from config.data itself (eval_batch_size, eval_tgt_len...)."""
     import data_pipelines
-    from xlgen import registry
 
     stream = registry.objective(config).pipeline
     if stream is None:
@@ -464,6 +462,8 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float) -> Di
         jax.process_index() == 0
     ):  # the run's tokenizer into DIR/tokenizer/, named in config.json (a different one: error)
         tokenizer_store.save(wd.path, getattr(train_pipe, "tokenizer", None))
+        if hasattr(train_pipe, "record"):  # what the run must keep of its data (e.g. a labeled subset's indices)
+            train_pipe.record(wd.path)
     data_vocab = getattr(train_pipe, "vocab_size", None)
     model_vocab = config.model.get("vocab_size")
     if data_vocab and model_vocab and int(model_vocab) < int(data_vocab):
@@ -471,14 +471,21 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float) -> Di
             f"config.model.vocab_size={model_vocab} is smaller than the data's vocabulary "
             f"({data_vocab} symbols, data.source={config.data.get('source')!r})"
         )
-    eval_pipe = []
+    objective = registry.objective(config)
+    if objective.evaluate is not None:  # the objective's own metrics (the cheap ones during training)
 
-    def lm_eval(state, step):
-        if not eval_pipe:
-            eval_pipe.append(make_pipeline(config, config.eval.split))
-        return run_eval(program, state["params"], eval_pipe[0], _eval_steps(config, eval_pipe[0]))
+        def eval_fn(state, step):
+            return objective.evaluate(config, program, state, wd.join("eval"), False)
 
-    evaluation = Evaluation(lm_eval, split=config.eval.split, every=int(config.eval_every_steps))
+    else:
+        eval_pipe = []
+
+        def eval_fn(state, step):
+            if not eval_pipe:
+                eval_pipe.append(make_pipeline(config, config.eval.split))
+            return run_eval(program, state["params"], eval_pipe[0], _eval_steps(config, eval_pipe[0]))
+
+    evaluation = Evaluation(eval_fn, split=config.eval.split, every=int(config.eval_every_steps))
     return run(
         config,
         wd,
@@ -492,7 +499,8 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float) -> Di
 
 
 def evaluate(config, workdir: str) -> Dict[str, Any]:
-    """Evaluate the latest checkpoint of `workdir` on config.eval.split; appends the record to metrics.jsonl."""
+    """Evaluate the latest checkpoint of `workdir` on config.eval.split; appends the record to metrics.jsonl. An
+    objective with its own evaluation (`Objective.evaluate`) runs it in full and also writes DIR/eval_results.json."""
     wd = Workdir(workdir)
     workdir = wd.path
     if not wd.has_checkpoints():
@@ -507,10 +515,16 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
         if restored is None:
             raise FileNotFoundError(f"{wd.checkpoint_dir()}: no checkpoint to evaluate")
         state, step = restored.state, restored.step
-        pipe = make_pipeline(config, config.eval.split)
-        res = run_eval(program, state["params"], pipe, _eval_steps(config, pipe))
+        objective = registry.objective(config)
+        if objective.evaluate is not None:
+            res = objective.evaluate(config, program, state, wd.join("eval"), True)
+        else:
+            pipe = make_pipeline(config, config.eval.split)
+            res = run_eval(program, state["params"], pipe, _eval_steps(config, pipe))
     rec = {"step": step, "split": config.eval.split, **res}
     if jax.process_index() == 0:
+        if objective.evaluate is not None:
+            paths.write_json_atomic(wd.join("eval_results.json"), rec)
         writer = metrics_lib.MetricsWriter(workdir, tensorboard=False)
         writer.write(rec)
         writer.close()

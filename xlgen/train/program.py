@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from xlgen import optim, registry, sharding
 from xlgen.models.family import Objective
-from xlgen.models.params import materialize, path_name
+from xlgen.models.params import concrete_rest, materialize, path_name
 
 
 @dataclasses.dataclass
@@ -88,21 +88,6 @@ def seeded_rest(rest, key: jax.Array):
     return nnx.from_flat_state(out)
 
 
-def concrete_rest(rest):
-    """Materialise abstract non-parameter state (RNG streams) with placeholder values (reseeded every step)."""
-    flat = []
-    for path, var in nnx.to_flat_state(rest):
-        if isinstance(var, nnx.RngKey):
-            k = jax.random.key(0)
-            shape = tuple(var.shape)
-            if shape:
-                k = jax.random.split(k, math.prod(shape)).reshape(shape)
-            flat.append((path, var.replace(k)))
-        else:
-            flat.append((path, var.replace(jnp.zeros(var.shape, var.dtype))))
-    return nnx.from_flat_state(flat)
-
-
 @dataclasses.dataclass
 class Program:
     config: Any
@@ -150,20 +135,6 @@ class Program:
     def make_model(self, params, train: bool = False) -> nnx.Module:
         spec = self.train_spec if train else self.eval_spec
         return materialize(spec.abstract, params, rest=concrete_rest(spec.rest))
-
-
-def _opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh):
-    """Each optimizer-state leaf that mirrors a parameter (same dict key, same shape) takes its sharding."""
-    rep = sharding.replicated(mesh)
-
-    def pick(path, leaf):
-        for p in reversed(path):
-            k = getattr(p, "key", None)
-            if isinstance(k, str) and k in param_shardings and tuple(leaf.shape) == param_shapes[k]:
-                return param_shardings[k]
-        return rep
-
-    return jax.tree_util.tree_map_with_path(pick, abstract_opt)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -303,6 +274,10 @@ def build_program(config, mesh: Mesh) -> Program:
 
 def _build_program(config, mesh: Mesh) -> Program:
     objective = registry.objective(config)
+    if objective.game is not None:  # several players, each with its own optimizer (xlgen/train/game.py)
+        from xlgen.train.game import build_game_program
+
+        return build_game_program(config, mesh, objective.game(config), objective.name)
     train_spec = abstract_model(lambda r: objective.make_model(config, r, True), train=True)
     eval_spec = abstract_model(lambda r: objective.make_model(config, r, False), train=False)
 
@@ -320,7 +295,7 @@ def _build_program(config, mesh: Mesh) -> Program:
     rep = sharding.replicated(mesh)
     state_shardings = {
         "params": param_shardings,
-        "opt_state": _opt_state_shardings(abstract_opt, param_shardings, train_spec.shapes, mesh),
+        "opt_state": sharding.opt_state_shardings(abstract_opt, param_shardings, train_spec.shapes, mesh),
         "step": rep,
         "rng": rep,
     }

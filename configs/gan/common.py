@@ -1,0 +1,22 @@
+"""Keys shared by the adversarial systems' configs (configs/gan/cegan.py, configs/gan/badgan.py)."""
+
+import ml_collections
+
+
+def player(learning_rate, b1=0.5, b2=0.999, decay_fraction=0.0, decay_to=1.0):
+    """One player's Adam: rate, moments, and a linear decay to `decay_to` x over the last `decay_fraction`."""
+    return ml_collections.ConfigDict(
+        dict(learning_rate=learning_rate, b1=b1, b2=b2, decay_fraction=decay_fraction, decay_to=decay_to)
+    )
+
+
+def base():
+    from xlgen.config import base_config
+
+    c = base_config()
+    c.checkpoint.update(dict(every_steps=1000, keep=2, async_save=False, save_mems=False))
+    c.mesh.rules = "dp"
+    c.log_every_steps = 100
+    c.eval_every_steps = -1
+    c.tensorboard = False
+    return c
