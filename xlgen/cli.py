@@ -73,6 +73,12 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
             default=None,
             help="save and stop at this step (the schedule still runs to total_steps; re-run to continue)",
         )
+        p.add_argument(
+            "--restart",
+            action="store_true",
+            help="start again at step 0 when the workdir's checkpoints all failed or were set aside (its metric "
+            "records are dropped)",
+        )
     return p
 
 
@@ -123,11 +129,12 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
     setup_runtime(args.platform or _default_platform(), args.distributed)
     import jax
 
+    from xlgen.checkpointing import CheckpointCorrupt
     from xlgen.train import guards, loop
 
     try:
         if cmd == "train":
-            summary = loop.train(config, args.workdir, stop_at=args.stop_at_step)
+            summary = loop.train(config, args.workdir, stop_at=args.stop_at_step, restart=args.restart)
         elif sweep:
             out = eval_sweep.run(config, args.workdir, sweep)
             if jax.process_index() == 0:
@@ -138,13 +145,15 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         else:
             rec = loop.evaluate(config, args.workdir)
             if jax.process_index() == 0:
-                print("eval: " + "  ".join(f"{k} {v}" for k, v in rec.items()), flush=True)
+                print("eval: " + "  ".join(f"{k} {v}" for k, v in rec.items() if k != "source"), flush=True)
             return 0
-    except (ValueError, FileNotFoundError, KeyError, guards.WorkdirBusy) as e:
+    except (ValueError, FileNotFoundError, KeyError, guards.WorkdirBusy, CheckpointCorrupt) as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
     except guards.TrainingDiverged as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        if cmd == "train":
+            print(diverged_resume_command(e, config, args.config, overrides, args.workdir), file=sys.stderr)
         return 1
     if jax.process_index() == 0:
         print(end_block(summary, config, args.config, overrides), flush=True)
@@ -222,6 +231,22 @@ def end_block(summary, config, config_path: str, overrides) -> str:
     code = f"import xlgen; m = xlgen.from_pretrained({json.dumps(wd)}); print(type(m).__name__)"
     lines.append(f"  Python:      {python} -c {shlex.quote(code)}")
     return "\n".join(lines)
+
+
+def diverged_resume_command(e, config, config_path: str, overrides, workdir: str) -> str:
+    """The command that continues a run stopped by the health guard: from its good checkpoint (the later ones
+    were set aside) with a learning rate 10x lower; `--restart` when no checkpoint remains."""
+    xlgen = user_command("xlgen") or f"{shlex.quote(sys.executable)} -m xlgen.cli"
+    lr = float(config.optimizer.learning_rate) / 10
+    keep = {k: v for k, v in overrides.items() if k != "optimizer.learning_rate"}
+    args = [f"--config={config_path}"] + [f"--config.{k}={v}" for k, v in keep.items()]
+    args += [f"--config.optimizer.learning_rate={lr:g}", f"--workdir={shown_path(workdir)}"]
+    if e.good_step is None:
+        args.append("--restart")
+        head = "Start again from step 0 with a 10x lower learning rate:"
+    else:
+        head = f"Resume from checkpoint {e.good_step} with a 10x lower learning rate:"
+    return f"{head}\n  {xlgen} train {' '.join(shlex.quote(a) for a in args)}"
 
 
 def config_show(argv: List[str]) -> int:

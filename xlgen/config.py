@@ -354,4 +354,7 @@ def base_config() -> ConfigDict:
     c.tensorboard = True
     # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
     c.max_nonfinite_steps = 10
+    # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one: no
+    # checkpoint is saved during such a streak and max_nonfinite_steps of them in a row stop the run (0 = off)
+    c.divergence_factor = 3.0
     return c
