@@ -235,17 +235,19 @@ def end_block(summary, config, config_path: str, overrides) -> str:
 
 def diverged_resume_command(e, config, config_path: str, overrides, workdir: str) -> str:
     """The command that continues a run stopped by the health guard: from its good checkpoint (the later ones
-    were set aside) with a learning rate 10x lower; `--restart` when no checkpoint remains."""
+    were set aside) with the learning rate it was trained with when that was lower, else 10x lower; `--restart`
+    when no checkpoint remains."""
     xlgen = user_command("xlgen") or f"{shlex.quote(sys.executable)} -m xlgen.cli"
-    lr = float(config.optimizer.learning_rate) / 10
+    lr = float(config.optimizer.learning_rate)
+    lr = e.good_lr if e.good_lr and e.good_lr < lr else lr / 10
     keep = {k: v for k, v in overrides.items() if k != "optimizer.learning_rate"}
     args = [f"--config={config_path}"] + [f"--config.{k}={v}" for k, v in keep.items()]
     args += [f"--config.optimizer.learning_rate={lr:g}", f"--workdir={shown_path(workdir)}"]
     if e.good_step is None:
         args.append("--restart")
-        head = "Start again from step 0 with a 10x lower learning rate:"
+        head = "Start again from step 0 with a lower learning rate:"
     else:
-        head = f"Resume from checkpoint {e.good_step} with a 10x lower learning rate:"
+        head = f"Resume from checkpoint {e.good_step} with a lower learning rate:"
     return f"{head}\n  {xlgen} train {' '.join(shlex.quote(a) for a in args)}"
 
 

@@ -30,6 +30,7 @@ class TrainingDiverged(RuntimeError):
     the newest checkpoint proven healthy (set by the loop), None if none was."""
 
     good_step = None
+    good_lr = None  # the learning rate that checkpoint was trained with
 
 
 class WorkdirLock:

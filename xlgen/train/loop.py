@@ -361,6 +361,7 @@ def run(
                 "mems_shape": list(program.mems_shape) if program.mems_shape else None,
                 "family": config.model.family,
                 "best_loss": health.best,
+                "learning_rate": float(config.optimizer.learning_rate),
                 **(meta or {}),
             }
 
@@ -509,6 +510,11 @@ def _set_aside_diverged(e, ckpt, health, restored_step: Optional[int]) -> None:
     moved = ckpt.set_aside(bad, "diverged")
     left = ckpt.all_steps()
     e.good_step = good if good is not None else (left[-1] if left else None)
+    if e.good_step is not None:
+        try:
+            e.good_lr = ckpt.read_meta(e.good_step).get("learning_rate")
+        except Exception:  # noqa: BLE001  (an unreadable meta only loses the suggestion)
+            e.good_lr = None
     where = ckpt.directory
     if good is not None:
         text = f" The newest checkpoint proven healthy is {where}/{good}"

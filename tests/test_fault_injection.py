@@ -1,0 +1,190 @@
+"""Fault injection (issue 30): what a careful operator does to a run, and that nothing is lost or silently wrong.
+
+Checkpoints: a flipped byte or 4 KB of garbage in a checkpoint's data is detected by the checksums saved with it,
+reported with the step and item, and the previous checkpoint used (readers change nothing; `xlgen train` moves the
+bad one to corrupt-<step>). An exploding learning rate on resume keeps the good checkpoint and prints a resume
+command that works. A config/shape mismatch is an error naming both shapes, changing no file. All checkpoints
+unreadable: no silent restart from step 0. `xlgen finetune` into a pretraining workdir leaves it byte-identical.
+
+Tiny Transformer-XL runs through the real CLI in subprocesses sharing the session's compilation cache."""
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+from test_train_utils import REPO, compile_cache, run_train, train_losses, xlgen_env  # noqa: F401  (fixture)
+
+RUN = {"total_steps": 4, "checkpoint.every_steps": 2, "eval.steps": 2, "mesh.data": 1}
+
+
+def _xlgen(args, cache, expect=0):
+    p = subprocess.run(
+        [sys.executable, "-m", "xlgen.cli", *args],
+        env=xlgen_env(cache, devices=1),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == expect, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+def snapshot(root) -> dict:
+    """{relative path: sha256} of every file under `root`."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def largest_data_file(item_dir) -> str:
+    files = [os.path.join(d, f) for d, _, fs in os.walk(item_dir) for f in fs if os.sep + "d" + os.sep in d + os.sep]
+    return max(files, key=os.path.getsize)
+
+
+def flip_byte(path, offset=None):
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        i = len(data) // 2 if offset is None else offset
+        data[i] ^= 0x10
+        f.seek(0)
+        f.write(data)
+
+
+def test_bit_flip_and_garbage_are_detected_and_fallen_back(tmp_path, compile_cache):  # noqa: F811
+    """One flipped byte in the newest checkpoint's OCDBT data: `xlgen eval` reports step 4 and the item in one line,
+    evaluates step 2 and changes no checkpoint file; `xlgen train` moves 4 to corrupt-4 and resumes from 2 with the
+    reference losses bit for bit. 4 KB of garbage in a memory data file: the same, by the mems checksum."""
+    wd = str(tmp_path / "wd")
+    run_train(wd, compile_cache, overrides=RUN, devices=1)
+    reference = train_losses(wd)
+    ck = os.path.join(wd, "checkpoints")
+    assert sorted(os.listdir(ck)) == ["2", "4"]
+    flip_byte(largest_data_file(os.path.join(ck, "4", "state")))
+    before = snapshot(ck)
+
+    p = _xlgen(["eval", f"--workdir={wd}"], compile_cache)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr[-5000:]
+    assert f"checkpoint {ck}/4 failed verification" in lines[0] and "left in place" in lines[0], lines[0]
+    assert p.stdout.startswith("eval: step 2 ")
+    assert snapshot(ck) == before  # a reader changes nothing
+    rec = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))][-1]
+    assert rec["source"] == "xlgen eval" and rec["step"] == 2  # marked: not part of the training curves
+
+    p = run_train(wd, compile_cache, overrides=RUN, devices=1)
+    assert f"checkpoint {ck}/4 failed verification" in p.stderr and f"moved it to {ck}/corrupt-4" in p.stderr
+    assert f"resumed from {ck}/2" in p.stdout
+    assert train_losses(wd) == reference  # resumed exactly from the previous good checkpoint
+    assert sorted(os.listdir(ck)) == ["2", "4", "corrupt-4"]
+
+    with open(largest_data_file(os.path.join(ck, "4", "mems")), "r+b") as f:
+        f.seek(0)
+        f.write(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    p = run_train(wd, compile_cache, overrides={**RUN, "total_steps": 6}, devices=1)
+    assert f"checkpoint {ck}/4 failed verification" in p.stderr and f"resumed from {ck}/2" in p.stdout
+    assert sorted(os.listdir(ck)) == ["4", "6", "corrupt-4", "corrupt-4-2"]
+
+
+def test_exploding_learning_rate_keeps_the_good_checkpoint(tmp_path, compile_cache):  # noqa: F811
+    """Resumed at step 6 with lr=1e30: step 7 (computed on checkpoint 6) is healthy, proving 6; its update blows the
+    weights up, every later step is non-finite. Nothing is saved during the streak, 6 survives keep=2 (pinned), the
+    unproven 7 is set aside, and the printed command (the checkpoint's own learning rate) resumes from 6 and
+    finishes with finite losses."""
+    wd = str(tmp_path / "wd")
+    run_train(wd, compile_cache, overrides={**RUN, "total_steps": 6}, devices=1)
+    ck = os.path.join(wd, "checkpoints")
+    over = {
+        **RUN,
+        "total_steps": 12,
+        "checkpoint.every_steps": 1,
+        "optimizer.learning_rate": 1e30,
+        "max_nonfinite_steps": 3,
+    }
+    p = run_train(wd, compile_cache, overrides=over, devices=1, expect=1)
+    assert "3 consecutive steps (up to step 10) had a non-finite loss" in p.stderr, p.stderr[-3000:]
+    assert f"The newest checkpoint proven healthy is {ck}/6" in p.stderr
+    assert sorted(os.listdir(ck)) == ["6", "diverged-7"], os.listdir(ck)
+    cmd = p.stderr.strip().splitlines()[-1].strip()
+    assert "Resume from checkpoint 6 with a lower learning rate:" in p.stderr and " train " in cmd, p.stderr
+    assert "--config.optimizer.learning_rate=0.002" in cmd  # txl_tiny's own, what checkpoint 6 was trained with
+    r = subprocess.run(
+        shlex.split(cmd), env=xlgen_env(compile_cache, devices=1), cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {ck}/6" in r.stdout
+    losses = train_losses(wd)
+    assert sorted(losses) == list(range(1, 13)) and all(np.isfinite(v) for v in losses.values())
+
+
+def test_shape_mismatch_is_an_error_and_changes_nothing(tmp_path, compile_cache):  # noqa: F811
+    """config.json edited (model.d_model 32 -> 48): `xlgen eval` is an error naming both shapes, exit 2, and no file
+    of the workdir changes (before: all checkpoints moved to corrupt-*)."""
+    wd = str(tmp_path / "wd")
+    run_train(wd, compile_cache, overrides=RUN, devices=1)
+    cfg = json.load(open(os.path.join(wd, "config.json")))
+    cfg["model"]["d_model"] = 48
+    with open(os.path.join(wd, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    before = snapshot(wd)
+    p = _xlgen(["eval", f"--workdir={wd}"], compile_cache, expect=2)
+    err = p.stderr.strip()
+    assert err.startswith("xlgen eval: error: ") and "does not match the config's model" in err, err[-3000:]
+    assert re.search(r"checkpoint \[[\d, ]*32[\d, ]*\] vs config \[[\d, ]*48[\d, ]*\]", err), err
+    assert "Traceback" not in err
+    assert snapshot(wd) == before
+
+
+def test_all_checkpoints_unreadable_is_no_silent_restart(tmp_path, compile_cache):  # noqa: F811
+    """Every checkpoint corrupt: `xlgen train` sets them aside and stops (exit 2); re-running refuses to start again
+    at step 0 over the earlier records; `--restart` does, and metrics.jsonl has each step once."""
+    wd = str(tmp_path / "wd")
+    run_train(wd, compile_cache, overrides=RUN, devices=1)
+    ck = os.path.join(wd, "checkpoints")
+    for step in ("2", "4"):
+        flip_byte(largest_data_file(os.path.join(ck, step, "state")))
+    p = run_train(wd, compile_cache, overrides=RUN, devices=1, expect=2)
+    assert "no usable checkpoint among steps [2, 4]" in p.stderr, p.stderr[-3000:]
+    assert sorted(os.listdir(ck)) == ["corrupt-2", "corrupt-4"]
+    p = run_train(wd, compile_cache, overrides=RUN, devices=1, expect=2)
+    assert "not restarting from step 0 silently" in p.stderr and "--restart" in p.stderr, p.stderr[-3000:]
+    assert [json.loads(line)["step"] for line in open(os.path.join(wd, "metrics.jsonl"))] == [1, 2, 3, 4]
+    run_train(wd, compile_cache, overrides=RUN, devices=1, extra=["--restart"])
+    assert [json.loads(line)["step"] for line in open(os.path.join(wd, "metrics.jsonl"))] == [1, 2, 3, 4]
+
+
+def test_finetune_into_a_pretraining_workdir_changes_nothing(tmp_path, compile_cache):  # noqa: F811
+    from data_pipelines.tasks import synthetic
+
+    wd = str(tmp_path / "wd")
+    run_train(wd, compile_cache, overrides={**RUN, "total_steps": 2}, devices=1)
+    data = tmp_path / "sst2"
+    synthetic.write_glue(str(data), "sst2", n_train=8, n_dev=4, n_test=2)
+    synthetic.train_sentencepiece(synthetic.corpus_for(str(data)), str(data / "spiece.model"), vocab_size=60)
+    before = snapshot(wd)
+    p = _xlgen(
+        [
+            "finetune",
+            "--config=configs/finetune/tiny.py",
+            "--config.task=glue/sst2",
+            f"--config.data_dir={data}",
+            f"--config.tokenizer={data / 'spiece.model'}",
+            "--config.total_steps=2",
+            f"--workdir={wd}",
+        ],
+        compile_cache,
+        expect=2,
+    )
+    assert p.stderr.strip() == (
+        f"xlgen finetune: error: {wd} holds a pretrain run; `finetune` will not write into it (use another --workdir)"
+    ), p.stderr[-3000:]
+    assert snapshot(wd) == before
