@@ -188,3 +188,89 @@ def test_finetune_into_a_pretraining_workdir_changes_nothing(tmp_path, compile_c
         f"xlgen finetune: error: {wd} holds a pretrain run; `finetune` will not write into it (use another --workdir)"
     ), p.stderr[-3000:]
     assert snapshot(wd) == before
+
+
+# ---- bad input: one line, exit 2, nothing written (in-process, cheap) --------------------------------------------
+
+
+BAD_OVERRIDES = [
+    ("data.batch_size", "0", "must be > 0"),
+    ("data.tgt_len", "0", "must be > 0"),
+    ("model.d_model", "0", "must be > 0"),
+    ("seed", "1e20", "must be an integer in [0, 2**32)"),
+    ("model.dtype", "float8", "expected one of float32, bfloat16, float16"),
+    ("total_steps", "-5", "must be > 0"),
+    ("optimizer.learning_rate", "-1", "must be a finite number > 0"),
+    ("optimizer.learning_rate", "nan", "must be finite"),
+    ("optimizer.learning_rate", "inf", "must be finite"),
+]
+
+
+def test_bad_config_values_are_one_line_errors(tmp_path, capsys):
+    from xlgen.cli import main
+
+    cfg = f"{REPO}/configs/pretrain/txl_tiny.py"
+    for key, value, want in BAD_OVERRIDES:
+        wd = tmp_path / "wd"
+        assert main(["train", f"--config={cfg}", f"--config.{key}={value}", f"--workdir={wd}"]) == 2, key
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"xlgen train: error: config key {key}="), err
+        assert want in err, err
+        assert not wd.exists()  # nothing written
+
+
+def test_bad_config_files_are_one_line_errors(tmp_path, capsys):
+    from xlgen.cli import main
+
+    raising = tmp_path / "raising.py"
+    raising.write_text("def get_config():\n    raise RuntimeError('no such preset')\n")
+    wd = tmp_path / "wd"
+    cases = [
+        (["train", f"--config={raising}"], f"{raising}: get_config raised RuntimeError: no such preset"),
+        (["train", f"--config={tmp_path}"], f"{tmp_path}: is a directory; --config takes a Python file"),
+    ]
+    for args, want in cases:
+        assert main(args + [f"--workdir={wd}"]) == 2, args
+        err = capsys.readouterr().err
+        assert err == f"xlgen train: error: {want}\n" or (err.count("\n") == 1 and want in err), err
+        assert not wd.exists()
+    for content, want in ((b"{}", "not an xlgen run config (no `model` section)"), (b"\xff\xfe{", "not UTF-8")):
+        run = tmp_path / "run"
+        run.mkdir(exist_ok=True)
+        (run / "config.json").write_bytes(content)
+        assert main(["eval", f"--workdir={run}"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{run}/config.json: " in err and want in err, err
+        assert sorted(os.listdir(run)) == ["config.json"]
+
+
+def test_metrics_partial_line_repaired_and_readers_name_the_line(tmp_path):
+    """A record cut by a kill is removed before the next append (the appended record is not lost); a reader names
+    file and line of a record that is not JSON; ad-hoc `xlgen eval` records stay out of the training curves."""
+    import pytest
+
+    from xlgen.train import metrics as metrics_lib
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    w = metrics_lib.MetricsWriter(str(tmp_path), tensorboard=False)
+    w.write({"step": 2, "loss": 1.5})
+    w.write({"step": 2, "split": "valid", "loss": 1.7, "source": "xlgen eval"})
+    w.close()
+    assert [r["step"] for r in metrics_lib.read_metrics(str(path))] == [1, 2]
+    assert len(metrics_lib.read_metrics(str(path), adhoc=True)) == 3
+    with open(path, "a") as f:
+        f.write("{oops\n")
+    with pytest.raises(ValueError, match=rf"{path}:4: not a JSON record"):
+        metrics_lib.read_metrics(str(path))
+
+
+def test_kill_before_the_first_checkpoint_leaves_no_duplicate_steps(tmp_path, compile_cache):  # noqa: F811
+    """A run killed before its first checkpoint left records (and a cut last line); the next run starts at step 0
+    and metrics.jsonl has each step once."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "metrics.jsonl").write_text('{"step": 1, "loss": 4.0}\n{"step": 2, "loss": 3.9}\n{"step": 3, "lo')
+    p = run_train(str(wd), compile_cache, overrides=RUN, devices=1)
+    assert "dropped 3 metric records of an earlier attempt" in p.stdout
+    assert [json.loads(line)["step"] for line in open(wd / "metrics.jsonl")] == [1, 2, 3, 4]

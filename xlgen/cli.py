@@ -28,6 +28,7 @@ Subcommands import their modules lazily so `xlgen --help` is instant.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -123,6 +124,7 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
                 raise config_lib.ConfigError(f"{args.workdir}: no config.json (not an xlgen workdir); pass --config")
             for k, v in overrides.items():
                 config_lib.apply_override(config, k, v)
+            config_lib.validate(config)
     except config_lib.ConfigError as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
@@ -149,6 +151,11 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
             return 0
     except (ValueError, FileNotFoundError, KeyError, guards.WorkdirBusy, CheckpointCorrupt) as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"xlgen {cmd}: error: {no_space_message(e, args.workdir)}", file=sys.stderr)
         return 2
     except guards.TrainingDiverged as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
@@ -231,6 +238,21 @@ def end_block(summary, config, config_path: str, overrides) -> str:
     code = f"import xlgen; m = xlgen.from_pretrained({json.dumps(wd)}); print(type(m).__name__)"
     lines.append(f"  Python:      {python} -c {shlex.quote(code)}")
     return "\n".join(lines)
+
+
+def no_space_message(e: OSError, workdir: str) -> str:
+    """One line for a full disk: the path being written and the free space left there."""
+    import shutil
+
+    path = e.filename or workdir
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        free = f"{shutil.disk_usage(probe or '.').free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return f"no space left on the device writing {path} ({free}); free some space and re-run to resume"
 
 
 def diverged_resume_command(e, config, config_path: str, overrides, workdir: str) -> str:

@@ -46,7 +46,10 @@ class WorkdirLock:
 
         os.makedirs(self.workdir, exist_ok=True)
         path = os.path.join(self.workdir, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # ENOSPC and friends: name the file (the CLI reports a full disk in one line)
+            raise OSError(e.errno, e.strerror, path) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

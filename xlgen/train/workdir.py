@@ -30,11 +30,11 @@ def read_json_config(path) -> Optional[Dict[str, Any]]:
     if not p.exists():
         return None
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+        return json.loads(p.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         from xlgen.config import ConfigError
 
-        raise ConfigError(f"{p}: invalid JSON ({e})") from e
+        raise ConfigError(f"{p}: invalid JSON ({e})") from None
 
 
 def hf_config(path) -> Optional[Dict[str, Any]]:
