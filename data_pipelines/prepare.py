@@ -149,6 +149,18 @@ def _file_sha256(path: str) -> str | None:
         return None
 
 
+def _intact(out_dir, entry: dict) -> bool:
+    """A local shard (and its sentence file) still has the sha256 the manifest recorded (remote: trusted; readers
+    verify their cached copy)."""
+    if paths.is_remote(out_dir):
+        return True
+    for kind in ("tokens", "sentences"):
+        sha = entry.get(f"{kind}_sha256")
+        if sha and corpus_lib.shard_info(str(out_dir.joinpath(entry[kind])))["sha256"] != sha:
+            return False
+    return True
+
+
 def prepare_corpus(
     splits: dict,
     tokenizer,
@@ -203,6 +215,7 @@ def prepare_corpus(
                 and sh["tokens"] == f"{name}.tokens.npy"
                 and out_dir.joinpath(sh["tokens"]).is_file()
                 and (layout == "lm" or out_dir.joinpath(sh.get("sentences", "")).is_file())
+                and _intact(out_dir, sh)
             ):
                 entries[split].append(sh)
                 reused += 1

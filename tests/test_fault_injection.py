@@ -274,3 +274,40 @@ def test_kill_before_the_first_checkpoint_leaves_no_duplicate_steps(tmp_path, co
     p = run_train(str(wd), compile_cache, overrides=RUN, devices=1)
     assert "dropped 3 metric records of an earlier attempt" in p.stdout
     assert [json.loads(line)["step"] for line in open(wd / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_corrupt_local_shard_is_an_error_naming_it_and_prepare_rewrites_it(tmp_path, monkeypatch, capsys):
+    """Random bytes in a prepared shard (its .npy header intact): opening the corpus is an error naming the shard
+    (sha256 against the manifest); `xlgen prepare corpus` re-writes it instead of calling it up to date; token ids
+    >= the vocabulary size are an error naming the shard even when the digest is made to agree."""
+    import pytest
+
+    from data_pipelines import corpus, prepare
+
+    monkeypatch.setenv("XLGEN_CACHE_DIR", str(tmp_path / "cache"))
+    text = tmp_path / "a.txt"
+    text.write_text("the cat sat on the mat.\n\nthe dog sat on the log.\n" * 40)
+    out = tmp_path / "out"
+    argv = ["corpus", "--train", str(text), "--tokenizer", "char", "--output", str(out), "--quiet"]
+    assert prepare.main(argv) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    shard = m["splits"]["train"]["shards"][0]
+    path = out / shard["tokens"]
+    good = path.read_bytes()
+    corpus.prepared_corpus(str(out), "train")  # verifies (and caches the digest)
+    header = len(good) - shard["num_tokens"] * np.load(path, mmap_mode="r").dtype.itemsize
+    junk = np.random.default_rng(0).integers(0, 256, len(good) - header, dtype=np.uint8).tobytes()
+    path.write_bytes(good[:header] + junk)
+    with pytest.raises(ValueError, match=rf"{path}: sha256 \w+ does not match the manifest's"):
+        corpus.prepared_corpus(str(out), "train")
+    capsys.readouterr()
+    assert prepare.main(argv) == 0
+    assert "1 shard(s) written, 0 up to date" in capsys.readouterr().out
+    assert path.read_bytes() == good
+    corpus.prepared_corpus(str(out), "train")
+
+    path.write_bytes(good[:header] + junk)  # now make the manifest agree: the ids themselves are checked
+    shard["tokens_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=rf"{path}: token id \d+ >= the vocabulary size"):
+        corpus.prepared_corpus(str(out), "train")
