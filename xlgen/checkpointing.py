@@ -243,6 +243,14 @@ class Checkpointer:
         to `checkpoints/corrupt-<step>` (no longer a step: not counted toward `keep`, never tried again); without,
         nothing changes on disk. A shape mismatch (CheckpointMismatch) is raised at once: it is not corruption.
         If every checkpoint fails, RuntimeError lists them."""
+        for _ in range(5):  # a concurrent writer's rotation can delete a step while it is read: list again
+            out = self._restore_newest(abstract_state, abstract_mems, quarantine)
+            if out != "rotated":
+                return out
+        return self._restore_newest(abstract_state, abstract_mems, quarantine)
+
+    def _restore_newest(self, abstract_state, abstract_mems, quarantine: bool):
+        self.manager.reload()
         steps = self.all_steps()
         errors = []
         for step in reversed(steps):
@@ -252,6 +260,8 @@ class Checkpointer:
             except CheckpointMismatch:
                 raise
             except Exception as e:  # unreadable or fails verification: try the previous one
+                if not (self.path / str(step)).exists():  # rotated away by the run writing this workdir
+                    return "rotated"
                 reason = str(e) if isinstance(e, CheckpointCorrupt) else short_error(e)
                 errors.append(f"step {step}: {reason}")
                 if quarantine:
