@@ -311,3 +311,28 @@ def test_corrupt_local_shard_is_an_error_naming_it_and_prepare_rewrites_it(tmp_p
     (out / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ValueError, match=rf"{path}: token id \d+ >= the vocabulary size"):
         corpus.prepared_corpus(str(out), "train")
+
+
+def test_prepare_bad_output_and_binary_vocab_are_one_line_errors(tmp_path, capsys):
+    from data_pipelines import prepare
+
+    text = tmp_path / "a.txt"
+    text.write_text("the cat sat on the mat.\n")
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    assert prepare.main(["corpus", "--train", str(text), "--tokenizer", "char", "--output", str(afile)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"xlgen prepare: error: --output {afile}: is a file; give a directory for the shards and manifest\n"
+    )
+    assert afile.read_text() == "keep me"
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes(b"\x00\x01\xff\xfe\x80binary")
+    out = tmp_path / "out"
+    argv = ["corpus", "--train", str(text), "--tokenizer", f"wordpiece:{vocab}", "--output", str(out)]
+    assert prepare.main(argv) == 2
+    assert (
+        capsys.readouterr().err
+        == f"xlgen prepare: error: {vocab}: not a WordPiece vocab.txt (not UTF-8 text at byte 2)\n"
+    )
+    assert not out.exists()
