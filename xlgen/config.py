@@ -256,7 +256,6 @@ _POSITIVE = (
     "data.eval_batch_size",
     "data.tgt_len",
     "data.eval_tgt_len",
-    "data.seq_len",
     "model.d_model",
     "model.d_embed",
     "model.d_inner",
@@ -266,6 +265,7 @@ _POSITIVE = (
     "optimizer.grad_accum_steps",
 )
 _NON_NEGATIVE = (
+    "data.seq_len",  # finetuning: 0 until resolved from the task's max_seq_length
     "optimizer.warmup_steps",
     "optimizer.weight_decay",
     "optimizer.clip_norm",
