@@ -226,7 +226,7 @@ def test_bad_config_files_are_one_line_errors(tmp_path, capsys):
     raising.write_text("def get_config():\n    raise RuntimeError('no such preset')\n")
     wd = tmp_path / "wd"
     cases = [
-        (["train", f"--config={raising}"], f"{raising}: get_config raised RuntimeError: no such preset"),
+        (["train", f"--config={raising}"], f"{raising}: get_config: RuntimeError: no such preset"),
         (["train", f"--config={tmp_path}"], f"{tmp_path}: is a directory; --config takes a Python file"),
     ]
     for args, want in cases:

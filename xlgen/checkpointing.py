@@ -25,7 +25,9 @@ driver) reads and writes it directly; the finalize-by-rename above is Orbax's co
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import re
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -125,6 +127,7 @@ class Checkpointer:
             preservation_policy=self._policy,
         )
         self.manager = ocp.CheckpointManager(self.path, options=options)
+        _install_noise_filters()
 
     # -- queries ---------------------------------------------------------------------------------------------
     def all_steps(self):
@@ -166,13 +169,16 @@ class Checkpointer:
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
         if mems is not None:
             items["mems"] = ocp.args.StandardSave({"mems": mems})
-        return self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+        with _disk_full_as_oserror():
+            return self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        with _disk_full_as_oserror():
+            self.manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        with _disk_full_as_oserror():
+            self.manager.wait_until_finished()
         self.manager.close()
 
     # -- restore ---------------------------------------------------------------------------------------------
@@ -318,6 +324,48 @@ def short_error(e: BaseException, limit: int = 200) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def _disk_full_as_oserror():
+    """A full disk during a save (TensorStore's RESOURCE_EXHAUSTED, wrapped by Orbax) -> OSError(ENOSPC, path)."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as e:
+        text = str(e)
+        if "RESOURCE_EXHAUSTED" in text or "No space left on device" in text:
+            m = re.search(r'local file "([^"]+)"', text) or re.search(r'Error writing "?([^" ]+)', text)
+            raise OSError(errno.ENOSPC, "No space left on device", m.group(1) if m else None) from None
+        raise
+
+
+class _DropDiskFullNoise(logging.Filter):
+    """Orbax's per-thread error logs (with tracebacks) of a save that hit a full disk: the error itself is raised
+    once, as OSError(ENOSPC), from save/wait."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001  (a malformed record is not ours to drop)
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            text += str(record.exc_info[1])
+        return not ("RESOURCE_EXHAUSTED" in text or "No space left on device" in text)
+
+
+def _install_noise_filters() -> None:
+    global _previous_unraisablehook
+    if sys.unraisablehook is not _unraisablehook:
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _unraisablehook
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropDiskFullNoise) for f in logger.filters):
+            logger.addFilter(_DropDiskFullNoise())
+    if _async_filter not in logging.getLogger("asyncio").filters:
+        logging.getLogger("asyncio").addFilter(_async_filter)
 
 
 class _DropAsyncNoise(logging.Filter):

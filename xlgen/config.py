@@ -64,7 +64,8 @@ def load_config_file(path: str) -> ConfigDict:
         config = module.get_config() if arg is None else module.get_config(arg)
     except Exception as e:  # noqa: BLE001  (any error of the user's get_config: name the file)
         where = path if arg is None else f"{path}:{arg}"
-        raise ConfigError(f"{where}: get_config raised {type(e).__name__}: {e}") from e
+        what = "" if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: "  # a bad argument: its message
+        raise ConfigError(f"{where}: get_config: {what}{e}") from e
     if not isinstance(config, ConfigDict):
         raise ConfigError(f"{path}: get_config() must return an ml_collections.ConfigDict, got {type(config).__name__}")
     return ConfigDict(config.to_dict(), type_safe=True)
