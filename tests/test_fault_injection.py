@@ -163,7 +163,7 @@ def test_all_checkpoints_unreadable_is_no_silent_restart(tmp_path, compile_cache
 
 
 def test_finetune_into_a_pretraining_workdir_changes_nothing(tmp_path, compile_cache):  # noqa: F811
-    from data_pipelines.tasks import synthetic
+    from xlgen.finetune.readers import synthetic
 
     wd = str(tmp_path / "wd")
     run_train(wd, compile_cache, overrides={**RUN, "total_steps": 2}, devices=1)
