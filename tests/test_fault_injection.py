@@ -336,3 +336,33 @@ def test_prepare_bad_output_and_binary_vocab_are_one_line_errors(tmp_path, capsy
         == f"xlgen prepare: error: {vocab}: not a WordPiece vocab.txt (not UTF-8 text at byte 2)\n"
     )
     assert not out.exists()
+
+
+def test_health_guard_divergence_and_proof_by_the_next_step():
+    """A finite loss far above the best (TXL at lr=1e6: ~1e13, finite) is unhealthy like a skipped update: the
+    checkpoint before it is not proven, the one before that is, and `max_consecutive` in a row stop the run."""
+    import numpy as np
+    import pytest
+
+    from xlgen.train.guards import HealthGuard, TrainingDiverged
+
+    g = HealthGuard(3, divergence_factor=3.0)
+    losses = {1: 4.3, 2: 3.0, 3: 2.5, 4: 2.6, 5: 9.0, 6: 1e13, 7: 1e13}
+    g.watch(2)
+    g.watch(4)
+    for t in range(1, 5):
+        g.add(np.bool_(False), np.float32(losses[t]))
+    g.check(4)
+    assert g.healthy and g.proven == 2 and g.best == 2.5
+    g.add(np.bool_(False), np.float32(losses[5]))  # 9.0 > 3 x 2.5: step 5 diverges, so checkpoint 4 is not proven
+    g.check(5)
+    assert not g.healthy and g.proven == 2 and g.total == 0
+    g.add(np.bool_(False), np.float32(losses[6]))
+    with pytest.raises(TrainingDiverged, match=r"3 consecutive steps \(up to step 7\) had a non-finite or diverging"):
+        g.add(np.bool_(True), np.float32("nan"))
+        g.check(7)
+    # small losses: the floor of 1 keeps a 0.01 -> 0.05 blip healthy
+    g = HealthGuard(3, divergence_factor=3.0, best_loss=0.01)
+    g.add(np.bool_(False), np.float32(0.05))
+    g.check(1)
+    assert g.healthy
