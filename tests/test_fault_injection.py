@@ -14,25 +14,12 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 
 import numpy as np
 from test_train_utils import REPO, compile_cache, run_train, train_losses, xlgen_env  # noqa: F401  (fixture)
+from test_user_edges import _xlgen
 
 RUN = {"total_steps": 4, "checkpoint.every_steps": 2, "eval.steps": 2, "mesh.data": 1}
-
-
-def _xlgen(args, cache, expect=0):
-    p = subprocess.run(
-        [sys.executable, "-m", "xlgen.cli", *args],
-        env=xlgen_env(cache, devices=1),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert p.returncode == expect, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return p
 
 
 def snapshot(root) -> dict:
