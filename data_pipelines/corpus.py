@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 from typing import Sequence
@@ -216,12 +217,45 @@ def check_tokenizer_matches(directory: str, manifest: dict, tokenizer_path: str)
         )
 
 
-def _load_shard(path: str, entry: dict, kind: str) -> np.ndarray:
+def shard_info(path: str) -> dict:
+    """{"sha256", "max"} of a local `.npy` shard (max: its largest value, -1 if empty), cached by the file's path,
+    size and mtime under `paths.cache_dir("verified")` so that a shard is hashed once, not at every open."""
+    st = os.stat(path)
+    stamp = {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    cache = os.path.join(paths.cache_dir("verified"), hashlib.sha256(stamp["path"].encode()).hexdigest()[:24] + ".json")
+    try:
+        with open(cache) as f:
+            hit = json.load(f)
+        if all(hit.get(k) == v for k, v in stamp.items()):
+            return hit
+    except (OSError, ValueError):
+        pass
+    arr = np.load(path, mmap_mode="r")
+    info = {**stamp, "sha256": paths.sha256_of(path), "max": int(arr.max()) if arr.size else -1}
+    try:
+        paths.write_json_atomic(cache, info)
+    except OSError:  # a read-only cache only costs the next open a re-hash
+        pass
+    return info
+
+
+def _load_shard(path: str, entry: dict, kind: str, vocab_size: int | None = None) -> np.ndarray:
     """Memory-maps a `.npy` shard; a remote one through a local cached copy named by its content hash (the
-    manifest's `<kind>_sha256`; manifests written before it existed use the shard's key, verified by length)."""
+    manifest's `<kind>_sha256`; manifests written before it existed use the shard's key, verified by length). A
+    local one is verified against that sha256 (`shard_info`, cached by mtime), and its token ids must be below
+    `vocab_size`: either failing is an error naming the shard."""
+    sha = entry.get(f"{kind}_sha256")
     if paths.is_remote(path):
-        sha = entry.get(f"{kind}_sha256")
         path = paths.local_copy(path, sha256=sha, key=None if sha else f"{entry['key']}.{kind}", subdir="shards")
+    elif sha:
+        info = shard_info(path)
+        if info["sha256"] != sha:
+            raise ValueError(
+                f"{path}: sha256 {info['sha256'][:12]} does not match the manifest's {sha[:12]}: the shard is "
+                f"corrupt; re-run the same `xlgen prepare corpus` command to rewrite it"
+            )
+        if kind == "tokens" and vocab_size is not None and info["max"] >= vocab_size:
+            raise ValueError(f"{path}: token id {info['max']} >= the vocabulary size {vocab_size}")
     return np.load(path, mmap_mode="r")
 
 
@@ -242,7 +276,7 @@ def prepared_corpus(
     shards, sents, docs = [], [], 0
     for sh in m["splits"][split]["shards"]:
         p = paths.join(directory, sh["tokens"])
-        arr = _load_shard(p, sh, "tokens")
+        arr = _load_shard(p, sh, "tokens", tok.vocab_size)
         if len(arr) != sh["num_tokens"]:
             raise ValueError(f"{p}: {len(arr)} tokens, manifest says {sh['num_tokens']}")
         if len(arr) == 0:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import errno
 import hashlib
 import io
 import json
+import os
 import sys
 
 import numpy as np
@@ -149,6 +151,18 @@ def _file_sha256(path: str) -> str | None:
         return None
 
 
+def _intact(out_dir, entry: dict) -> bool:
+    """A local shard (and its sentence file) still has the sha256 the manifest recorded (remote: trusted; readers
+    verify their cached copy)."""
+    if paths.is_remote(out_dir):
+        return True
+    for kind in ("tokens", "sentences"):
+        sha = entry.get(f"{kind}_sha256")
+        if sha and corpus_lib.shard_info(str(out_dir.joinpath(entry[kind])))["sha256"] != sha:
+            return False
+    return True
+
+
 def prepare_corpus(
     splits: dict,
     tokenizer,
@@ -203,6 +217,7 @@ def prepare_corpus(
                 and sh["tokens"] == f"{name}.tokens.npy"
                 and out_dir.joinpath(sh["tokens"]).is_file()
                 and (layout == "lm" or out_dir.joinpath(sh.get("sentences", "")).is_file())
+                and _intact(out_dir, sh)
             ):
                 entries[split].append(sh)
                 reused += 1
@@ -419,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             paths.atomic_write_bytes(args.output, v.to_json().encode("utf-8"))
             print(f"wrote {args.output} ({v.vocab_size} symbols)")
         else:
+            if not paths.is_remote(args.output) and os.path.exists(args.output) and not os.path.isdir(args.output):
+                raise ValueError(f"--output {args.output}: is a file; give a directory for the shards and manifest")
             tok = resolve_tokenizer(args.tokenizer, args.train, args.output, args)
             splits = {"train": args.train}
             if args.valid:
@@ -448,8 +465,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             for s in m["skipped"]:
                 print(f"  skipped: {s['reason']}", file=sys.stderr)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # UnicodeDecodeError (a binary vocab file) is a ValueError
         print(f"xlgen prepare: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"xlgen prepare: error: no space left on the device writing {e.filename or args.output}", file=sys.stderr)
         return 2
     return 0
 

@@ -237,6 +237,10 @@ class WordPieceTokenizer:
         self.vocab_file = vocab_file
         self.uncased = uncased
         self._bytes = paths.read_bytes(vocab_file)  # local or gs://; `tokenizers` needs a local file name
+        try:
+            self._bytes.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{vocab_file}: not a WordPiece vocab.txt (not UTF-8 text at byte {e.start})") from None
         local = paths.local_copy(vocab_file, sha256=_sha256_bytes(self._bytes), subdir="vocab")
         self.tok = BertWordPieceTokenizer(local, lowercase=uncased, strip_accents=uncased)
         self.vocab_size = self.tok.get_vocab_size()

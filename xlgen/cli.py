@@ -28,6 +28,7 @@ Subcommands import their modules lazily so `xlgen --help` is instant.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -73,6 +74,12 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
             default=None,
             help="save and stop at this step (the schedule still runs to total_steps; re-run to continue)",
         )
+        p.add_argument(
+            "--restart",
+            action="store_true",
+            help="start again at step 0 when the workdir's checkpoints all failed or were set aside (its metric "
+            "records are dropped)",
+        )
     return p
 
 
@@ -117,17 +124,19 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
                 raise config_lib.ConfigError(f"{args.workdir}: no config.json (not an xlgen workdir); pass --config")
             for k, v in overrides.items():
                 config_lib.apply_override(config, k, v)
+            config_lib.validate(config)
     except config_lib.ConfigError as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
     setup_runtime(args.platform or _default_platform(), args.distributed)
     import jax
 
+    from xlgen.checkpointing import CheckpointCorrupt
     from xlgen.train import guards, loop
 
     try:
         if cmd == "train":
-            summary = loop.train(config, args.workdir, stop_at=args.stop_at_step)
+            summary = loop.train(config, args.workdir, stop_at=args.stop_at_step, restart=args.restart)
         elif sweep:
             out = eval_sweep.run(config, args.workdir, sweep)
             if jax.process_index() == 0:
@@ -138,13 +147,20 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         else:
             rec = loop.evaluate(config, args.workdir)
             if jax.process_index() == 0:
-                print("eval: " + "  ".join(f"{k} {v}" for k, v in rec.items()), flush=True)
+                print("eval: " + "  ".join(f"{k} {v}" for k, v in rec.items() if k != "source"), flush=True)
             return 0
-    except (ValueError, FileNotFoundError, KeyError, guards.WorkdirBusy) as e:
+    except (ValueError, FileNotFoundError, KeyError, guards.WorkdirBusy, CheckpointCorrupt) as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"xlgen {cmd}: error: {no_space_message(e, args.workdir)}", file=sys.stderr)
         return 2
     except guards.TrainingDiverged as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        if cmd == "train":
+            print(diverged_resume_command(e, config, args.config, overrides, args.workdir), file=sys.stderr)
         return 1
     if jax.process_index() == 0:
         print(end_block(summary, config, args.config, overrides), flush=True)
@@ -225,6 +241,39 @@ def end_block(summary, config, config_path: str, overrides) -> str:
         code = f"import xlgen; m = xlgen.from_pretrained({json.dumps(wd)}); print(type(m).__name__)"
         lines.append(f"  Python:      {python} -c {shlex.quote(code)}")
     return "\n".join(lines)
+
+
+def no_space_message(e: OSError, workdir: str) -> str:
+    """One line for a full disk: the path being written and the free space left there."""
+    import shutil
+
+    path = e.filename or workdir
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        free = f"{shutil.disk_usage(probe or '.').free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return f"no space left on the device writing {path} ({free}); free some space and re-run to resume"
+
+
+def diverged_resume_command(e, config, config_path: str, overrides, workdir: str) -> str:
+    """The command that continues a run stopped by the health guard: from its good checkpoint (the later ones
+    were set aside) with the learning rate it was trained with when that was lower, else 10x lower; `--restart`
+    when no checkpoint remains."""
+    xlgen = user_command("xlgen") or f"{shlex.quote(sys.executable)} -m xlgen.cli"
+    lr = float(config.optimizer.learning_rate)
+    lr = e.good_lr if e.good_lr and e.good_lr < lr else lr / 10
+    keep = {k: v for k, v in overrides.items() if k != "optimizer.learning_rate"}
+    args = [f"--config={config_path}"] + [f"--config.{k}={v}" for k, v in keep.items()]
+    args += [f"--config.optimizer.learning_rate={lr:g}", f"--workdir={shown_path(workdir)}"]
+    if e.good_step is None:
+        args.append("--restart")
+        head = "Start again from step 0 with a lower learning rate:"
+    else:
+        head = f"Resume from checkpoint {e.good_step} with a lower learning rate:"
+    return f"{head}\n  {xlgen} train {' '.join(shlex.quote(a) for a in args)}"
 
 
 def config_show(argv: List[str]) -> int:

@@ -45,12 +45,13 @@ def load_config_file(path: str) -> ConfigDict:
     path, arg = split_config_arg(path)
     if not os.path.exists(path):
         raise ConfigError(f"{path}: config file not found")
+    if os.path.isdir(path):
+        raise ConfigError(f"{path}: is a directory; --config takes a Python file with get_config()")
     if path.endswith(".json"):  # a workdir's resolved config.json
-        try:
-            with open(path) as f:
-                return from_json_dict(json.load(f))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: invalid JSON ({e})") from e
+        with open(path, "rb") as f:
+            return parse_json_config(f.read(), path)
+    if not path.endswith(".py"):
+        raise ConfigError(f"{path}: not a Python file; --config takes a .py file with get_config() (or a config.json)")
     spec = importlib.util.spec_from_file_location(f"xlgen_config_{abs(hash(os.path.abspath(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -61,9 +62,10 @@ def load_config_file(path: str) -> ConfigDict:
         raise ConfigError(f"{path}: no get_config() function")
     try:
         config = module.get_config() if arg is None else module.get_config(arg)
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001  (any error of the user's get_config: name the file)
         where = path if arg is None else f"{path}:{arg}"
-        raise ConfigError(f"{where}: get_config: {e}") from e
+        what = "" if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: "  # a bad argument: its message
+        raise ConfigError(f"{where}: get_config: {what}{e}") from e
     if not isinstance(config, ConfigDict):
         raise ConfigError(f"{path}: get_config() must return an ml_collections.ConfigDict, got {type(config).__name__}")
     return ConfigDict(config.to_dict(), type_safe=True)
@@ -206,7 +208,7 @@ def load_config(path: str, overrides: Dict[str, str] | Sequence[str] = ()) -> Co
         overrides, rest = parse_overrides(overrides)
         if rest:
             raise ConfigError(f"not config overrides: {rest}")
-    return follow_objective(apply_overrides(config, overrides))
+    return validate(follow_objective(apply_overrides(config, overrides)))
 
 
 def follow_objective(config: ConfigDict) -> ConfigDict:
@@ -236,6 +238,84 @@ def follow_objective(config: ConfigDict) -> ConfigDict:
         f"config.data.pipeline={have!r}: objective {objective.name!r} reads the {want!r} stream; start config.data "
         f"from data_pipelines.default_config({want!r}) (or choose an objective of {have!r} data)"
     )
+
+
+def _get(config: ConfigDict, key: str):
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, ConfigDict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+# key -> (lower bound, strict); checked when the key is present and not None
+_POSITIVE = (
+    "total_steps",
+    "log_every_steps",
+    "data.batch_size",
+    "data.eval_batch_size",
+    "data.tgt_len",
+    "data.eval_tgt_len",
+    "model.d_model",
+    "model.d_embed",
+    "model.d_inner",
+    "model.n_head",
+    "model.d_head",
+    "model.n_layer",
+    "optimizer.grad_accum_steps",
+)
+_NON_NEGATIVE = (
+    "data.seq_len",  # finetuning: 0 until resolved from the task's max_seq_length
+    "optimizer.warmup_steps",
+    "optimizer.weight_decay",
+    "optimizer.clip_norm",
+    "model.mem_len",
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+    "max_nonfinite_steps",
+    "divergence_factor",
+    "model.dropout",
+    "model.dropatt",
+)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def validate(config: ConfigDict) -> ConfigDict:
+    """Domain checks of the numeric keys a run uses (present ones only): positive sizes and steps, a finite
+    positive learning rate, known dtype names, seeds in [0, 2**32). A violation is a ConfigError naming the key."""
+    import math
+
+    def bad(key, value, want):
+        raise ConfigError(f"config key {key}={value!r}: {want}")
+
+    def number(key, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            bad(key, value, "expected a number")
+        if not math.isfinite(value):
+            bad(key, value, "must be finite")
+        return value
+
+    for key in _POSITIVE:
+        v = _get(config, key)
+        if v is not None and number(key, v) <= 0:
+            bad(key, v, "must be > 0")
+    for key in _NON_NEGATIVE:
+        v = _get(config, key)
+        if v is not None and number(key, v) < 0:
+            bad(key, v, "must be >= 0")
+    lr = _get(config, "optimizer.learning_rate")
+    if lr is not None and number("optimizer.learning_rate", lr) <= 0:
+        bad("optimizer.learning_rate", lr, "must be a finite number > 0")
+    for key in ("seed", "data.seed"):
+        v = _get(config, key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**32):
+            bad(key, v, "must be an integer in [0, 2**32)")
+    for key in ("model.dtype", "model.param_dtype"):
+        v = _get(config, key)
+        if v is not None and v not in DTYPES:
+            bad(key, v, f"expected one of {', '.join(DTYPES)}")
+    return config
 
 
 def check_keys(config: ConfigDict, schema: ConfigDict, where: str) -> None:
@@ -288,10 +368,21 @@ def read_workdir_config(workdir: str) -> ConfigDict | None:
     path = paths.as_path(workdir) / "config.json"
     if not path.exists():
         return None
+    return parse_json_config(path.read_bytes(), str(path))
+
+
+def parse_json_config(data: bytes, path: str) -> ConfigDict:
+    """A resolved config.json's bytes as a ConfigDict; not UTF-8, not JSON or not a run's config (no `model`
+    section) is a ConfigError naming the file."""
     try:
-        return from_json_dict(json.loads(path.read_text()))
+        d = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON ({e})") from e
+        raise ConfigError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
+        raise ConfigError(f"{path}: not an xlgen run config (no `model` section)")
+    return validate(from_json_dict(d))
 
 
 def base_config() -> ConfigDict:
@@ -355,4 +446,7 @@ def base_config() -> ConfigDict:
     c.tensorboard = True
     # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
     c.max_nonfinite_steps = 10
+    # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one: no
+    # checkpoint is saved during such a streak and max_nonfinite_steps of them in a row stop the run (0 = off)
+    c.divergence_factor = 3.0
     return c

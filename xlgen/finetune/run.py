@@ -23,6 +23,7 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
 
     t_begin = time.time()
     wd = Workdir(workdir)
+    wd.require_kind("finetune")  # a pretraining workdir stays untouched
     with guards.WorkdirLock(wd.path, enabled=_is_main()):  # a second live run on the workdir fails at once
         return _finetune(config, wd, t_begin)
 

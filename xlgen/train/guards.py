@@ -1,9 +1,10 @@
-"""Guards of a training run: one live run per workdir, and a stop after too many non-finite updates.
+"""Guards of a training run: one live run per workdir, and a stop after too many unhealthy steps.
 
     with WorkdirLock(workdir): ...        a second `xlgen train` on the workdir fails at once (WorkdirBusy)
-    guard = NonFiniteGuard(max_consecutive)
-    guard.add(metrics["nonfinite"])        per step (a device scalar: no host sync)
+    guard = HealthGuard(max_consecutive, divergence_factor, best_loss)
+    guard.add(metrics["nonfinite"], metrics["loss"])   per step (device scalars: no host sync)
     guard.check(step)                      at log/checkpoint steps: counts, raises TrainingDiverged
+    guard.healthy / guard.watch(c) / guard.proven      save only while healthy; the newest checkpoint proven good
 
 The lock is `fcntl.flock` on `workdir/.xlgen.lock`: the kernel drops it when the holding process dies (SIGKILL
 included), so a killed run never leaves the workdir stuck. Only process 0 of a multi-process run takes it (all
@@ -25,7 +26,11 @@ class WorkdirBusy(RuntimeError):
 
 
 class TrainingDiverged(RuntimeError):
-    """Too many consecutive steps with a non-finite loss or gradient norm."""
+    """Too many consecutive unhealthy steps (non-finite loss or gradient norm, or a diverging loss). `good_step`:
+    the newest checkpoint proven healthy (set by the loop), None if none was."""
+
+    good_step = None
+    good_lr = None  # the learning rate that checkpoint was trained with
 
 
 class WorkdirLock:
@@ -41,7 +46,10 @@ class WorkdirLock:
 
         os.makedirs(self.workdir, exist_ok=True)
         path = os.path.join(self.workdir, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # ENOSPC and friends: name the file (the CLI reports a full disk in one line)
+            raise OSError(e.errno, e.strerror, path) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -63,41 +71,84 @@ class WorkdirLock:
         return False
 
 
-class NonFiniteGuard:
-    """Counts steps whose update was skipped (non-finite loss or gradient norm, see program.train_step)."""
+class HealthGuard:
+    """Watches every step's update (skipped: non-finite loss or gradient norm, see program.train_step) and loss.
 
-    def __init__(self, max_consecutive: int):
+    A step is unhealthy when its update was skipped or its loss diverges: finite but above `divergence_factor` x
+    max(best loss so far, 1) (0: off; the floor 1 keeps small finetuning losses from tripping it).
+    `max_consecutive` unhealthy steps in a row raise TrainingDiverged (0: never). The loss of step t is computed on
+    the parameters of step t-1, so a checkpoint of step c is proven good when step c+1 is healthy: `watch(c)` for
+    each saved or restored checkpoint, `proven` is the newest proven one. `healthy`: the last checked step was.
+    Flags and losses stay on the device until `check` (at log and checkpoint steps: no extra host sync)."""
+
+    def __init__(self, max_consecutive: int, divergence_factor: float = 0.0, best_loss: Optional[float] = None):
         self.max_consecutive = int(max_consecutive)
-        self.pending: List = []  # device scalars since the last check
+        self.divergence_factor = float(divergence_factor)
+        self.best = best_loss  # the lowest healthy loss so far (carried across resumes in the checkpoint meta)
+        self.pending: List = []  # (skipped flag, loss) device scalars since the last check
         self.consecutive = 0
+        self.nonfinite_in_streak = 0
         self.total = 0
         self.window = 0  # skipped steps since the last logged record
+        self.watched: List[int] = []
+        self.proven: Optional[int] = None
 
-    def add(self, flag) -> None:
-        self.pending.append(flag)
+    def add(self, flag, loss=None) -> None:
+        self.pending.append((flag, loss))
+
+    def watch(self, step: int) -> None:
+        self.watched.append(int(step))
+
+    @property
+    def healthy(self) -> bool:
+        return self.consecutive == 0
+
+    def diverging(self, loss: float) -> bool:
+        return (
+            self.divergence_factor > 0 and self.best is not None and loss > self.divergence_factor * max(self.best, 1.0)
+        )
 
     def check(self, step: int) -> None:
         if not self.pending:
             return
+        import math
+
         import jax
 
-        flags = [bool(f) for f in jax.device_get(self.pending)]
-        first = step - len(flags) + 1
+        got = jax.device_get(self.pending)
+        first = step - len(got) + 1
         self.pending = []
-        for i, bad in enumerate(flags):
-            if bad:
-                self.consecutive += 1
+        for i, (flag, loss) in enumerate(got):
+            t = first + i
+            skipped = bool(flag)
+            loss = None if loss is None else float(loss)
+            bad = skipped or (loss is not None and (not math.isfinite(loss) or self.diverging(loss)))
+            if t - 1 in self.watched:
+                if not bad:
+                    self.proven = t - 1
+                self.watched = [w for w in self.watched if w > t - 1]
+            if skipped:
                 self.total += 1
                 self.window += 1
-                if 0 < self.max_consecutive <= self.consecutive:
-                    raise TrainingDiverged(
-                        f"{self.consecutive} consecutive steps (up to step {first + i}) had a non-finite loss or "
-                        f"gradient norm; their updates were skipped and the run is stopped (max_nonfinite_steps="
-                        f"{self.max_consecutive}). The checkpoints hold the last finite parameters: lower "
-                        f"optimizer.learning_rate (or lengthen optimizer.warmup_steps), then re-run to resume."
+            if not bad:
+                self.consecutive = self.nonfinite_in_streak = 0
+                if loss is not None:
+                    self.best = loss if self.best is None else min(self.best, loss)
+                continue
+            self.consecutive += 1
+            self.nonfinite_in_streak += int(skipped)
+            if 0 < self.max_consecutive <= self.consecutive:
+                if self.nonfinite_in_streak == self.consecutive:
+                    what = "had a non-finite loss or gradient norm; their updates were skipped"
+                else:
+                    what = (
+                        f"had a non-finite or diverging loss (above divergence_factor={self.divergence_factor:g} x "
+                        f"the best loss {self.best:.4g}; last {loss:.4g})"
                     )
-            else:
-                self.consecutive = 0
+                raise TrainingDiverged(
+                    f"{self.consecutive} consecutive steps (up to step {t}) {what} and the run is stopped "
+                    f"(max_nonfinite_steps={self.max_consecutive})."
+                )
 
     def take_window(self) -> int:
         n, self.window = self.window, 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import time
 from typing import Any, Callable, Dict, Optional
@@ -269,15 +270,24 @@ def run(
     meta: Optional[Dict[str, Any]] = None,
     save_mems: bool = False,
     t_begin: Optional[float] = None,
+    restart: bool = False,
 ) -> Dict[str, Any]:
     """Train `program` on `pipeline` (`pipeline.batch(step)`: this process's rows, or all rows of the global
     batch) from the latest checkpoint of `wd` (else `program.init_state()`, then `initialize(state)`) to
     config.total_steps, or `stop_at` (save and stop early; the schedule is unchanged). Checkpoints every
     `checkpoint.every_steps`, at the end and on SIGTERM/SIGINT (then exits with status 143); metrics every
     `log_every_steps` (tokens/s and MFU exclude compilation); `evaluation` as its hook says. Prints the start-of-run
-    block, skips non-finite updates (at most `max_nonfinite_steps` in a row) and writes summary.json at the end.
-    `t_begin`: when the command started (the first-step message counts from it). The caller holds the workdir lock.
-    Returns {workdir, start_step, step, last (record), eval (last eval record), summary}."""
+    block, skips non-finite updates and writes summary.json at the end.
+
+    Health (guards.HealthGuard): checkpoints are saved only while the steps are healthy (no skipped update, no
+    loss above `divergence_factor` x the best), the newest checkpoint proven healthy is pinned through `keep`'s
+    rotation, and `max_nonfinite_steps` unhealthy steps in a row stop the run (TrainingDiverged, `good_step` set)
+    after moving the checkpoints newer than the good one to `checkpoints/diverged-<step>/`.
+
+    The run is the workdir's writer (the caller holds its lock): a checkpoint that fails verification is moved to
+    `checkpoints/corrupt-<step>/`. If checkpoints existed but none is usable and metrics.jsonl holds records, the
+    run refuses to start again from step 0 unless `restart`. `t_begin`: when the command started (the first-step
+    message counts from it). Returns {workdir, start_step, step, last (record), eval (last eval record), summary}."""
     t_begin = time.time() if t_begin is None else t_begin
     is_main = jax.process_index() == 0
     mesh = program.mesh
@@ -304,9 +314,11 @@ def run(
     writer = metrics_lib.MetricsWriter(wd.path, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
     best = evaluation.best if evaluation is not None else None
     with jax.set_mesh(mesh):
-        restored = wd.restore(program, mems=save_mems, checkpointer=ckpt)
+        restored = wd.restore(program, mems=save_mems, checkpointer=ckpt, quarantine=True)
+        best_loss = None
         if restored is not None:
-            state, mems, _, start = restored
+            state, mems, restored_meta, start = restored
+            best_loss = restored_meta.get("best_loss")
             if program.mems_shape is not None and mems is None:
                 log.warning(
                     "checkpoint %d has no memory (checkpoint.save_mems=False): streams restart with empty memory", start
@@ -320,6 +332,11 @@ def run(
                     flush=True,
                 )
         else:
+            _check_fresh_start(wd, ckpt, writer.path, restart)
+            if is_main:
+                dropped = metrics_lib.truncate_after(writer.path, 0)  # a run killed before its first checkpoint
+                if dropped:
+                    print(f"starting at step 0 (dropped {dropped} metric records of an earlier attempt)", flush=True)
             state, mems = program.init_state()
             start = 0
             if initialize is not None:
@@ -340,12 +357,26 @@ def run(
                 "step": step,
                 "mems_shape": list(program.mems_shape) if program.mems_shape else None,
                 "family": config.model.family,
+                "best_loss": health.best,
+                "learning_rate": float(config.optimizer.learning_rate),
                 **(meta or {}),
             }
 
         def save(step):
+            """Save `step` if the run is healthy (never over good checkpoints during an unhealthy streak)."""
+            health.check(step)
+            if health.proven is not None:
+                ckpt.pin(health.proven)
+            if not health.healthy:
+                progress.message(
+                    f"step {step}: not saving a checkpoint ({health.consecutive} unhealthy steps in a row); "
+                    f"newest proven-good checkpoint: {health.proven if health.proven is not None else 'none'}"
+                )
+                return False
             writer.flush()  # records up to `step` are durable before its checkpoint can exist (gs://: no append)
             ckpt.save(step, state, mems if save_mems else None, base_meta(step))
+            health.watch(step)
+            return True
 
         stop = _StopFlag()
         stop.install()
@@ -353,7 +384,11 @@ def run(
             print(report.start_block(config, program, mesh, pipeline, wd.path, start), flush=True)
             print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
         progress = metrics_lib.Progress(total, start, enabled=is_main)
-        nonfinite = guards.NonFiniteGuard(int(config.get("max_nonfinite_steps", 10)))
+        health = guards.HealthGuard(
+            int(config.get("max_nonfinite_steps", 10)), float(config.get("divergence_factor", 0.0)), best_loss
+        )
+        if restored is not None:
+            health.watch(start)
         throughput = report.Throughput()
         log_every = max(int(config.log_every_steps), 1)
         every = int(ckpt_cfg.every_steps)
@@ -368,7 +403,7 @@ def run(
             for s, local in batches:
                 batch = global_batch(own_rows(local), program.batch_shardings, bspec)
                 state, mems, m = program.train_step(state, batch, mems)
-                nonfinite.add(m.pop("nonfinite"))
+                health.add(m.pop("nonfinite"), m.get("loss"))
                 step = s + 1
                 if step == start + 1:  # do not count compilation in the throughput
                     jax.block_until_ready(m)
@@ -380,14 +415,14 @@ def run(
                             f"tokens/step, {program.analytic_flops_per_step:.3g} FLOPs/step)"
                         )
                 if step % log_every == 0 or step == total:
-                    nonfinite.check(step)
+                    health.check(step)
                     vals = {k: float(v) for k, v in jax.device_get(m).items()}
                     now = time.time()
                     n = max(step - s_last, 0)
                     dt = max(now - t_last, 1e-9)
                     record = {"step": step, **vals}
-                    if nonfinite.total:
-                        record["nonfinite_steps"] = nonfinite.take_window()  # updates skipped since the last record
+                    if health.total:
+                        record["nonfinite_steps"] = health.take_window()  # updates skipped since the last record
                     if n:
                         throughput.add(n, dt)
                         record["steps_per_sec"] = n / dt
@@ -405,18 +440,24 @@ def run(
                     do_eval(step)
                     t_last = time.time()
                 if stop.should_stop(step):
-                    save(step)
+                    saved = save(step)
                     ckpt.wait()
-                    progress.message(f"stopped by signal: saved checkpoint {ckpt.directory}/{step}")
+                    progress.message(
+                        f"stopped by signal: saved checkpoint {ckpt.directory}/{step}"
+                        if saved
+                        else f"stopped by signal at step {step} (not saved: unhealthy)"
+                    )
                     raise Preempted(step)
                 if (every > 0 and step % every == 0) or step == end:
-                    nonfinite.check(step)
                     save(step)
             if evaluation is not None and end == total:
                 if (eval_every != 0 and end > start) or (
                     evaluation.always_at_end and (end > start or (best is not None and best.best() is None))
                 ):
                     do_eval(max(total, start))
+        except guards.TrainingDiverged as e:
+            _set_aside_diverged(e, ckpt, health, start if restored is not None else None)
+            raise
         finally:
             batches.close()  # stops the prefetch worker
             stop.restore()
@@ -440,17 +481,62 @@ def run(
     return summary
 
 
-def train(config, workdir: str, *, stop_at: Optional[int] = None) -> Dict[str, Any]:
+def _check_fresh_start(wd: Workdir, ckpt, metrics_path: str, restart: bool) -> None:
+    """No usable checkpoint: starting at step 0 is fine for a new run (or one killed before its first
+    checkpoint), but not silently for a run whose checkpoints all failed or were set aside."""
+    if restart or paths.is_remote(wd.path):
+        return
+    aside = ("corrupt-", "diverged-")  # what the writer moved aside (not Orbax's tmp dirs of a killed save)
+    left = sorted(d for d in os.listdir(ckpt.directory) if d.startswith(aside)) if os.path.isdir(ckpt.directory) else []
+    if left and os.path.exists(metrics_path) and os.path.getsize(metrics_path) > 0:
+        raise ValueError(
+            f"{ckpt.directory} has no usable checkpoint (only {', '.join(left[:6])}) but {metrics_path} holds an "
+            f"earlier run's records: not restarting from step 0 silently. Pass --restart to start again from "
+            f"step 0 (the records are dropped; the set-aside checkpoints stay), or use another --workdir"
+        )
+
+
+def _set_aside_diverged(e, ckpt, health, restored_step: Optional[int]) -> None:
+    """After TrainingDiverged: the checkpoints newer than the newest proven-good one (or, when none was proven,
+    those from the restored step on) move to `diverged-<step>/`, so that the next run resumes from the good one;
+    `e.good_step` and the message say which one that is."""
+    ckpt.wait()
+    good = health.proven
+    floor = good if good is not None else (restored_step - 1 if restored_step is not None else -1)
+    bad = [s for s in ckpt.all_steps() if s > floor]
+    moved = ckpt.set_aside(bad, "diverged")
+    left = ckpt.all_steps()
+    e.good_step = good if good is not None else (left[-1] if left else None)
+    if e.good_step is not None:
+        try:
+            e.good_lr = ckpt.read_meta(e.good_step).get("learning_rate")
+        except Exception:  # noqa: BLE001  (an unreadable meta only loses the suggestion)
+            e.good_lr = None
+    where = ckpt.directory
+    if good is not None:
+        text = f" The newest checkpoint proven healthy is {where}/{good}"
+    elif left:
+        text = f" No checkpoint of this run was proven healthy; the newest remaining one is {where}/{left[-1]}"
+    else:
+        text = " No healthy checkpoint remains"
+    if moved:
+        text += f"; the later ones were moved aside ({', '.join(os.path.basename(m) for m in moved)})"
+    e.args = (str(e.args[0]) + text + ".",)
+
+
+def train(config, workdir: str, *, stop_at: Optional[int] = None, restart: bool = False) -> Dict[str, Any]:
     """Pretrain (or resume) to config.total_steps. `stop_at` (CLI --stop_at_step) saves and stops early at that
-    step without changing the schedule, as an interruption would. Returns `run`'s summary. A second live run on
-    the same workdir fails at once (guards.WorkdirBusy)."""
+    step without changing the schedule, as an interruption would. `restart`: start at step 0 even though the
+    workdir's checkpoints all failed (see `run`). Returns `run`'s summary. A second live run on the same workdir
+    fails at once (guards.WorkdirBusy); a workdir of another kind (a finetune run) is an error, left unchanged."""
     t_begin = time.time()
     wd = Workdir(workdir)
+    wd.require_kind("pretrain")
     with guards.WorkdirLock(wd.path, enabled=jax.process_index() == 0):
-        return _train(config, wd, stop_at=stop_at, t_begin=t_begin)
+        return _train(config, wd, stop_at=stop_at, t_begin=t_begin, restart=restart)
 
 
-def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float) -> Dict[str, Any]:
+def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float, restart: bool = False) -> Dict[str, Any]:
     check_workdir_compatible(config, wd.path)
     if jax.process_index() == 0:
         wd.write_config(config, "pretrain")
@@ -495,12 +581,15 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float) -> Di
         stop_at=stop_at,
         save_mems=bool(config.checkpoint.save_mems),
         t_begin=t_begin,
+        restart=restart,
     )
 
 
 def evaluate(config, workdir: str) -> Dict[str, Any]:
-    """Evaluate the latest checkpoint of `workdir` on config.eval.split; appends the record to metrics.jsonl. An
-    objective with its own evaluation (`Objective.evaluate`) runs it in full and also writes DIR/eval_results.json."""
+    """Evaluate the latest verified checkpoint of `workdir` on config.eval.split (a failed one is reported and
+    skipped, nothing in the workdir moves); appends the record to metrics.jsonl marked `"source": "xlgen eval"` so
+    it stays out of the training curves. An objective with its own evaluation (`Objective.evaluate`) runs it in
+    full and also writes DIR/eval_results.json."""
     wd = Workdir(workdir)
     workdir = wd.path
     if not wd.has_checkpoints():
@@ -521,10 +610,10 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
         else:
             pipe = make_pipeline(config, config.eval.split)
             res = run_eval(program, state["params"], pipe, _eval_steps(config, pipe))
-    rec = {"step": step, "split": config.eval.split, **res}
+    rec = {"step": step, "split": config.eval.split, **res, "source": "xlgen eval"}
     if jax.process_index() == 0:
         if objective.evaluate is not None:
-            paths.write_json_atomic(wd.join("eval_results.json"), rec)
+            paths.write_json_atomic(wd.join("eval_results.json"), {k: v for k, v in rec.items() if k != "source"})
         writer = metrics_lib.MetricsWriter(workdir, tensorboard=False)
         writer.write(rec)
         writer.close()

@@ -51,8 +51,42 @@ def truncate_after(path: str, step: int) -> int:
     return dropped
 
 
-def read_metrics(path: str):
-    return [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
+def read_metrics(path: str, *, adhoc: bool = False):
+    """The records of a metrics.jsonl; `adhoc`: also those of ad-hoc `xlgen eval` runs (marked "source"), which
+    are not part of the training curves. A line that is not JSON is an error naming the file and line."""
+    out = []
+    for i, line in enumerate(paths.read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not a JSON record ({e.msg} at column {e.colno})") from None
+        if adhoc or "source" not in rec:
+            out.append(rec)
+    return out
+
+
+def repair_partial_line(path: str) -> bool:
+    """Cut a last line without its newline (a record cut by a kill or a full disk) so that appending starts on a
+    fresh line; returns whether one was cut."""
+    import os
+
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return False
+    with open(path, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(size - 1, 0))
+        if f.read(1) == b"\n":
+            return False
+        back = min(size, 1 << 20)
+        f.seek(size - back)
+        tail = f.read(back)
+        cut = tail.rfind(b"\n")
+        f.truncate(size - back + cut + 1 if cut >= 0 else 0)
+    log.warning("%s: its last line was incomplete (a record cut short); removed it before appending", path)
+    return True
 
 
 def _summary_writer(logdir: str):
@@ -105,6 +139,7 @@ class MetricsWriter:
                 self._flush_jsonl()
         else:
             if self._file is None:
+                repair_partial_line(self.path)
                 self._file = open(self.path, "a")
             self._file.write(line)
             self._file.flush()

@@ -30,11 +30,11 @@ def read_json_config(path) -> Optional[Dict[str, Any]]:
     if not p.exists():
         return None
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+        return json.loads(p.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         from xlgen.config import ConfigError
 
-        raise ConfigError(f"{p}: invalid JSON ({e})") from e
+        raise ConfigError(f"{p}: invalid JSON ({e})") from None
 
 
 def hf_config(path) -> Optional[Dict[str, Any]]:
@@ -99,6 +99,18 @@ class Workdir:
         """ "pretrain" | "finetune" | None (no xlgen config.json)."""
         return self.info().get("kind")
 
+    def require_kind(self, kind: str) -> None:
+        """A workdir that holds a run of another kind (or a config.json that is not an xlgen run's) is an error,
+        raised before anything in it changes."""
+        d = read_json_config(self.path)
+        if d is None:
+            return
+        block = d.get("xlgen") if isinstance(d, dict) else None
+        have = block.get("kind", "pretrain") if isinstance(block, dict) else None  # no kind: an early pretrain run
+        if have != kind:
+            what = f"a {have} run" if have else "a config.json that is not an xlgen run's"
+            raise ValueError(f"{self.path} holds {what}; `{kind}` will not write into it (use another --workdir)")
+
     def read_config(self):
         """config.json as a ConfigDict (None if absent)."""
         from xlgen import config as config_lib
@@ -153,17 +165,25 @@ class Workdir:
         return Checkpointer(self.checkpoint_dir(sub), keep=keep, async_save=async_save, **options)
 
     def restore(
-        self, program, *, step: Optional[int] = None, sub: str = "checkpoints", mems: bool = False, checkpointer=None
+        self,
+        program,
+        *,
+        step: Optional[int] = None,
+        sub: str = "checkpoints",
+        mems: bool = False,
+        checkpointer=None,
+        quarantine: bool = False,
     ) -> Optional[Restored]:
-        """Restore `step` (None: the newest readable) of `DIR/<sub>` onto `program`'s shardings (call inside
-        `jax.set_mesh(program.mesh)`); `mems`: also the recurrent memory when the checkpoint has it.
-        None when there is no checkpoint (and no `step` was asked for)."""
+        """Restore `step` (None: the newest that reads and verifies) of `DIR/<sub>` onto `program`'s shardings (call
+        inside `jax.set_mesh(program.mesh)`); `mems`: also the recurrent memory when the checkpoint has it.
+        `quarantine`: move failed checkpoints aside (only the workdir's writer, under its lock; readers change
+        nothing). None when there is no checkpoint (and no `step` was asked for)."""
         own = checkpointer is None
         ckpt = self.checkpointer(sub) if own else checkpointer
         try:
             abstract_mems = program.abstract_mems() if mems and program.mems_shape is not None else None
             if step is None:
-                out = ckpt.restore_latest(program.abstract_state(), abstract_mems)
+                out = ckpt.restore_latest(program.abstract_state(), abstract_mems, quarantine=quarantine)
                 return None if out is None else Restored(*out)
             if step not in ckpt.all_steps():
                 raise FileNotFoundError(f"{ckpt.directory}: no checkpoint of step {step} (has {ckpt.all_steps()})")
