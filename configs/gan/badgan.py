@@ -66,5 +66,7 @@ def get_config():
     )
     c.eval = ml_collections.ConfigDict(dict(split="test"))
     c.total_steps = 3000
+    # the players' losses are adversarial, not minimised: no divergence rule (non-finite steps are still guarded)
+    c.divergence_factor = 0.0
     c.checkpoint.every_steps = 1000
     return c

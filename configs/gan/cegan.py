@@ -53,5 +53,7 @@ def get_config():
     )
     c.eval = ml_collections.ConfigDict(dict(split="test", num_samples=100_000, probe_train=10_000))
     c.total_steps = 6000
+    # the players' losses are adversarial, not minimised: no divergence rule (non-finite steps are still guarded)
+    c.divergence_factor = 0.0
     c.checkpoint.every_steps = 2000
     return c
