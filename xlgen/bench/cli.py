@@ -109,9 +109,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         else:
             res.update(compare.train(config, run, steps=args.steps, **common))
-    except compare.SideFailed as e:
+    except ValueError as e:  # hf.Unsupported, or a model with no HF equivalent (same-process mode)
         print(f"xlgen bench: error: {e}", file=sys.stderr)
-        return 1
+        return 2
+    except compare.SideFailed as e:
+        if not e.bad_input:
+            print(e.detail, file=sys.stderr)
+        print(f"xlgen bench: error: {e}", file=sys.stderr)
+        return 2 if e.bad_input else 1
     res["load_after"] = measure.load_average()
     print(
         json.dumps(

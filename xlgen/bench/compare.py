@@ -24,7 +24,12 @@ OWN_PROCESS, SAME_PROCESS = "own_process", "same_process"
 
 
 class SideFailed(RuntimeError):
-    pass
+    """A side's process failed: `message` (one line), `bad_input` (the config cannot be measured there), `detail`
+    (the traceback)."""
+
+    def __init__(self, message: str, *, bad_input: bool = False, detail: str = ""):
+        super().__init__(message)
+        self.bad_input, self.detail = bad_input, detail
 
 
 def side_environment(side: str) -> Dict[str, str]:
@@ -65,7 +70,11 @@ class ProcessSide:
             raise SideFailed(f"the {self.name} side (pid {self.proc.pid}) exited with status {self.proc.wait()}")
         reply = json.loads(line)
         if "error" in reply:
-            raise SideFailed(f"the {self.name} side (pid {self.proc.pid}) failed:\n{reply['error']}")
+            raise SideFailed(
+                f"the {self.name} side (pid {self.proc.pid}): {reply['message']}",
+                bad_input=reply["bad_input"],
+                detail=reply["error"],
+            )
         return reply["ok"]
 
     def call(self, method: str, **kwargs) -> Dict[str, Any]:
@@ -176,7 +185,7 @@ def train(
     if compare_hf:
         hf.hooks(config, "train_model")
     if steps == 1:
-        raise SystemExit("xlgen bench: --steps must be 0 (compile only) or >= 2 (a block's first step is not counted)")
+        raise hf.Unsupported("--steps must be 0 (compile only) or >= 2 (a block's first step is not counted)")
     if steps <= 0:
         compare_hf = False
     rounds = {"rounds": warmup_rounds + blocks}  # xlgen's side: its total_steps
@@ -278,9 +287,11 @@ def evaluate(
     mode: str,
 ) -> Dict[str, Any]:
     """ms/token of cached evaluation at each total context l in `mem_lens` (memory l - segment)."""
+    from xlgen.bench import hf
+
     for total in mem_lens:
         if total < segment:
-            raise SystemExit(f"--mem_lens: {total} is shorter than the segment ({segment})")
+            raise hf.Unsupported(f"--mem_lens: {total} is shorter than the segment ({segment})")
     out: Dict[str, Any] = {
         "family": config.model.family,
         "segment": segment,
@@ -329,7 +340,9 @@ def evaluate(
                 )
             fin = {s.name: s.call("finish") for s in sides}
     out["peak_host_memory_gib"] = fin["xlgen"]["peak_host_memory_gib"]
-    return out
+    out["matmul_peak_flops_per_sec_start"] = out["sides"]["xlgen"]["matmul_peak_flops_per_sec_start"]
+    out["matmul_peak_flops_per_sec_end"] = fin["xlgen"]["matmul_peak_flops_per_sec_end"]
+    return _peaks(out)
 
 
 def generate(
@@ -359,8 +372,10 @@ def generate(
             warm, warm_rounds, rounds = alternate(
                 sides, warmup_rounds=warmup_rounds, blocks=blocks, report=lambda k, r: None
             )
-            for s in sides:
-                s.call("finish")
+            fin = {s.name: s.call("finish") for s in sides}
+    out["matmul_peak_flops_per_sec_start"] = out["sides"]["xlgen"]["matmul_peak_flops_per_sec_start"]
+    out["matmul_peak_flops_per_sec_end"] = fin["xlgen"]["matmul_peak_flops_per_sec_end"]
+    _peaks(out)
     a = [r["xlgen"]["s_per_token"] for r in rounds]
     out["xlgen_compile_s"] = warm["xlgen"]["compile_s"]
     out["xlgen_tokens_per_sec"] = 1.0 / measure.median(a)

@@ -23,15 +23,23 @@ def require_torch():
     return torch
 
 
+_NEEDS = {"train_model": "training", "memory_lm": "--eval / --generate", "load_memory_lm": "--eval / --generate"}
+
+
+class Unsupported(ValueError):
+    """What the bench was asked cannot be measured for this config (no counterpart, bad sizes)."""
+
+
 def hooks(config, need: str):
-    """The family's `HFBench` with field `need` set; SystemExit naming the families that have it otherwise."""
+    """The family's `HFBench` with field `need` set; `Unsupported` naming the families that have it otherwise."""
     from xlgen import registry
 
     hb = registry.get(config.model.family).hf_bench
     if hb is None or getattr(hb, need) is None:
         have = [n for n in registry.names() if getattr(registry.get(n).hf_bench, need, None) is not None]
-        raise SystemExit(
-            f"xlgen bench: model.family={config.model.family!r} has no HF counterpart for this ({have} do)"
+        raise Unsupported(
+            f"model.family={config.model.family!r} has no Hugging Face counterpart for {_NEEDS[need]} in the bench "
+            f"(families that have one: {have})"
         )
     return hb
 
@@ -56,20 +64,33 @@ def pick_torch_threads(run, candidates=None) -> int:
     return best
 
 
-def torch_record() -> Dict[str, Any]:
-    import torch
-    import transformers
+class Side:
+    """What every HF side shares: torch's versions and default threads (before any thread choice) and the malloc
+    settings at the start; PyTorch's matmul peak; the peak again and the process's peak host memory at the end."""
 
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "torch_threads_default": torch.get_num_threads(),
-        "torch_interop_threads": torch.get_num_interop_threads(),
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-    }
+    def start(self) -> Dict[str, Any]:
+        import transformers
+
+        torch = self.torch = require_torch()
+        return {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "torch_threads_default": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        }
+
+    def matmul_peak(self, reps: int) -> float:
+        return measure.torch_matmul_peak(reps=reps)
+
+    def finish(self) -> Dict[str, Any]:
+        return {
+            "matmul_peak_flops_per_sec_end": measure.torch_matmul_peak(),
+            "peak_host_memory_gib": round(measure.peak_host_memory_gib(), 2),
+        }
 
 
-class Train:
+class Train(Side):
     """The family's HF model doing the same training step: model(**inputs) -> loss.backward -> clip -> AdamW, in
     train mode, on the batches of the objective's own pipeline (memory carried where the family says so). A block
     is `steps` steps with the first not counted, as on xlgen's side."""
@@ -84,8 +105,8 @@ class Train:
         from xlgen import registry
         from xlgen.train import loop
 
-        torch = self.torch = require_torch()
-        info = torch_record()  # before any thread choice
+        info = super().start()
+        torch = self.torch
         torch.manual_seed(0)
         self.model = self.hooks.train_model(self.config)
         self.model.train()
@@ -136,17 +157,8 @@ class Train:
     def block(self) -> Dict[str, Any]:
         return {"tokens_per_sec": self._block(self.steps), "torch_threads": self.torch.get_num_threads()}
 
-    def matmul_peak(self, reps: int) -> float:
-        return measure.torch_matmul_peak(reps=reps)
 
-    def finish(self) -> Dict[str, Any]:
-        return {
-            "matmul_peak_flops_per_sec_end": measure.torch_matmul_peak(),
-            "peak_host_memory_gib": round(measure.peak_host_memory_gib(), 2),
-        }
-
-
-class Eval:
+class Eval(Side):
     """The family's memory LM in transformers evaluating the same token stream as `xlgen_side.Eval`, same segments
     and memory length (HF semantics: zero memory of full length from the first segment)."""
 
@@ -154,10 +166,6 @@ class Eval:
         self.config, self.path, self.segment, self.segments = config, path, segment, segments
         self.hooks = hooks(config, "load_memory_lm")
         self.models = {}
-
-    def start(self) -> Dict[str, Any]:
-        self.torch = require_torch()
-        return torch_record()
 
     def _run(self, total: int) -> float:
         t = self.torch
@@ -179,14 +187,8 @@ class Eval:
     def block(self, total: int) -> Dict[str, Any]:
         return {"s_per_token": self._run(total), "torch_threads": self.torch.get_num_threads()}
 
-    def matmul_peak(self, reps: int) -> float:
-        return measure.torch_matmul_peak(reps=reps)
 
-    def finish(self) -> Dict[str, Any]:
-        return {"peak_host_memory_gib": round(measure.peak_host_memory_gib(), 2)}
-
-
-class Generate:
+class Generate(Side):
     """`model.generate` (sampling, top-k 40, the memory carried) of the family's memory LM, same prompt and sizes as
     `xlgen_side.Generate`."""
 
@@ -194,10 +196,6 @@ class Generate:
         self.config, self.path, self.mem_len, self.new_tokens, self.batch = config, path, mem_len, new_tokens, batch
         self.hooks = hooks(config, "load_memory_lm")
         self.i = 0
-
-    def start(self) -> Dict[str, Any]:
-        self.torch = require_torch()
-        return torch_record()
 
     def _run(self) -> float:
         t = self.torch
@@ -215,9 +213,3 @@ class Generate:
 
     def block(self) -> Dict[str, Any]:
         return {"s_per_token": self._run(), "torch_threads": self.torch.get_num_threads()}
-
-    def matmul_peak(self, reps: int) -> float:
-        return measure.torch_matmul_peak(reps=reps)
-
-    def finish(self) -> Dict[str, Any]:
-        return {"peak_host_memory_gib": round(measure.peak_host_memory_gib(), 2)}

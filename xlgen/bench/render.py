@@ -10,11 +10,17 @@ from typing import Any, Dict, Iterable, List, Optional
 from data_pipelines import paths
 from xlgen.bench.compare import OWN_PROCESS, SAME_PROCESS
 
-_METHOD = {
-    OWN_PROCESS: "HF in a process of its own, ",
-    SAME_PROCESS: "HF in the bench's process, ",
-    None: "HF in the bench's process (results without hf_mode), ",
-}
+
+def _method(result: Dict[str, Any]) -> str:
+    """How a result's HF side ran, for the note under the table ('' when it has no HF side)."""
+    mode = result.get("hf_mode", "older bench")
+    if mode == "older bench" and "hf_tokens_per_sec" not in result and "per_len" not in result:
+        mode = None
+    return {
+        OWN_PROCESS: "HF in a process of its own, ",
+        SAME_PROCESS: "HF in the bench's process, ",
+        "older bench": "HF in the bench's process (older bench), ",
+    }.get(mode, "")
 
 
 def _fmt(x, f="{:.3g}"):
@@ -122,7 +128,7 @@ def _run_note(results: Dict[str, Any]) -> str:
     parts = []
     for key, v in results.items():
         parts.append(
-            f"{key}: {_METHOD.get(v.get('hf_mode'), _METHOD[None])}load {v.get('load_before')} → {v.get('load_after')}, "
+            f"{key}: {_method(v)}load {v.get('load_before')} → {v.get('load_after')}, "
             f"matmul peak {_fmt(v.get('matmul_peak_flops_per_sec', 0) / 1e9, '{:.0f}')} GFLOP/s"
         )
     return "; ".join(parts)

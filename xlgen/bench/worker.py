@@ -2,7 +2,7 @@
 
 The first line on stdin is the side's spec (JSON: which side, which kind of benchmark, the config file and
 overrides, the options); then each line is a call {"method": ..., keyword arguments} answered by one JSON line
-{"ok": result} or {"error": traceback} on the process's original stdout. Everything the side prints (the training
+{"ok": result} or {"error": traceback, "message": one line, "bad_input": bool} on the process's original stdout. Everything the side prints (the training
 loop's progress) goes to stderr, so the protocol stays clean. `finish` ends the process."""
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ def invoke(side, method: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return rec
 
 
+def _bad_input(e: BaseException) -> bool:
+    """A config the side cannot measure (ValueError: no counterpart, sizes) rather than a failure of the code."""
+    return isinstance(e, ValueError)
+
+
 def main() -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the side's own output (and C libraries') goes to stderr
@@ -67,8 +72,8 @@ def main() -> int:
             else:
                 method = msg.pop("method")
                 reply = {"ok": invoke(side, method, msg)}
-        except BaseException:  # noqa: BLE001 - reported to the parent, which fails with it
-            reply = {"error": traceback.format_exc()}
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails with it
+            reply = {"error": traceback.format_exc(), "message": f"{type(e).__name__}: {e}", "bad_input": _bad_input(e)}
         proto.write(json.dumps(reply, default=float) + "\n")
         if "error" in reply or method == "finish":
             break

@@ -57,7 +57,24 @@ def runtime_record() -> Dict[str, Any]:
     }
 
 
-class Train:
+class Side:
+    """What every xlgen side shares: the runtime and JAX's matmul peak at the start; the peak again and the
+    process's peak host memory at the end."""
+
+    def start(self) -> Dict[str, Any]:
+        return {**runtime_record(), "matmul_peak_flops_per_sec_start": measure.matmul_peak()}
+
+    def matmul_peak(self, reps: int) -> float:
+        return measure.matmul_peak(reps=reps)
+
+    def finish(self) -> Dict[str, Any]:
+        return {
+            "matmul_peak_flops_per_sec_end": measure.matmul_peak(),
+            "peak_host_memory_gib": round(measure.peak_host_memory_gib(), 2),
+        }
+
+
+class Train(Side):
     """`xlgen train`'s program and loop (`xlgen.train.loop.run`, the real data pipeline, prefetching and metrics)
     on a temporary workdir. The program is built once; each block is one `loop.run` to `stop_at` = the block's last
     step, resuming the previous block's checkpoint, and its figure is the loop's own `metrics.jsonl`
@@ -85,15 +102,13 @@ class Train:
         self.pipeline = loop.make_pipeline(c, "train") if self.steps > 0 else None
         self.root = tempfile.mkdtemp(prefix="xlgen-bench-")
         self.wd = Workdir(self.root)
-        self.peak_start = measure.matmul_peak()
         return {
+            **super().start(),
             "family": c.model.family,
             "objective": c.get("objective"),
             "tokens_per_step": self.program.tokens_per_step,
             "model_flops_per_step": self.program.analytic_flops_per_step,
             "devices": len(self.mesh.devices.flat),
-            "matmul_peak_flops_per_sec_start": self.peak_start,
-            **runtime_record(),
         }
 
     def _run_to(self, end: int) -> Optional[float]:
@@ -140,15 +155,9 @@ class Train:
         res["compile_cpu_s"] = round(time.process_time() - cpu, 2)
         return res
 
-    def matmul_peak(self, reps: int) -> float:
-        return measure.matmul_peak(reps=reps)
-
     def finish(self) -> Dict[str, Any]:
         shutil.rmtree(self.root, ignore_errors=True)
-        return {
-            "matmul_peak_flops_per_sec_end": measure.matmul_peak(),
-            "peak_host_memory_gib": round(measure.peak_host_memory_gib(), 2),
-        }
+        return super().finish()
 
 
 def stream(config, total: int, segment: int, segments: int) -> np.ndarray:
@@ -157,16 +166,13 @@ def stream(config, total: int, segment: int, segments: int) -> np.ndarray:
     return rng.integers(0, int(config.model.vocab_size), size=(1, segment * segments)).astype(np.int64)
 
 
-class Eval:
+class Eval(Side):
     """Cached evaluation through `xlgen.from_pretrained(dir, mem_len=l - segment)` of the family's random-weight HF
     directory: segments of `segment` tokens with the memory carried; a block is `segments` segments, s/token."""
 
     def __init__(self, config, *, path: str, segment: int, segments: int):
         self.config, self.path, self.segment, self.segments = config, path, segment, segments
         self.models = {}
-
-    def start(self) -> Dict[str, Any]:
-        return runtime_record()
 
     def _run(self, total: int) -> float:
         import jax
@@ -195,12 +201,6 @@ class Eval:
         forward = getattr(self.models[total], "_forward", None)  # the wrapper's jitted forward, where it has one
         return {"s_per_token": s, "compiles": forward._cache_size() if hasattr(forward, "_cache_size") else None}
 
-    def matmul_peak(self, reps: int) -> float:
-        return measure.matmul_peak(reps=reps)
-
-    def finish(self) -> Dict[str, Any]:
-        return {"peak_host_memory_gib": round(measure.peak_host_memory_gib(), 2)}
-
 
 PROMPT_TOKENS = 8
 
@@ -209,16 +209,13 @@ def prompt(config):
     return [int(x) for x in np.random.default_rng(0).integers(0, int(config.model.vocab_size), PROMPT_TOKENS)]
 
 
-class Generate:
+class Generate(Side):
     """Sampling through `xlgen generate`'s incremental decoder (top-k 40) from the family's random-weight HF
     directory; a block is one generation of `new_tokens` x `batch`, s/token (prompt included, compile excluded)."""
 
     def __init__(self, config, *, path: str, mem_len: int, new_tokens: int, batch: int):
         self.config, self.path, self.mem_len, self.new_tokens, self.batch = config, path, mem_len, new_tokens, batch
         self.i = 0
-
-    def start(self) -> Dict[str, Any]:
-        return runtime_record()
 
     def _run(self) -> float:
         self.i += 1
@@ -241,9 +238,3 @@ class Generate:
 
     def block(self) -> Dict[str, Any]:
         return {"s_per_token": self._run(), "compiles": self.decoder.step_compilations()}
-
-    def matmul_peak(self, reps: int) -> float:
-        return measure.matmul_peak(reps=reps)
-
-    def finish(self) -> Dict[str, Any]:
-        return {"peak_host_memory_gib": round(measure.peak_host_memory_gib(), 2)}

@@ -18,7 +18,9 @@ def train_model(config):
     from xlgen.models.funnel.hf_export import hf_config
 
     if config.get("objective") not in ("", None, "funnel_mlm"):
-        raise ValueError(f"objective {config.objective!r} has no HF counterpart in the bench (funnel_mlm has)")
+        raise ValueError(
+            f"objective={config.objective!r} has no Hugging Face counterpart in the bench (funnel_mlm has)"
+        )
     cfg = registry.model_config(config)
     return transformers.FunnelForMaskedLM(transformers.FunnelConfig(**hf_config(cfg, "FunnelForMaskedLM")))
 
