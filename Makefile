@@ -50,7 +50,7 @@ demo: $(DEMO_STAMP)
 	@echo "--- training curves (xlgen plot) ---"
 	$(VENV)/bin/xlgen plot --workdir=workdirs/demo
 
-# The standard speed set (docs/performance.md): xlgen vs HF PyTorch in the same run, medians of interleaved blocks,
+# The standard speed set (docs/performance.md): xlgen vs HF PyTorch, each in its own process, medians of alternated blocks,
 # MFU against the measured matmul peak, XLNet-Large compile time. Results in bench_results/*.json.
 bench: $(STAMP)
 	$(VENV)/bin/xlgen bench --standard --out_dir=bench_results --into=docs/performance.md \

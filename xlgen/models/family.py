@@ -36,6 +36,8 @@ entry; the data pipeline follows from the objective.
                        WordPiece vocabulary (`xlgen export`): BertTokenizer unless the family says otherwise
     train_flops        config -> analytic model FLOPs of one global training step (`xlgen.flops`); None = not
                        counted (no MFU)
+    hf_bench           `HFBench`: how `xlgen bench --compare-hf` builds the Hugging Face PyTorch counterpart of a
+                       config's model (in the family's own `hf_bench.py`); None = not compared
 """
 
 from __future__ import annotations
@@ -95,6 +97,29 @@ class Objective:
 
 
 @dataclasses.dataclass(frozen=True)
+class HFBench:
+    """The Hugging Face PyTorch counterpart that `xlgen bench --compare-hf` measures against a family's model. The
+    functions import torch/transformers when called (a family's record never needs them); every field is optional.
+
+        train_model     config -> a randomly initialised HF model (transformers 4.34.1) doing the training work of
+                        `config.objective` on the same dimensions: `model(**inputs)` returns `.loss` (and `.mems`);
+                        ValueError when that objective has no HF counterpart
+        train_inputs    (the objective pipeline's batch, config) -> {HF keyword: NumPy array} of one training step
+        carries_mems    the step's `out.mems` (detached) are fed back as `mems=` to the next step
+        memory_lm       (config, directory) -> path of a random-weight HF language model with a segment-level memory
+                        written there, loadable by `xlgen.from_pretrained(path, mem_len=M)` (`--eval`,
+                        `--generate`)
+        load_memory_lm  (path, mem_len) -> that model in transformers, in eval mode, with memory length mem_len
+    """
+
+    train_model: Optional[Callable[[Any], Any]] = None
+    train_inputs: Optional[Callable[[Batch, Any], Dict[str, np.ndarray]]] = None
+    carries_mems: bool = False
+    memory_lm: Optional[Callable[[Any, str], str]] = None
+    load_memory_lm: Optional[Callable[[str, int], Any]] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str
     config_class: type
@@ -112,6 +137,7 @@ class Family:
     input_style: Optional[str] = None
     to_hf: Optional[Callable[[Any], Tuple[Dict[str, Any], Dict[str, np.ndarray]]]] = None
     hf_wordpiece: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"tokenizer_class": "BertTokenizer"})
+    hf_bench: Optional[HFBench] = None
 
     def model_config(self, model_section: Mapping[str, Any], **overrides):
         """`config_class` from a `config.model` mapping (its `family` key ignored), lists as tuples; an unknown key

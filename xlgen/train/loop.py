@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -89,19 +89,19 @@ def check_workdir_compatible(config, workdir: str) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def make_pipeline(config, split: str):
+def make_pipeline(config, split: str, process: Optional[Tuple[int, int]] = None):
     """This process's rows of the data stream the run's objective reads (`Objective.pipeline`), for `split`; the
-    evaluation splits read their layout from config.data itself (eval_batch_size, eval_tgt_len...)."""
+    evaluation splits read their layout from config.data itself (eval_batch_size, eval_tgt_len...). `process`:
+    (index, count) instead of JAX's (a process that never starts a JAX backend, e.g. the bench's PyTorch side)."""
     import data_pipelines
 
+    index, count = process if process is not None else (jax.process_index(), jax.process_count())
     stream = registry.objective(config).pipeline
     if stream is None:
         raise ValueError(f"objective {registry.objective(config).name!r} reads no data stream of its own")
     if callable(stream):
-        return stream(config.data, split, jax.process_index(), jax.process_count())
-    return data_pipelines.make_pipeline(
-        config.data, split=split, process_index=jax.process_index(), process_count=jax.process_count()
-    )
+        return stream(config.data, split, index, count)
+    return data_pipelines.make_pipeline(config.data, split=split, process_index=index, process_count=count)
 
 
 def global_batch(local: Dict[str, np.ndarray], shardings: Dict[str, Any], spec: Dict[str, Any]) -> Dict[str, jax.Array]:

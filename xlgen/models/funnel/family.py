@@ -12,6 +12,7 @@ from xlgen.models.funnel.heads import (
     FunnelForTokenClassification,
 )
 from xlgen.models.funnel.hf import HF_CLASSES, HFFunnel, from_hf
+from xlgen.models.funnel.hf_bench import HF_BENCH
 from xlgen.models.funnel.hf_export import to_hf
 from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel
 from xlgen.models.funnel.numbering import layer_ids
@@ -73,4 +74,5 @@ FAMILY = Family(
     wrap=_wrap,
     layer_ids=layer_ids,
     train_flops=train_flops,
+    hf_bench=HF_BENCH,
 )

@@ -8,6 +8,7 @@ from xlgen.models.family import Family
 from xlgen.models.numbering import layer_stack_ids
 from xlgen.models.transformer_xl.cost import train_flops
 from xlgen.models.transformer_xl.hf import from_hf
+from xlgen.models.transformer_xl.hf_bench import HF_BENCH
 from xlgen.models.transformer_xl.hf_export import to_hf
 from xlgen.models.transformer_xl.model import TransformerXLConfig, TransformerXLLM
 from xlgen.models.transformer_xl.objectives import TXL_LM
@@ -33,4 +34,5 @@ FAMILY = Family(
     wrap=_wrap,
     layer_ids=layer_stack_ids,
     train_flops=train_flops,
+    hf_bench=HF_BENCH,
 )

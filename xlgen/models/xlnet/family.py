@@ -12,6 +12,7 @@ from xlgen.models.xlnet.heads import (
     XLNetForTokenClassification,
 )
 from xlgen.models.xlnet.hf import HF_HEADS, XLNetFromHF, from_hf
+from xlgen.models.xlnet.hf_bench import HF_BENCH
 from xlgen.models.xlnet.hf_export import to_hf
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, XLNetModel
 from xlgen.models.xlnet.objectives import XLNET_PLM
@@ -77,4 +78,5 @@ FAMILY = Family(
     wrap=_wrap,
     layer_ids=layer_stack_ids,
     train_flops=train_flops,
+    hf_bench=HF_BENCH,
 )
