@@ -110,14 +110,17 @@ def makedirs(path) -> None:
 @contextlib.contextmanager
 def removed_on_failure(path, keep=()):
     """Run a command that writes into the directory `path`: if the command created it and fails (any exception,
-    Ctrl-C included), the directory is removed again, unless it already holds one of `keep` (e.g. a checkpoint:
+    Ctrl-C included), the directory (and the parents it created) is removed again, unless it already holds one of `keep` (e.g. a checkpoint:
     a run that got that far is resumable, not half-made). Local paths only; a directory that existed is kept."""
     created = not is_remote(path) and not os.path.exists(path)
+    top = os.path.abspath(path)  # the outermost directory that does not exist yet (data/ of data/spm)
+    while created and not os.path.exists(os.path.dirname(top)):
+        top = os.path.dirname(top)
     try:
         yield
     except BaseException:
         if created and os.path.isdir(path) and not any(os.path.exists(os.path.join(path, k)) for k in keep):
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)
         raise
 
 
