@@ -88,7 +88,9 @@ def test_every_printed_command_works_twice(tmp_path, compile_cache):  # noqa: F8
     for _ in range(2):
         n = len(records(wd))
         e = shell(done["evaluate"], cwd, env)
-        assert re.fullmatch(r"eval: step 8  valid  loss \d+\.\d{4}  ppl \d+\.\d{4}  bpc \d+\.\d{4}\n", e.stdout), e.stdout
+        assert re.fullmatch(r"eval: step 8  valid  loss \d+\.\d{4}  ppl \d+\.\d{4}  bpc \d+\.\d{4}\n", e.stdout), (
+            e.stdout
+        )
         assert len(records(wd)) == n + 1 and records(wd)[-1]["split"] == "valid"
 
     # plot: writes the PNG, then replaces it (issue 31.1: it crashed once the PNG existed); no temp files left
@@ -185,3 +187,26 @@ def test_changing_total_steps_mid_run_decays_from_the_current_value():
     assert continue_schedule(opt, h1, 210, 210, 100) == h1
     # a second change at the same step keeps the first record (the schedule before it is unchanged)
     assert continue_schedule(opt, h1, 210, 400, 60) == h1
+
+
+def test_a_failed_train_leaves_no_half_made_workdir(tmp_path, compile_cache):  # noqa: F811
+    """A run that fails before its first checkpoint (here: a vocabulary the data does not fit) removes the workdir it created (it left
+    config.json and the lock file behind); `xlgen train --workdir=DIR` without a config.json says what to pass."""
+    env = xlgen_env(compile_cache, devices=1)
+    base = f"{sys.executable} -m xlgen.cli train"
+    p = subprocess.run(
+        ["bash", "-c", f"{base} --config={REPO}/configs/pretrain/txl_tiny.py --config.model.vocab_size=10 --workdir=w"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2 and p.stderr.startswith("xlgen train: error: ") and "vocab_size=10" in p.stderr, p.stderr
+    assert os.listdir(tmp_path) == []
+    p = subprocess.run(["bash", "-c", f"{base} --workdir=w"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (
+        p.returncode == 2
+        and p.stderr
+        == "xlgen train: error: w: no config.json (not an xlgen workdir); pass --config=PATH to start a run\n"
+    ), p.stderr
+    assert os.listdir(tmp_path) == []
