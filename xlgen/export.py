@@ -152,6 +152,8 @@ def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
     from data_pipelines import vocab as vocab_lib
 
     files = []
+    if isinstance(getattr(tokenizer, "vocab", None), vocab_lib.SymbolVocab):  # finetuning's char/byte task tokenizer
+        tokenizer = tokenizer.vocab
     sp = getattr(tokenizer, "sp", None)  # SentencePiece: the pretraining and the finetuning (task) tokenizers
     wordpiece = getattr(tokenizer, "tok", None) if not isinstance(tokenizer, vocab_lib.SymbolVocab) else None
     lower = bool(getattr(tokenizer, "uncased", getattr(tokenizer, "lower", False)))
