@@ -103,10 +103,13 @@ def plotted(cwd, n, p):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def prepared(out):
+def prepared(out, stable=True):
+    """A corpus with its manifest; the second time nothing is rewritten (`stable`: the tokenizer is the same file; a
+    SentencePiece / WordPiece model retrained by the command before may differ in bytes, and then it re-tokenizes)."""
+
     def check(cwd, n, p):
         assert os.path.exists(os.path.join(cwd, out, "manifest.json"))
-        assert ("0 up to date" if n == 0 else "0 shard(s) written") in p.stdout, p.stdout
+        assert "0 up to date" in p.stdout if n == 0 else "0 shard(s) written" in p.stdout or not stable, p.stdout
 
     return check
 
@@ -224,7 +227,7 @@ README = [
         "spm:data/spm/spiece.model --layout sentences --output data/xlnet --workers 8",
         "--quiet",
         {},
-        prepared("data/xlnet"),
+        prepared("data/xlnet", stable=False),
     ),
     (
         "xlgen prepare corpus --train wikitext-103/wiki.train.tokens --valid wikitext-103/wiki.valid.tokens "
@@ -249,7 +252,7 @@ README = [
         "xlgen prepare corpus --train data/raw/*.txt --tokenizer wordpiece:data/wp/vocab.txt --output data/funnel",
         "--quiet",
         {},
-        prepared("data/funnel"),
+        prepared("data/funnel", stable=False),
     ),
     ("xlgen prepare show --help", "", {}, stdout_has("usage: xlgen prepare show")),
     ("PYTHON_API", "", {}, hf_parity),
@@ -329,7 +332,7 @@ GETTING_STARTED = [
         "spm:data/spm/spiece.model --layout sentences --output data/mine",
         "--quiet",
         {},
-        prepared("data/mine"),
+        prepared("data/mine", stable=False),
     ),
     (
         ".venv/bin/xlgen train --config=configs/pretrain/xlnet_tiny.py --config.data.source=data/mine "
