@@ -366,7 +366,7 @@ def _fixtures(cwd):
     """What the documents' commands read: text files cut from the embedded corpus, a SentencePiece model for
     `spm:spiece.model`, a synthetic MRPC directory."""
     from data_pipelines import vocab
-    from data_pipelines.tasks import synthetic
+    from xlgen.finetune.readers import synthetic
 
     text = open(os.path.join(REPO, "data_pipelines/assets/tinyshakespeare.txt")).read()
     paras = [p for p in text[:60000].split("\n\n") if p.strip()]

@@ -150,8 +150,8 @@ def test_character_and_byte_vocabularies_are_task_tokenizers(tmp_path):
     """Issue 31: a workdir pretrained on a character (or byte) vocab.json finetunes with it: pretraining's ids,
     each piece covering its own character (a multi-byte character: all its bytes), the XLNet specials framing the
     input; a word vocabulary (no <cls>/<sep>/<pad>) is a one-line error that says what to use."""
-    from data_pipelines.tasks.tokenization import load_task_tokenizer
     from data_pipelines.vocab import SymbolVocab
+    from xlgen.finetune.readers.tokenization import load_task_tokenizer
 
     text = "Où est-il? ROMEO: là"
     for level in ("char", "byte"):

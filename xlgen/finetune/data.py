@@ -16,7 +16,7 @@ import numpy as np
 def _local_tokenizer_file(path: str) -> str:
     """A remote tokenizer file or model directory (gs://) -> a local cached copy of its tokenizer file."""
     from data_pipelines import paths
-    from data_pipelines.tasks.tokenization import TOKENIZER_FILES
+    from xlgen.finetune.readers.tokenization import TOKENIZER_FILES
 
     p = paths.as_path(path)
     if not paths.is_remote(p):
