@@ -98,7 +98,7 @@ def evaluated(cwd, n, p):
 
 
 def plotted(cwd, n, p):
-    png = p.stdout.strip().split("plot: ")[1]
+    png = os.path.join(cwd, p.stdout.strip().split("plot: ")[1])  # --out=demo.png prints it as given
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
