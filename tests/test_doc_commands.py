@@ -423,8 +423,22 @@ def _resolve(entries, written):
     return out
 
 
+SPM_RERUN = (
+    "getting-started section 5 run twice: `xlgen prepare spm` retrains a SentencePiece model that differs in bytes "
+    "between processes (multi-threaded training; spm.set_random_generator_seed does not fix it), so the corpus is "
+    "re-tokenized and resuming workdirs/mine stops at 'the data's tokenizer differs' (issue 31 follow-up)"
+)
+
+
 @pytest.mark.parametrize(
-    "doc,entries", [("README.md", README), ("docs/getting-started.md", GETTING_STARTED)], ids=["readme", "start"]
+    "doc,entries",
+    [
+        ("README.md", README),
+        pytest.param(
+            "docs/getting-started.md", GETTING_STARTED, marks=pytest.mark.xfail(reason=SPM_RERUN, strict=True)
+        ),
+    ],
+    ids=["readme", "start"],
 )
 def test_document_commands_run_twice(doc, entries, tmp_path, compile_cache):  # noqa: F811
     if not os.path.exists(os.path.join(sys.prefix, "bin", "xlgen")):
