@@ -7,8 +7,11 @@ setup(
     version="0.1.0",
     description="Pretraining and finetuning for Transformer-XL, XLNet and Funnel-Transformer on JAX/Flax (NNX).",
     python_requires=">=3.11",
-    packages=find_packages(include=["xlgen", "xlgen.*", "data_pipelines", "data_pipelines.*", "configs", "configs.*"]),
-    package_data={"data_pipelines": ["assets/*"], "configs": ["**/*.py"]},
+    # data_pipelines/assets (the embedded corpus) is a data-only directory: listed as a package of its own, as
+    # setuptools expects of any directory it installs files from (otherwise it warns, per file, at every install)
+    packages=find_packages(include=["xlgen", "xlgen.*", "data_pipelines", "data_pipelines.*", "configs", "configs.*"])
+    + ["data_pipelines.assets"],
+    package_data={"data_pipelines.assets": ["*"], "configs": ["**/*.py"]},
     include_package_data=True,
     # Exact versions of everything tested are in constraints.txt (`make` installs with `-c constraints.txt`).
     install_requires=[

@@ -6,6 +6,7 @@
     atomic_write_bytes/text    readers never see a half-written file (local: temp + rename; GCS: an object
                                upload only becomes visible when complete, so it is written directly)
     read_bytes/read_text       with a clear error naming the path
+    removed_on_failure(dir)    a directory a failing command created is removed again (nothing half-made is left)
     local_copy(p, sha256=)     a local file with the contents of `p`: `p` itself if local, else a cached download
                                (`$XLGEN_CACHE_DIR` or ~/.cache/xlgen), verified against `sha256` when given
 
@@ -14,9 +15,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import uuid
 
 from etils import epath
@@ -102,6 +105,23 @@ def write_json_atomic(path, obj) -> None:
 def makedirs(path) -> None:
     """mkdir -p; a no-op on object stores without directories."""
     as_path(path).mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def removed_on_failure(path, keep=()):
+    """Run a command that writes into the directory `path`: if the command created it and fails (any exception,
+    Ctrl-C included), the directory (and the parents it created) is removed again, unless it already holds one of `keep` (e.g. a checkpoint:
+    a run that got that far is resumable, not half-made). Local paths only; a directory that existed is kept."""
+    created = not is_remote(path) and not os.path.exists(path)
+    top = os.path.abspath(path)  # the outermost directory that does not exist yet (data/ of data/spm)
+    while created and not os.path.exists(os.path.dirname(top)):
+        top = os.path.dirname(top)
+    try:
+        yield
+    except BaseException:
+        if created and os.path.isdir(path) and not any(os.path.exists(os.path.join(path, k)) for k in keep):
+            shutil.rmtree(top, ignore_errors=True)
+        raise
 
 
 def cache_dir(*parts: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import contextlib
 import errno
 import hashlib
 import io
@@ -407,64 +408,23 @@ def show_example(args) -> str:
     return "\n".join(lines)
 
 
+def _output_dir(args) -> str | None:
+    """The directory a `prepare` command writes into (removed again if the command created it and fails)."""
+    if args.cmd == "spm":
+        return os.path.dirname(os.path.abspath(args.model_prefix))
+    if args.cmd == "wordpiece":
+        return args.output_dir
+    if args.cmd == "vocab":
+        return os.path.dirname(os.path.abspath(args.output))
+    return getattr(args, "output", None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    out = _output_dir(args) if args.cmd != "show" else None
     try:
-        if args.cmd == "spm":
-            path = vocab_lib.train_sentencepiece(
-                args.input,
-                args.model_prefix,
-                vocab_size=args.vocab_size,
-                character_coverage=args.character_coverage,
-                input_sentence_size=args.input_sentence_size,
-                uncased=args.uncased,
-            )
-            print(f"wrote {path}")
-        elif args.cmd == "wordpiece":
-            print(
-                f"wrote {vocab_lib.train_wordpiece(args.input, args.output_dir, args.vocab_size, args.min_frequency, not args.cased)}"
-            )
-        elif args.cmd == "show":
-            print(show_example(args))
-        elif args.cmd == "vocab":
-            texts = [vocab_lib.read_text(f) for f in args.input]
-            v = vocab_lib.SymbolVocab.build(
-                args.level, texts, min_freq=args.min_freq, max_size=args.max_size, lower=args.lower
-            )
-            paths.atomic_write_bytes(args.output, v.to_json().encode("utf-8"))
-            print(f"wrote {args.output} ({v.vocab_size} symbols)")
-        else:
-            if not paths.is_remote(args.output) and os.path.exists(args.output) and not os.path.isdir(args.output):
-                raise ValueError(f"--output {args.output}: is a file; give a directory for the shards and manifest")
-            tok = resolve_tokenizer(args.tokenizer, args.train, args.output, args)
-            splits = {"train": args.train}
-            if args.valid:
-                splits["valid"] = args.valid
-            if args.test:
-                splits["test"] = args.test
-            m = prepare_corpus(
-                splits,
-                tok,
-                args.output,
-                layout=args.layout,
-                use_eod=not args.no_eod,
-                min_doc_tokens=args.min_doc_tokens,
-                workers=args.workers,
-                strict=args.strict,
-                progress=not args.quiet,
-            )
-            r = m["report"]
-            print(
-                f"{args.output}: {r['written']} shard(s) written, {r['up_to_date']} up to date, {r['skipped']} "
-                f"skipped; vocab_size {tok.vocab_size}"
-            )
-            for s, info in m["splits"].items():
-                print(
-                    f"  {s}: {info['num_tokens']} tokens, {info['num_documents']} documents "
-                    f"({info['dropped_documents']} dropped), {len(info['shards'])} shard(s)"
-                )
-            for s in m["skipped"]:
-                print(f"  skipped: {s['reason']}", file=sys.stderr)
+        with paths.removed_on_failure(out) if out else contextlib.nullcontext():
+            return _run(args)
     except (ValueError, FileNotFoundError) as e:  # UnicodeDecodeError (a binary vocab file) is a ValueError
         print(f"xlgen prepare: error: {e}", file=sys.stderr)
         return 2
@@ -473,6 +433,64 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"xlgen prepare: error: no space left on the device writing {e.filename or args.output}", file=sys.stderr)
         return 2
+
+
+def _run(args) -> int:
+    if args.cmd == "spm":
+        path = vocab_lib.train_sentencepiece(
+            args.input,
+            args.model_prefix,
+            vocab_size=args.vocab_size,
+            character_coverage=args.character_coverage,
+            input_sentence_size=args.input_sentence_size,
+            uncased=args.uncased,
+        )
+        print(f"wrote {path}")
+    elif args.cmd == "wordpiece":
+        print(
+            f"wrote {vocab_lib.train_wordpiece(args.input, args.output_dir, args.vocab_size, args.min_frequency, not args.cased)}"
+        )
+    elif args.cmd == "show":
+        print(show_example(args))
+    elif args.cmd == "vocab":
+        texts = [vocab_lib.read_text(f) for f in args.input]
+        v = vocab_lib.SymbolVocab.build(
+            args.level, texts, min_freq=args.min_freq, max_size=args.max_size, lower=args.lower
+        )
+        paths.atomic_write_bytes(args.output, v.to_json().encode("utf-8"))
+        print(f"wrote {args.output} ({v.vocab_size} symbols)")
+    else:
+        if not paths.is_remote(args.output) and os.path.exists(args.output) and not os.path.isdir(args.output):
+            raise ValueError(f"--output {args.output}: is a file; give a directory for the shards and manifest")
+        tok = resolve_tokenizer(args.tokenizer, args.train, args.output, args)
+        splits = {"train": args.train}
+        if args.valid:
+            splits["valid"] = args.valid
+        if args.test:
+            splits["test"] = args.test
+        m = prepare_corpus(
+            splits,
+            tok,
+            args.output,
+            layout=args.layout,
+            use_eod=not args.no_eod,
+            min_doc_tokens=args.min_doc_tokens,
+            workers=args.workers,
+            strict=args.strict,
+            progress=not args.quiet,
+        )
+        r = m["report"]
+        print(
+            f"{args.output}: {r['written']} shard(s) written, {r['up_to_date']} up to date, {r['skipped']} "
+            f"skipped; vocab_size {tok.vocab_size}"
+        )
+        for s, info in m["splits"].items():
+            print(
+                f"  {s}: {info['num_tokens']} tokens, {info['num_documents']} documents "
+                f"({info['dropped_documents']} dropped), {len(info['shards'])} shard(s)"
+            )
+        for s in m["skipped"]:
+            print(f"  skipped: {s['reason']}", file=sys.stderr)
     return 0
 
 

@@ -209,8 +209,19 @@ def train_sentencepiece(
                     f"or less, or train on more text"
                 ) from None
             raise ValueError(f"SentencePiece training failed: {str(e).splitlines()[0]}") from None
-        for ext in ("model", "vocab"):
-            os.replace(f"{tmp_prefix}.{ext}", f"{model_prefix}.{ext}")
+        # the model records its trainer's input and prefix, here per-process temp names: name the real ones, so the
+        # same corpus and settings give the same bytes in every process (re-running `prepare spm` keeps a corpus
+        # prepared with the model up to date)
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        with open(f"{tmp_prefix}.model", "rb") as f:
+            proto.ParseFromString(f.read())
+        del proto.trainer_spec.input[:]
+        proto.trainer_spec.input.extend(os.path.basename(p) for p in input_files)
+        proto.trainer_spec.model_prefix = os.path.basename(model_prefix)
+        paths.atomic_write_bytes(f"{model_prefix}.model", proto.SerializeToString())
+        os.replace(f"{tmp_prefix}.vocab", f"{model_prefix}.vocab")
     finally:
         for p in (tmp_txt, f"{tmp_prefix}.model", f"{tmp_prefix}.vocab"):
             if os.path.exists(p):

@@ -14,6 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${XLGEN_PYTHON:-$ROOT/.venv/bin/python}"
 [[ -x "$PY" ]] || PY="$(command -v python3)"
 [[ $# -ge 2 ]] || { echo "usage: $0 NUM_PROCESSES train|eval ARGS..." >&2; exit 2; }
+[[ "$2" != -* ]] || { echo "usage: $0 NUM_PROCESSES train|eval ARGS... (the xlgen command comes before its options: $0 $1 train $2 ...)" >&2; exit 2; }
 N="$1"; shift
 DPP="${DEVICES_PER_PROCESS:-4}"
 PORT="${XLGEN_PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}"

@@ -152,7 +152,13 @@ def test_strict_and_all_bad(files, capsys):
     assert (
         _run("corpus", "--train", files / "empty.txt", "--tokenizer", "char", "--output", files / "e", "--quiet") == 2
     )
-    assert "no usable input files" in capsys.readouterr().err and "empty.txt" not in os.listdir(files / "e")
+    assert "no usable input files" in capsys.readouterr().err
+    assert not os.path.exists(out) and not os.path.exists(files / "e")  # a failed command leaves no half-made output
+    (files / "kept").mkdir()  # an output directory that existed before the command is kept
+    assert _run("corpus", "--train", files / "empty.txt", "--tokenizer", "char", "--output", files / "kept") == 2
+    assert os.path.isdir(files / "kept")
+    assert _run("corpus", "--train", files / "empty.txt", "--tokenizer", "char", "--output", files / "d/bad_x") == 2
+    assert not os.path.exists(files / "d")  # the parents it created too (issue 31: data/bad_* left behind)
 
 
 def test_manifest_mismatch_errors(files):

@@ -257,6 +257,35 @@ def test_xlnet_xlgen_to_hf_to_xlgen_scanned_shared_biases(tmp_path):
     assert err < TOL
 
 
+def test_xlnet_pretrained_with_bi_data_exports_inference_semantics(tmp_path):
+    """Issue 31: an XLNet pretrained with bi_data (half of each batch read backwards) exports `"bi_data": false`;
+    with it on, HF's XLNet split a batch of 1 into 0 forward + 0 backward rows (logits of shape (0, l, V)). The
+    export gives (1, l, V) logits equal to xlgen's own (forward) reading of the exported model."""
+    from xlgen.models.xlnet import model as X
+    from xlgen.models.xlnet.hf import XLNetFromHF
+
+    cfg = X.XLNetConfig(vocab_size=37, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=24, bi_data=True)
+    cfg = dataclasses.replace(cfg, dropout=0.0, dropatt=0.0)
+    module = random_module(X.XLNetLMHeadModel, cfg, seed=3)
+    export.export_model(XLNetFromHF(module, "XLNetLMHeadModel", {}), tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["bi_data"] is False
+    hf = reload_hf(transformers.XLNetLMHeadModel, tmp_path / "out")
+    ids = np.random.default_rng(3).integers(0, 37, (1, 9))
+    logits = hf_outputs(hf, {"input_ids": ids})["logits"]
+    assert logits.shape == (1, 9, 37)
+    ours = xlgen.from_pretrained(str(tmp_path / "out"))(input_ids=ids).logits
+    assert maxdiff(ours, logits) < TOL
+    assert oct((tmp_path / "out" / "model.safetensors").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    import os
+
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Funnel
 # ----------------------------------------------------------------------------------------------------------------

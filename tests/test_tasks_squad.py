@@ -144,3 +144,28 @@ def test_null_threshold_with_tied_scores_is_achievable():
     t = squad_eval.best_f1_null_threshold(gold, preds, na)
     final = squad_decode.apply_null_threshold(preds, na, t)
     assert squad_eval.evaluate_v2(gold, final)["f1"] == pytest.approx(100 / 3) and t == float("-inf")
+
+
+def test_character_and_byte_vocabularies_are_task_tokenizers(tmp_path):
+    """Issue 31: a workdir pretrained on a character (or byte) vocab.json finetunes with it: pretraining's ids,
+    each piece covering its own character (a multi-byte character: all its bytes), the XLNet specials framing the
+    input; a word vocabulary (no <cls>/<sep>/<pad>) is a one-line error that says what to use."""
+    from data_pipelines.vocab import SymbolVocab
+    from xlgen.finetune.readers.tokenization import load_task_tokenizer
+
+    text = "Où est-il? ROMEO: là"
+    for level in ("char", "byte"):
+        v = SymbolVocab.build(level, [text])
+        v.save(str(tmp_path))
+        tok = load_task_tokenizer(str(tmp_path / "vocab.json"))
+        assert tok.encode(text) == v.encode(text, add_eos=False)
+        ids, starts, ends = tok.encode_with_offsets(text)
+        assert ids == tok.encode(text) and len(ids) == len(text if level == "char" else text.encode())
+        assert [text[s:e] for s, e in zip(starts, ends)][:3] == (
+            ["O", "ù", " "] if level == "char" else ["O", "ù", "ù"]
+        )
+        assert (tok.cls_id, tok.sep_id, tok.pad_id) == (3, 4, 5) and tok.vocab_size == v.vocab_size
+        assert cover_span(starts, ends, 11, 16) == ((11, 15) if level == "char" else (12, 16))  # "ROMEO"
+    SymbolVocab.build("word", [text]).save(str(tmp_path / "w"))
+    with pytest.raises(ValueError, match="word-level vocabulary without <cls>/<sep>/<pad>"):
+        load_task_tokenizer(str(tmp_path / "w" / "vocab.json"))

@@ -1,6 +1,7 @@
 """The `xlgen` command.
 
     xlgen train    --config=PATH [--config.KEY=VALUE ...] --workdir=DIR   pretrain; re-run to resume
+    xlgen train    --workdir=DIR [--config.total_steps=N ...]            resume / extend with DIR/config.json
     xlgen eval     --workdir=DIR [--config=PATH] [--config.KEY=VALUE ...] evaluate the latest checkpoint
     xlgen plot     --workdir=DIR [--workdir=DIR2 ...] [--out=PNG]          training curves (xlgen.plot:main)
     xlgen config show --config=PATH [--config.KEY=VALUE ...]              every config key with its value
@@ -11,7 +12,8 @@
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
     xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
-    xlgen analyze  rank|spectrum ... --workdir=DIR   log-prob rank, output-embedding spectrum (xlgen.analyze:main)
+    xlgen analyze  rank|spectrum|recl ... --workdir=DIR   log-prob rank, output-embedding spectrum, relative
+                          effective context length (xlgen.analyze:main; `xlgen analyze --help`)
 
 Common options of train/eval:
     --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`
@@ -60,9 +62,8 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--config",
-        required=cmd == "train",
-        help="config file with get_config(), e.g. configs/pretrain/txl_tiny.py"
-        + (" (default: the workdir's config.json)" if cmd == "eval" else ""),
+        help="config file with get_config(), e.g. configs/pretrain/txl_tiny.py (default: the workdir's config.json"
+        + ("; `xlgen train --workdir=DIR` resumes a run with its stored config)" if cmd == "train" else ")"),
     )
     p.add_argument("--workdir", required=True, help="run directory (checkpoints/, metrics.jsonl, tensorboard/)")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect, else cpu)")
@@ -81,6 +82,12 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
             "records are dropped)",
         )
     return p
+
+
+def _workdir_kind(workdir: str) -> Optional[str]:
+    from xlgen.train.workdir import Workdir
+
+    return Workdir(workdir).kind
 
 
 def _train_or_eval(cmd: str, argv: List[str]) -> int:
@@ -118,10 +125,17 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
     try:
         if args.config:
             config = config_lib.load_config(args.config, overrides)
-        else:  # eval: the workdir's resolved config.json
+        else:  # the workdir's resolved config.json (eval; train: resume or extend the run as it was configured)
             config = config_lib.read_workdir_config(args.workdir)
             if config is None:
-                raise config_lib.ConfigError(f"{args.workdir}: no config.json (not an xlgen workdir); pass --config")
+                raise config_lib.ConfigError(
+                    f"{args.workdir}: no config.json (not an xlgen workdir); pass --config=PATH"
+                    + (" to start a run" if cmd == "train" else "")
+                )
+            if cmd == "train" and _workdir_kind(args.workdir) == "finetune":
+                raise config_lib.ConfigError(
+                    f"{args.workdir} is a finetuning workdir: re-run its `xlgen finetune` command to resume it"
+                )
             for k, v in overrides.items():
                 config_lib.apply_override(config, k, v)
             config_lib.validate(config)
@@ -141,13 +155,13 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
             out = eval_sweep.run(config, args.workdir, sweep)
             if jax.process_index() == 0:
                 for r in out["results"]:
-                    print("eval: " + "  ".join(f"{k} {v}" for k, v in r.items()), flush=True)
+                    print(f"eval: mem_len {r.get('mem_len')}  {format_metrics(r)}", flush=True)
                 print(f"sweep: {out['json']} and {out['json'][:-5]}.png", flush=True)
             return 0
         else:
             rec = loop.evaluate(config, args.workdir)
             if jax.process_index() == 0:
-                print("eval: " + "  ".join(f"{k} {v}" for k, v in rec.items() if k != "source"), flush=True)
+                print(f"eval: step {rec['step']}  {rec['split']}  {format_metrics(rec)}", flush=True)
             return 0
     except (ValueError, FileNotFoundError, KeyError, guards.WorkdirBusy, CheckpointCorrupt) as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
@@ -163,8 +177,18 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
             print(diverged_resume_command(e, config, args.config, overrides, args.workdir), file=sys.stderr)
         return 1
     if jax.process_index() == 0:
-        print(end_block(summary, config, args.config, overrides), flush=True)
+        print(end_block(summary, config), flush=True)
     return 0
+
+
+def format_metrics(record) -> str:
+    """`loss 1.9950  ppl 7.3522 ...`: the float metrics of a record, 4 decimals (5 significant digits when smaller);
+    `step` and `split` are left out."""
+    return "  ".join(
+        f"{k} {v:.4f}" if abs(v) >= 1e-3 or v == 0 else f"{k} {v:.4g}"
+        for k, v in record.items()
+        if isinstance(v, float) and k not in ("step", "split")
+    )
 
 
 def user_command(name: str) -> str:
@@ -189,22 +213,17 @@ def shown_path(path: str) -> str:
     return rel if not rel.startswith("..") else os.path.abspath(path)
 
 
-def end_block(summary, config, config_path: str, overrides) -> str:
+def end_block(summary, config) -> str:
     """The end-of-run text: where things are and commands that work pasted into a fresh shell in this directory."""
+    config = summary.get("config", config)  # the config the run used (a finished run keeps its stored one)
     wd_abs = summary["workdir"]
     wd = shown_path(wd_abs)
     step, total = int(summary["step"]), int(config.total_steps)
     xlgen = user_command("xlgen") or f"{shlex.quote(sys.executable)} -m xlgen.cli"
     python = user_command("python")
-    lines = [
-        f"\ndone: step {step}."
-        + (
-            "  last eval: " + "  ".join(f"{k} {v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
-            if "eval" in summary
-            else ""
-        )
-    ]
     s = summary.get("summary") or {}
+    last_eval = summary.get("eval") or s.get("last_eval")
+    lines = [f"\ndone: step {step}." + (f"  last eval: {format_metrics(last_eval)}" if last_eval else "")]
     if s:
         rate = f", {s['tokens_per_sec']:,.0f} tokens/s" if s.get("tokens_per_sec") else ""
         lines.append(
@@ -217,12 +236,30 @@ def end_block(summary, config, config_path: str, overrides) -> str:
         f"  config       {wd}/config.json",
         "Commands (run from this directory):",
     ]
-    keep = [f"--config.{k}={v}" for k, v in overrides.items() if k != "total_steps"]
-    train_args = " ".join(shlex.quote(a) for a in [f"--config={config_path}"] + keep + [f"--workdir={wd}"])
+    # Resume and extend read the workdir's own config.json (every override of the run is in it); extending
+    # continues the learning-rate schedule from its current value (xlgen/optim.py continue_schedule).
+    train = f"{xlgen} train --workdir={shlex.quote(wd)}"
     if step < total:
-        lines.append(f"  resume:      {xlgen} train {train_args}")
+        lines.append(f"  resume:      {train}")
     else:
-        lines.append(f"  extend:      {xlgen} train {train_args} --config.total_steps={2 * total}")
+        from xlgen import optim
+
+        lr = float(optim.make_schedule(config.optimizer, total)(step))
+        if lr > 0:
+            lines.append(f"  extend:      {train} --config.total_steps={2 * step}")
+            floor = float(config.optimizer.learning_rate) * float(config.optimizer.min_lr_ratio)
+            how = (
+                f"at the final learning rate {lr:.3g}"
+                if abs(lr - floor) <= 1e-6 * lr
+                else (f"from the current learning rate {lr:.3g}, decaying to {floor:.3g}")
+            )
+            lines.append(f"               (steps {step}-{2 * step} continue {how}; no re-warm-up)")
+        else:
+            lines.append(
+                f"  (no extend command: the learning rate has decayed to 0 (optimizer.min_lr_ratio="
+                f"{config.optimizer.min_lr_ratio}), so more steps would learn nothing; for a longer run use a new "
+                "--workdir with a larger --config.total_steps)"
+            )
     lines.append(f"  evaluate:    {xlgen} eval --workdir={shlex.quote(wd)}")
     lines.append(f"  plot:        {xlgen} plot --workdir={shlex.quote(wd)}")
     if config.get("tensorboard", True):
@@ -292,10 +329,7 @@ def config_show(argv: List[str]) -> int:
     except config_lib.ConfigError as e:
         print(f"xlgen config show: error: {e}", file=sys.stderr)
         return 2
-    for key in config_lib.flat_keys(config):
-        value = config
-        for part in key.split("."):
-            value = value[part]
+    for key, value in config_lib.flat_items(config).items():
         print(f"{key} = {value!r}")
     return 0
 

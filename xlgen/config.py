@@ -83,6 +83,17 @@ def flat_keys(config: ConfigDict, prefix: str = "") -> List[str]:
     return sorted(keys)
 
 
+def flat_items(config: ConfigDict) -> Dict[str, Any]:
+    """{dotted key: value} of every leaf of `config`, keys sorted."""
+    out = {}
+    for key in flat_keys(config):
+        node = config
+        for part in key.split("."):
+            node = node[part]
+        out[key] = node
+    return out
+
+
 def _literal(key: str, text: str) -> Any:
     """A field declared `None` (no type to parse by): any Python literal; a bare word is a string."""
     try:
@@ -432,6 +443,9 @@ def base_config() -> ConfigDict:
             weight_decay_mask="xlgen",  # "xlgen" | "original" (r_w/r_r/r_s biases decayed) | "all" (Funnel)
             grad_accum_steps=1,
             param_groups=None,  # ({"pattern": regex, "lr_scale"|"learning_rate": x, "frozen": bool}, ...); optim.py
+            # ((step, total_steps before it), ...): where a resumed run changed total_steps; set by `xlgen train`
+            # (xlgen/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
+            schedule_history=(),
         )
     )
     c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all

@@ -94,6 +94,11 @@ def save_hf(out_dir: str, hf_config: Dict[str, Any], state_dict: Dict[str, np.nd
         save_file(arrays, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             write_tokenizer(tokenizer, tmp, cfg.get("model_type", ""))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp and safetensors create 0700 / 0600: a model directory is shared
+        for name in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
         if os.path.isdir(out_dir):
             old = out_dir + ".old-" + os.path.basename(tmp)
             os.rename(out_dir, old)
@@ -147,6 +152,8 @@ def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
     from data_pipelines import vocab as vocab_lib
 
     files = []
+    if isinstance(getattr(tokenizer, "vocab", None), vocab_lib.SymbolVocab):  # finetuning's char/byte task tokenizer
+        tokenizer = tokenizer.vocab
     sp = getattr(tokenizer, "sp", None)  # SentencePiece: the pretraining and the finetuning (task) tokenizers
     wordpiece = getattr(tokenizer, "tok", None) if not isinstance(tokenizer, vocab_lib.SymbolVocab) else None
     lower = bool(getattr(tokenizer, "uncased", getattr(tokenizer, "lower", False)))
@@ -226,6 +233,13 @@ def export_workdir(workdir: str, out_dir: str, step: Optional[int] = None, with_
     return export_model(module, out_dir, tokenizer)
 
 
+def _pretrained_with_bi_data(workdir: str) -> bool:
+    from xlgen.train.workdir import Workdir
+
+    config = Workdir(workdir).read_config()
+    return bool(config is not None and config.model.get("bi_data"))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="xlgen export", description="Export an xlgen workdir's model to a Hugging Face directory"
@@ -247,4 +261,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(os.path.join(out, "config.json")) as f:
         arch = json.load(f)["architectures"][0]
     print(f"exported {args.workdir} -> {out} ({arch}); load with transformers.AutoModel / {arch}.from_pretrained")
+    if arch.startswith("XLNet") and _pretrained_with_bi_data(args.workdir):
+        print("note: bi_data (pretraining's forward/backward batch halves) is off in the exported config.json")
     return 0

@@ -3,6 +3,10 @@
     lr(t) = peak * t / warmup                                   t < warmup
           = decay(peak -> peak * min_lr_ratio over total - warmup steps)   (linear | poly | cosine | constant)
 
+A resumed run that changes total_steps (extending a finished run: `xlgen train --workdir=DIR
+--config.total_steps=N`) never re-warms: from the step S it resumes at, the learning rate decays in the same shape
+from lr(S) to the same floor at the new total (`continue_schedule`; recorded in `optimizer.schedule_history`).
+
     chain: clip_by_global_norm(clip) -> [faithful: grad *= layer_scale] -> Adam(b1, b2, eps) + weight decay
            -> * lr(t) -> [lr mode: * layer_scale] -> * -1
 
@@ -89,24 +93,47 @@ WEIGHT_DECAY_MASKS = ("xlgen", "original", "all")
 UPDATE_RULES = ("optax", "original")
 
 
+def _decay(kind: str, opt_cfg, init: float, floor: float, steps: int) -> optax.Schedule:
+    """`init` -> `floor` over `steps` steps in the schedule's shape (linear | poly | cosine | constant = init)."""
+    if kind in ("linear", "poly"):
+        power = 1.0 if kind == "linear" else float(opt_cfg.poly_power)
+        return optax.polynomial_schedule(init, floor, power, steps)
+    if kind == "cosine":
+        alpha = float(opt_cfg.min_lr_ratio) if init == float(opt_cfg.learning_rate) else floor / init if init else 0.0
+        return optax.cosine_decay_schedule(init, steps, alpha=alpha)
+    if kind == "constant":
+        return optax.constant_schedule(init)
+    raise ValueError(f"optimizer.schedule={kind!r}: expected linear, poly, cosine or constant")
+
+
 def make_schedule(opt_cfg, total_steps: int) -> optax.Schedule:
+    """lr(t) of the module docstring; with `optimizer.schedule_history` ((step S, total before S), ...) — the
+    points where a resumed run changed total_steps (`continue_schedule`) — the schedule runs as planned up to the
+    first S, and from each S on decays from its own value at S to the floor at the next total (never re-warms)."""
+    history = sorted((int(s), int(t)) for s, t in (opt_cfg.get("schedule_history") or ()))
     peak = float(opt_cfg.learning_rate)
     warmup = int(opt_cfg.warmup_steps)
     floor = peak * float(opt_cfg.min_lr_ratio)
-    decay_steps = max(int(total_steps) - warmup, 1)
     kind = opt_cfg.schedule
-    if kind in ("linear", "poly"):
-        power = 1.0 if kind == "linear" else float(opt_cfg.poly_power)
-        decay = optax.polynomial_schedule(peak, floor, power, decay_steps)
-    elif kind == "cosine":
-        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=float(opt_cfg.min_lr_ratio))
-    elif kind == "constant":
-        decay = optax.constant_schedule(peak)
-    else:
-        raise ValueError(f"optimizer.schedule={kind!r}: expected linear, poly, cosine or constant")
-    if warmup <= 0:
-        return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+    first_total = history[0][1] if history else int(total_steps)
+    schedule = _decay(kind, opt_cfg, peak, floor, max(first_total - warmup, 1))
+    if warmup > 0:
+        schedule = optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), schedule], [warmup])
+    for i, (step, _) in enumerate(history):
+        end = history[i + 1][1] if i + 1 < len(history) else int(total_steps)
+        tail = _decay(kind, opt_cfg, float(schedule(step)), floor, max(end - step, 1))
+        schedule = optax.join_schedules([schedule, tail], [step])
+    return schedule
+
+
+def continue_schedule(opt_cfg, old_history, old_total: int, new_total: int, step: int) -> Tuple:
+    """The `optimizer.schedule_history` of a run resumed at `step` whose total_steps changes from `old_total` to
+    `new_total`: the stored history up to `step`, plus (step, old_total) when the change would alter the learning
+    rate from `step` on (not during warm-up, where every total gives the same schedule)."""
+    history = tuple((int(s), int(t)) for s, t in (old_history or ()) if int(s) <= step)
+    if new_total == old_total or step < int(opt_cfg.warmup_steps) or step <= 0 or any(s == step for s, _ in history):
+        return history
+    return history + ((int(step), int(old_total)),)
 
 
 def weight_decay_mask(names: Sequence[str], kind: str = "xlgen") -> Dict[str, bool]:

@@ -4,12 +4,13 @@ One figure, one panel per quantity against the step: training loss (and each pla
 multi-player system), learning rate, tokens/s, and each evaluation
 metric (eval loss, ppl, bpc, accuracy, f1, ...; one line per split). Several workdirs are overlaid (legend = the
 workdir's name). Written to `DIR/plots/training.png` (one workdir) or `DIR/plots/compare.png` (several; the first
-workdir), or `--out`. Prints the path.
+workdir), or `--out`, replacing the file if it exists. Prints the path.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
 import sys
@@ -100,11 +101,10 @@ def plot(workdirs: Sequence[str], out: Optional[str] = None) -> str:
     fig.tight_layout()
     if out is None:
         out = paths.join(workdirs[0], "plots", "training.png" if len(workdirs) == 1 else "compare.png")
-    paths.makedirs(os.path.dirname(out) if not paths.is_remote(out) else str(paths.as_path(out).parent))
-    tmp = out + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    paths.as_path(tmp).rename(out)
+    paths.atomic_write_bytes(out, buf.getvalue())  # replaces an existing PNG (re-plotting a run)
     return out
 
 

@@ -215,6 +215,8 @@ def group_losses(
     batch: int = 8,
 ) -> Dict[str, Dict[int, np.ndarray]]:
     """losses[workdir][c] for a group of Transformer-XL workdirs on the same evaluation tokens."""
+    import tqdm
+
     from data_pipelines.corpus import corpus_from_config
     from xlgen.train.workdir_model import restore_params
 
@@ -232,7 +234,9 @@ def group_losses(
         elif fp != fingerprint or not np.array_equal(toks, tokens):
             raise ValueError(f"{wd}: reads other evaluation tokens than {workdirs[0]} (a RECL group shares its data)")
         scorer = TokenLosses(module)
-        losses[wd] = {int(c): scorer(tokens, int(c), segment=segment, batch=batch) for c in contexts}
+        print(f"recl: {wd}: per-token losses at {len(contexts)} context lengths", file=sys.stderr, flush=True)
+        bar = tqdm.tqdm(contexts, desc=_short(wd), unit="context", disable=None)  # a bar on a terminal only
+        losses[wd] = {int(c): scorer(tokens, int(c), segment=segment, batch=batch) for c in bar}
     return losses
 
 

@@ -16,17 +16,18 @@ import numpy as np
 def _local_tokenizer_file(path: str) -> str:
     """A remote tokenizer file or model directory (gs://) -> a local cached copy of its tokenizer file."""
     from data_pipelines import paths
+    from xlgen.finetune.readers.tokenization import TOKENIZER_FILES
 
     p = paths.as_path(path)
     if not paths.is_remote(p):
         return path
     if p.is_dir():
-        for name in ("spiece.model", "tokenizer.model", "vocab.txt"):
+        for name in TOKENIZER_FILES:
             if (p / name).exists():
                 p = p / name
                 break
         else:
-            raise FileNotFoundError(f"{p}: no spiece.model, tokenizer.model or vocab.txt in this directory")
+            raise FileNotFoundError(f"{p}: no {', '.join(TOKENIZER_FILES)} in this directory")
     data = p.read_bytes()
     local = os.path.join(paths.cache_dir("tokenizers", hashlib.sha256(data).hexdigest()[:16]), p.name)
     if not os.path.exists(local):

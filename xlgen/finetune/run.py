@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Dict
 
+from data_pipelines import paths
 from xlgen.finetune.data import _is_main, load_tokenizer, localize_data_dir, split_examples_and_features
 from xlgen.finetune.evaluation import Predictor, run_evaluation
 from xlgen.finetune.init_from import load_pretrained_into, pretrained_params
@@ -24,8 +26,11 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     t_begin = time.time()
     wd = Workdir(workdir)
     wd.require_kind("finetune")  # a pretraining workdir stays untouched
-    with guards.WorkdirLock(wd.path, enabled=_is_main()):  # a second live run on the workdir fails at once
-        return _finetune(config, wd, t_begin)
+    # a workdir this call creates is removed again if it fails before its first checkpoint (nothing half-made)
+    cleanup = paths.removed_on_failure(wd.path, keep=("checkpoints", "best")) if _is_main() else None
+    with cleanup or contextlib.nullcontext():
+        with guards.WorkdirLock(wd.path, enabled=_is_main()):  # a second live run on the workdir fails at once
+            return _finetune(config, wd, t_begin)
 
 
 def _finetune(config, wd: Workdir, t_begin: float) -> Dict[str, Any]:

@@ -15,7 +15,9 @@ with status 143).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -466,7 +468,9 @@ def run(
             writer.close()
     summary["step"] = max(end, start)
     summary["last"] = record
-    if is_main:
+    if is_main and end <= start:  # nothing trained (a re-run of a finished run): summary.json stays as it is
+        summary["summary"] = report.read_summary(wd.path)
+    elif is_main:
         summary["summary"] = report.write_summary(
             wd.path,
             config,
@@ -528,18 +532,79 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None, restart: bool 
     """Pretrain (or resume) to config.total_steps. `stop_at` (CLI --stop_at_step) saves and stops early at that
     step without changing the schedule, as an interruption would. `restart`: start at step 0 even though the
     workdir's checkpoints all failed (see `run`). Returns `run`'s summary. A second live run on the same workdir
-    fails at once (guards.WorkdirBusy); a workdir of another kind (a finetune run) is an error, left unchanged."""
+    fails at once (guards.WorkdirBusy); a workdir of another kind (a finetune run) is an error, left unchanged; a
+    workdir this call creates is removed again when it fails before its first checkpoint (a missing corpus, a bad
+    key: nothing half-made is left)."""
     t_begin = time.time()
     wd = Workdir(workdir)
     wd.require_kind("pretrain")
-    with guards.WorkdirLock(wd.path, enabled=jax.process_index() == 0):
-        return _train(config, wd, stop_at=stop_at, t_begin=t_begin, restart=restart)
+    from data_pipelines import paths
+
+    cleanup = paths.removed_on_failure(wd.path, keep=("checkpoints", "metrics.jsonl"))
+    with cleanup if jax.process_index() == 0 else contextlib.nullcontext():
+        with guards.WorkdirLock(wd.path, enabled=jax.process_index() == 0):
+            return _train(config, wd, stop_at=stop_at, t_begin=t_begin, restart=restart)
+
+
+def resume_config(config, wd: Workdir):
+    """(config to train with, last step to train to or None, notes to print) for `config` against what `wd` holds.
+
+    * A fresh workdir: `config` as given (an `optimizer.schedule_history` copied from another run is dropped).
+    * total_steps at or below the latest checkpoint step S: nothing to train; the stored config.json stays as it is
+      (re-running `make demo` after an extension, or a command that lost a `--config.total_steps`, changes nothing).
+    * total_steps changed against the stored config: from S on the learning rate decays from its value at S to the
+      floor at the new total (`optim.continue_schedule`: extending never re-warms)."""
+    from xlgen import config as config_lib
+    from xlgen import optim
+
+    old = wd.read_config()
+    step = wd.latest_step() if old is not None else None
+    if old is None or not step:
+        with config.optimizer.unlocked():
+            config.optimizer.schedule_history = ()
+        return config, None, []
+    new_total, old_total = int(config.total_steps), int(old.total_steps)
+    if new_total <= step:
+        if new_total == old_total == step:
+            note = f"{wd.path} is complete (step {step} of {old_total}): nothing to train"
+        else:
+            note = (
+                f"{wd.path} is at step {step}; this config's total_steps={new_total} is not beyond it: nothing to "
+                f"train (config.json unchanged: total_steps={old_total})"
+            )
+        return old, step, [note]
+    history = optim.continue_schedule(
+        old.optimizer, old.optimizer.get("schedule_history", ()), old_total, new_total, step
+    )
+    with config.optimizer.unlocked():
+        config.optimizer.schedule_history = history
+    notes = []
+    a, b = (json.loads(json.dumps(config_lib.flat_items(c), default=str)) for c in (old, config))  # tuple = list
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k != "optimizer.schedule_history"]
+    if changed:
+        shown = ", ".join(f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:8])
+        notes.append(f"config changes against {wd.config_path}: {shown}" + (" ..." if len(changed) > 8 else ""))
+    if new_total != old_total:
+        lr = optim.make_schedule(config.optimizer, new_total)
+        at, end = float(lr(step)), float(lr(new_total))
+        notes.append(
+            f"total_steps {old_total} -> {new_total} at step {step}: the learning rate continues from {at:.3g} "
+            f"(its value at step {step}) to {end:.3g} at step {new_total}, no re-warm-up"
+            + (" — it is 0: these steps learn nothing (the schedule decays to min_lr_ratio=0)" if at == 0 else "")
+        )
+    return config, None, notes
 
 
 def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float, restart: bool = False) -> Dict[str, Any]:
     check_workdir_compatible(config, wd.path)
+    config, done_at, notes = resume_config(config, wd)
+    if done_at is not None:
+        stop_at = done_at if stop_at is None else min(int(stop_at), done_at)
     if jax.process_index() == 0:
-        wd.write_config(config, "pretrain")
+        for note in notes:
+            print(f"note: {note}", flush=True)
+        if done_at is None:
+            wd.write_config(config, "pretrain")
     program = build_program(config, sharding.make_mesh(config.mesh))
 
     # The data first: a missing corpus fails before anything is compiled.
@@ -572,7 +637,7 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float, resta
             return run_eval(program, state["params"], eval_pipe[0], _eval_steps(config, eval_pipe[0]))
 
     evaluation = Evaluation(eval_fn, split=config.eval.split, every=int(config.eval_every_steps))
-    return run(
+    summary = run(
         config,
         wd,
         program,
@@ -583,6 +648,8 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float, resta
         t_begin=t_begin,
         restart=restart,
     )
+    summary["config"] = config  # the config trained with (a finished run: its stored one)
+    return summary
 
 
 def evaluate(config, workdir: str) -> Dict[str, Any]:

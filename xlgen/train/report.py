@@ -80,6 +80,14 @@ def _evals(workdir: str):
     return [r for r in metrics_lib.read_metrics(p) if "split" in r]
 
 
+def read_summary(workdir: str) -> Optional[Dict[str, Any]]:
+    """The workdir's summary.json, None if there is none (or it is unreadable)."""
+    try:
+        return json.loads(paths.read_text(paths.join(workdir, SUMMARY)))
+    except (OSError, ValueError):
+        return None
+
+
 def write_summary(
     workdir: str,
     config,

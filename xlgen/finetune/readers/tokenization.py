@@ -12,6 +12,9 @@ piece span maps back to the exact original characters.
   two gives exact original character spans. This replaces the original's approximate LCS alignment
   (`run_squad.py`) with an exact one: same pieces, same spans whenever the LCS succeeds.
 * `WordPieceTaskTokenizer` (Funnel/BERT, `vocab.txt`): the `tokenizers` library reports original offsets itself.
+* `SymbolTaskTokenizer` (an xlgen character or byte `vocab.json`, what the tiny pretraining configs use): one id
+  per character (byte), each covering its own character; `<cls>`, `<sep>`, `<pad>` are among the vocabulary's XLNet
+  special symbols, so a workdir pretrained on a character vocabulary finetunes with its own tokenizer.
 
 Both expose `encode(text) -> list[int]` and `encode_with_offsets(text) -> (ids, starts, ends)` where
 `text[starts[i]:ends[i]]` is the original text piece i covers (leading whitespace excluded; zero width for pieces
@@ -26,6 +29,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 Offsets = Tuple[List[int], List[int], List[int]]
+TOKENIZER_FILES = ("spiece.model", "tokenizer.model", "vocab.txt", "vocab.json")  # looked for in a directory
 
 
 def preprocess_with_map(
@@ -200,21 +204,60 @@ class WordPieceTaskTokenizer:
         return list(self.tok.encode(text, add_special_tokens=False).ids)
 
 
+class SymbolTaskTokenizer:
+    """An xlgen character/byte vocabulary (`vocab.json`) as a task tokenizer: the ids of pretraining
+    (`data_pipelines.vocab.SymbolVocab.encode`, no `<eos>`), each piece covering the character it came from."""
+
+    style = "xlnet"
+
+    def __init__(self, vocab_file: str):
+        from data_pipelines.vocab import SymbolVocab
+
+        self.vocab = SymbolVocab.load(vocab_file)
+        specials = {k: self.vocab.special_ids[k] for k in ("cls", "sep", "pad")}
+        if self.vocab.level == "word" or None in specials.values():
+            raise ValueError(
+                f"{vocab_file}: a {self.vocab.level}-level vocabulary without <cls>/<sep>/<pad> symbols cannot frame "
+                "task inputs; finetune from a character or byte vocab.json, a SentencePiece .model or a WordPiece "
+                "vocab.txt (--config.tokenizer=FILE)"
+            )
+        self.vocab_size = self.vocab.vocab_size
+        self.cls_id, self.sep_id, self.pad_id = specials["cls"], specials["sep"], specials["pad"]
+
+    def encode(self, text: str) -> List[int]:
+        return self.vocab.encode(text, add_eos=False)
+
+    def encode_with_offsets(self, text: str) -> Offsets:
+        ids, starts, ends = [], [], []
+        for i, c in enumerate(text):  # a character -> one id (char level) or its UTF-8 bytes' ids (byte level)
+            sub = self.vocab.encode(c, add_eos=False)
+            ids.extend(sub)
+            starts.extend([i] * len(sub))
+            ends.extend([i + 1] * len(sub))
+        return ids, starts, ends
+
+
 def load_task_tokenizer(path: str, *, lower: bool | None = None):
     """A tokenizer from a file or a model directory: `spiece.model`/`*.model` -> SentencePiece (XLNet),
-    `vocab.txt` -> WordPiece (Funnel). `lower` defaults to False for SentencePiece (released XLNet is cased) and
-    True for WordPiece (released Funnel is uncased)."""
+    `vocab.txt` -> WordPiece (Funnel), an xlgen `vocab.json` -> characters/bytes (its own `lower` setting).
+    `lower` defaults to False for SentencePiece (released XLNet is cased) and True for WordPiece (released Funnel is
+    uncased)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        for name in ("spiece.model", "tokenizer.model", "vocab.txt"):
+        for name in TOKENIZER_FILES:
             if os.path.exists(os.path.join(path, name)):
                 return load_task_tokenizer(os.path.join(path, name), lower=lower)
-        raise FileNotFoundError(f"{path}: no spiece.model, tokenizer.model or vocab.txt in this directory")
+        raise FileNotFoundError(f"{path}: no {', '.join(TOKENIZER_FILES)} in this directory")
     if path.endswith(".model"):
         return SentencePieceTaskTokenizer(path, lower=bool(lower))
     if path.endswith(".txt"):
         return WordPieceTaskTokenizer(path, lower=True if lower is None else lower)
-    raise ValueError(f"{path}: unknown tokenizer file (expected a SentencePiece .model or a WordPiece vocab.txt)")
+    if path.endswith(".json"):
+        return SymbolTaskTokenizer(path)
+    raise ValueError(
+        f"{path}: unknown tokenizer file (expected a SentencePiece .model, a WordPiece vocab.txt or an xlgen "
+        "character/byte vocab.json)"
+    )
 
 
 def cover_span(starts: Sequence[int], ends: Sequence[int], char_start: int, char_end: int) -> Tuple[int, int]:

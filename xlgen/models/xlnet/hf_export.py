@@ -2,6 +2,9 @@
 `XLNetConfig.from_hf`, for `XLNetModel`, `XLNetLMHeadModel` and the finetuning heads (sequence classification,
 multiple choice, question answering).
 
+`bi_data` is exported off: it describes how pretraining batches were read, not the model, and HF's XLNet with
+`bi_data=True` splits every batch into forward and backward halves (batch 1 -> no rows).
+
 Attention kernels keep HF's `[d_model, n, d_head]` layout; the output kernel `[n, d_head, d]` goes back to
 `[d, n, d_head]`; Linear kernels are transposed to torch's (out, in). Shared u/v/s biases (`untie_r=False`) are
 copied into every layer (HF always holds them per layer; the result is the same model).
@@ -44,7 +47,9 @@ def hf_config(config, architecture: str) -> Dict[str, Any]:
         "reuse_len": c.reuse_len or None,
         "use_mems_eval": True,
         "use_mems_train": False,
-        "bi_data": bool(c.bi_data),
+        # bi_data is a pretraining data layout (half the batch read backwards); HF applies it at inference too,
+        # where batch 1 then has no rows (logits of shape (0, l, V)): exports carry the inference semantics.
+        "bi_data": False,
         "clamp_len": int(c.clamp_len),
         "same_length": bool(c.same_length),
         "summary_type": c.summary_type,
