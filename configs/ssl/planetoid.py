@@ -37,7 +37,9 @@ def get_config():
             pretrain_steps=1000,  # L_u alone first (initialises the embeddings)
         )
     )
-    c.optimizer = ml_collections.ConfigDict(dict(name="sgd", sup_learning_rate=0.1, ctx_learning_rate=0.1))
+    c.optimizer = ml_collections.ConfigDict(
+        dict(name="sgd", sup_learning_rate=0.1, ctx_learning_rate=0.5, node_lr_multiplier=100.0)
+    )
     c.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, keep=2))
     c.eval = ml_collections.ConfigDict(dict(projection="tsne"))
     c.total_steps = 4000

@@ -24,6 +24,7 @@ import collections
 import dataclasses
 import io
 import pickle
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -77,7 +78,9 @@ def _unpickle(path: str):
     try:
         return pickle.load(io.BytesIO(paths.read_bytes(path)), encoding="latin1")
     except FileNotFoundError:
-        raise DataError(f"{path}: no such file (Planetoid's release format needs ind.NAME.{{{','.join(RELEASE_PARTS)},test.index}})")
+        raise DataError(
+            f"{path}: no such file (Planetoid's release format needs ind.NAME.{{{','.join(RELEASE_PARTS)},test.index}})"
+        )
     except Exception as e:  # a truncated or foreign pickle
         raise DataError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from e
 
@@ -121,7 +124,7 @@ def read_release(directory: str, name: str) -> Graph:
         for j in nbrs:
             src.append(int(i))
             dst.append(int(j))
-    top = max([allx.shape[0] - 1, int(test.max(initial=-1))] + src + dst)
+    top = max([allx.shape[0] - 1, int(test.max(initial=-1))] + [int(k) for k in graph] + src + dst)
     n = top + 1
     feats = sp.lil_matrix((n, allx.shape[1]), dtype=np.float32)
     feats[: allx.shape[0]] = allx
@@ -160,7 +163,9 @@ def write_release(directory: str, name: str, g: Graph) -> None:
     paths.makedirs(directory)
     for k, v in parts.items():
         paths.atomic_write_bytes(paths.join(directory, f"ind.{name}.{k}"), pickle.dumps(v, protocol=2))
-    paths.atomic_write_text(paths.join(directory, f"ind.{name}.test.index"), "".join(f"{i}\n" for i in range(na, g.num_nodes)))
+    paths.atomic_write_text(
+        paths.join(directory, f"ind.{name}.test.index"), "".join(f"{i}\n" for i in range(na, g.num_nodes))
+    )
 
 
 def planetoid_split(y: np.ndarray, labels_per_class: int, num_test: int, seed: int):
@@ -234,7 +239,9 @@ def write_edgelist(directory: str, g: Graph) -> None:
     """The plain format of `g` (the split is not stored: `read_edgelist` draws it)."""
     coo = sp.triu(g.adj).tocoo()
     paths.makedirs(directory)
-    paths.atomic_write_text(paths.join(directory, "edges.txt"), "".join(f"{i} {j} {w:g}\n" for i, j, w in zip(coo.row, coo.col, coo.data)))
+    paths.atomic_write_text(
+        paths.join(directory, "edges.txt"), "".join(f"{i} {j} {w:g}\n" for i, j, w in zip(coo.row, coo.col, coo.data))
+    )
     paths.atomic_write_text(paths.join(directory, "labels.txt"), "".join(f"{v}\n" for v in g.y))
     if g.x.shape[1]:
         buf = io.BytesIO()
@@ -248,7 +255,9 @@ def load(data_config) -> Graph:
     if fmt == "planetoid":
         return read_release(data_config.dir, data_config.name)
     if fmt == "edgelist":
-        return read_edgelist(data_config.dir, data_config.labels_per_class, data_config.num_test, data_config.split_seed)
+        return read_edgelist(
+            data_config.dir, data_config.labels_per_class, data_config.num_test, data_config.split_seed
+        )
     raise DataError(f"config.data.format={fmt!r}: expected 'planetoid' or 'edgelist'")
 
 
@@ -283,5 +292,3 @@ def karate_graph(labels_per_class: int = 2, seed: int = 0) -> Graph:
     labeled, test = planetoid_split(y, labels_per_class, n - 2 * labels_per_class, seed)
     adj = symmetric_adjacency(e[:, 0], e[:, 1], np.ones(len(e)), n)
     return Graph(adj, sp.csr_matrix((n, 0), dtype=np.float32), y, labeled, test, 2)
-
-

@@ -45,7 +45,9 @@ class PlanetoidPipeline:
             q=int(data_config.q),
             d=int(data_config.d),
         )
-        self.features = np.asarray(graph.x.todense(), np.float32) if variant != "G" else np.zeros((graph.num_nodes, 0), np.float32)
+        self.features = (
+            np.asarray(graph.x.todense(), np.float32) if variant != "G" else np.zeros((graph.num_nodes, 0), np.float32)
+        )
 
     def phase(self, step: int) -> int:
         c = self.cfg

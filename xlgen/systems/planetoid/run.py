@@ -1,8 +1,8 @@
 """Planetoid runs: train (resuming from the workdir's latest checkpoint) and evaluate (accuracy on the test nodes).
 
-    train(config, workdir)     config.json, metrics.jsonl, checkpoints/ (Orbax via xlgen/checkpointing.py)
-    evaluate(config, workdir)  eval_results.json {"accuracy", "num_test", "step", "variant"} and embeddings.png
-                               (2-D t-SNE or PCA of the test nodes' embeddings e, coloured by class)
+train(config, workdir)     config.json, metrics.jsonl, checkpoints/ (Orbax via xlgen/checkpointing.py)
+evaluate(config, workdir)  eval_results.json {"accuracy", "num_test", "step", "variant"} and embeddings.png
+                           (2-D t-SNE or PCA of the test nodes' embeddings e, coloured by class)
 """
 
 from __future__ import annotations
@@ -41,14 +41,22 @@ def model_config(config, graph: data_lib.Graph) -> PlanetoidConfig:
     )
 
 
-def _optimizer(config, pipeline):
+NODE_TABLES = ("embedding", "context")  # the per-node tables e and w_c
+
+
+def _optimizer(config, pipeline, params):
+    """SGD (or Adam) at the phase's learning rate; the per-node tables e and w_c at `node_lr_multiplier` times it.
+    A mean over N rows gives each table row 1/N of a per-example step (word2vec's SGD is per pair), so the tables
+    need a larger rate than the shared dense layers, which every example moves."""
     lr = objective.learning_rate(config.optimizer, pipeline)
     name = config.optimizer.name
-    if name == "sgd":
-        return optax.sgd(lr)
-    if name == "adam":
-        return optax.adam(lr)
-    raise ValueError(f"config.optimizer.name={name!r}: expected 'sgd' or 'adam'")
+    if name not in ("sgd", "adam"):
+        raise ValueError(f"config.optimizer.name={name!r}: expected 'sgd' or 'adam'")
+    base = optax.sgd(lr) if name == "sgd" else optax.adam(lr)
+    mask = jax.tree_util.tree_map_with_path(
+        lambda path, _: any(getattr(k, "key", None) in NODE_TABLES for k in path), params
+    )
+    return optax.chain(optax.masked(optax.scale(float(config.optimizer.node_lr_multiplier)), mask), base)
 
 
 class Run:
@@ -63,11 +71,11 @@ class Run:
             raise ValueError(f"config.model.variant={config.model.variant}: the graph has no features (use G)")
         self.pipeline = objective.PlanetoidPipeline(self.graph, config.data, config.model.variant)
         self.cfg = model_config(config, self.graph)
-        self.tx = _optimizer(config, self.pipeline)
 
     def init(self):
         model = Planetoid(self.cfg, rngs=nnx.Rngs(int(self.config.seed)))
         graphdef, params = nnx.split(model, nnx.Param)
+        self.tx = _optimizer(self.config, self.pipeline, params)
         return graphdef, {"params": params, "opt": self.tx.init(params)}
 
     def make_step(self, graphdef):
@@ -111,7 +119,9 @@ def train(config, workdir: str, stop_at: Optional[int] = None) -> Dict[str, Any]
         if (s + 1) % int(config.log_every_steps) == 0 or s + 1 == end:
             rec = {k: float(v) for k, v in jax.device_get(m).items()}
             rec.update(step=s + 1, learning_rate=float(objective.learning_rate(config.optimizer, run.pipeline)(s)))
-            rec["tokens_per_sec"] = (s + 1 - start) * (run.pipeline.cfg.supervised_batch_size) / max(time.time() - t0, 1e-9)
+            rec["tokens_per_sec"] = (
+                (s + 1 - start) * (run.pipeline.cfg.supervised_batch_size) / max(time.time() - t0, 1e-9)
+            )
             lines.append(json.dumps(rec))
         if (s + 1) % int(config.checkpoint.every_steps) == 0 and s + 1 < end:
             ckpt.save(s + 1, state, None, {"step": s + 1})
@@ -124,10 +134,12 @@ def train(config, workdir: str, stop_at: Optional[int] = None) -> Dict[str, Any]
     return {"workdir": paths.display(workdir), "step": end}
 
 
-def evaluate(config, workdir: str, *, plot: bool = True) -> Dict[str, Any]:
-    """Accuracy of the latest checkpoint on the test nodes -> eval_results.json (and embeddings.png)."""
+def restore(config, workdir: str):
+    """(run, model, step) of the latest checkpoint of `workdir` (config None: the workdir's config.json)."""
     if config is None:
         config = config_lib.read_workdir_config(workdir)
+        if config is None:
+            raise FileNotFoundError(f"{workdir}: no config.json (not an xlgen workdir)")
     run = Run(config)
     graphdef, state = run.init()
     ckpt = _checkpointer(workdir, config)
@@ -136,7 +148,13 @@ def evaluate(config, workdir: str, *, plot: bool = True) -> Dict[str, Any]:
     if restored is None:
         raise FileNotFoundError(f"{workdir}/checkpoints: no checkpoint to evaluate")
     state, _, _, step = restored
-    model = nnx.merge(graphdef, state["params"])
+    return run, nnx.merge(graphdef, state["params"]), int(step)
+
+
+def evaluate(config, workdir: str, *, plot: bool = True) -> Dict[str, Any]:
+    """Accuracy of the latest checkpoint on the test nodes -> eval_results.json (and embeddings.png)."""
+    run, model, step = restore(config, workdir)
+    config = run.config
     b = run.pipeline.eval_batch(run.graph.test)
     logits = jax.jit(lambda m, i, x: m(i, x))(model, b["ids"], b["x"])
     acc = float(jnp.mean(jnp.argmax(logits, -1) == b["y"]))
@@ -144,8 +162,13 @@ def evaluate(config, workdir: str, *, plot: bool = True) -> Dict[str, Any]:
     paths.write_json_atomic(paths.join(workdir, "eval_results.json"), out)
     if plot:
         emb = np.asarray(model.embed(b["ids"], b["x"]))
-        plot_embeddings(emb, b["y"], paths.join(workdir, "embeddings.png"), config.eval.projection,
-                        f"Planetoid-{config.model.variant}: test-node embeddings (accuracy {acc:.3f})")
+        plot_embeddings(
+            emb,
+            b["y"],
+            paths.join(workdir, "embeddings.png"),
+            config.eval.projection,
+            f"Planetoid-{config.model.variant}: test-node embeddings (accuracy {acc:.3f})",
+        )
     return out
 
 
