@@ -3,18 +3,21 @@ Planetoid's release format and the edge-list format on generated fixtures, label
 Algorithm 3's schedule, exact resume."""
 
 import collections
+import json
 import math
+import os
 import pickle
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from configs.ssl.planetoid import get_config
-from xlgen.systems.planetoid import baselines, run
+from xlgen import cli
+from xlgen.systems.planetoid import baselines
 from xlgen.systems.planetoid import data as data_lib
 from xlgen.systems.planetoid import sampler as S
 from xlgen.systems.planetoid.model import Planetoid, PlanetoidConfig, context_loss, supervised_loss
+from xlgen.train.workdir_model import restore_params
 
 # a 6-node weighted graph with a dangling-free walk, labels on 4 nodes (classes 0, 0, 1, 2)
 EDGES = [(0, 1, 1.0), (1, 2, 2.0), (2, 3, 1.0), (3, 0, 3.0), (3, 4, 1.0), (4, 5, 1.0), (5, 1, 0.5)]
@@ -147,6 +150,40 @@ def test_supervised_loss_by_hand():
     assert float(acc) == pytest.approx(0.5)  # ties resolve to class 0
 
 
+def test_scale_gradient_and_step_weights():
+    import jax
+    import jax.numpy as jnp
+
+    from xlgen.systems.planetoid import objective
+    from xlgen.systems.planetoid.model import scale_gradient
+
+    x = jnp.array([0.3, -1.2])
+    y, g = jax.value_and_grad(lambda v: jnp.sum(scale_gradient(v, 7.0) ** 2))(x)
+    assert float(y) == pytest.approx(float(jnp.sum(x**2)))
+    np.testing.assert_allclose(np.asarray(g), 7.0 * 2 * np.asarray(x), rtol=1e-6)
+    # a supervised step (sup_w 1, ctx_w 0) leaves w_c untouched; a context step leaves the output layer untouched
+    from flax import nnx
+
+    m = _tiny_model()
+    batch = {
+        "sup_ids": jnp.array([2, 1]),
+        "sup_x": None,
+        "sup_y": jnp.array([0, 1]),
+        "ctx_i": jnp.array([0, 1]),
+        "ctx_c": jnp.array([0, 1]),
+        "ctx_gamma": jnp.array([1.0, -1.0]),
+    }
+
+    def grads(sw, cw):
+        b = dict(batch, sup_w=jnp.full(2, sw), ctx_w=jnp.full(2, cw))
+        gd, params = nnx.split(m, nnx.Param)
+        return jax.grad(lambda p: objective.loss(nnx.merge(gd, p), b, None, None, None)[0])(params)
+
+    sup, ctx = grads(1.0, 0.0), grads(0.0, 3.0)
+    assert not np.any(np.asarray(sup["context"][...])) and np.any(np.asarray(sup["out"]["kernel"][...]))
+    assert not np.any(np.asarray(ctx["out"]["kernel"][...])) and np.any(np.asarray(ctx["context"][...]))
+
+
 def _release_fixture(d):
     """A Citeseer-like release: 3 classes, 4 labeled + 3 unlabeled allx rows, 3 test rows listed out of order, and
     graph node 10 with no feature row (an isolated Citeseer node)."""
@@ -214,31 +251,50 @@ def test_label_propagation_path_graph():
     assert list(pred) == [0, 0, 0, 1, 1, 1]
 
 
-def _config(tmp_path, variant, steps):
+def _train_args(tmp_path, variant, steps):
     d = tmp_path / "graph"
-    data_lib.write_release(str(d), "digits", data_lib.digits_knn_graph(k=5, labels_per_class=5, num_test=200))
-    c = get_config()
-    c.model.variant, c.data.dir, c.data.name = variant, str(d), "digits"
-    c.data.pretrain_steps, c.total_steps, c.log_every_steps, c.checkpoint.every_steps = 10, steps, 5, 10
-    c.data.supervised_batch_size = c.data.context_batch_size = 32
-    c.model.embedding_dim = c.model.feature_hidden = c.model.embedding_hidden = 8
-    return c
+    if not d.exists():
+        data_lib.write_release(str(d), "digits", data_lib.digits_knn_graph(k=5, labels_per_class=5, num_test=200))
+    over = {
+        "model.variant": variant,
+        "data.dir": str(d),
+        "data.name": "digits",
+        "data.pretrain_steps": 10,
+        "data.supervised_batch_size": 32,
+        "data.context_batch_size": 32,
+        "model.embedding_dim": 8,
+        "model.feature_hidden": 8,
+        "model.embedding_hidden": 8,
+        "total_steps": steps,
+        "log_every_steps": 1,
+        "checkpoint.every_steps": 10,
+        "mesh.num_devices": 1,
+        "eval.projection": "pca",
+    }
+    return ["--config=configs/ssl/planetoid.py"] + [f"--config.{k}={v}" for k, v in over.items()]
+
+
+def _losses(wd):
+    with open(os.path.join(wd, "metrics.jsonl")) as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f) if "split" not in r}
 
 
 @pytest.mark.parametrize("variant", ["T", "I"])
-def test_resume_is_exact(tmp_path, variant):
-    import jax
-
-    c = _config(tmp_path, variant, 30)
-    run.train(c, str(tmp_path / "a"))
-    run.train(c, str(tmp_path / "b"), stop_at=13)
-    run.train(c, str(tmp_path / "b"))
-    _, ma, sa = run.restore(None, str(tmp_path / "a"))
-    _, mb, sb = run.restore(None, str(tmp_path / "b"))
-    from flax import nnx
-
-    assert sa == sb == 30
-    for x, y in zip(jax.tree.leaves(nnx.state(ma)), jax.tree.leaves(nnx.state(mb))):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    r = run.evaluate(None, str(tmp_path / "a"), plot=False)
-    assert 0.0 <= r["accuracy"] <= 1.0 and r["num_test"] == 200
+def test_train_resume_eval(tmp_path, variant):
+    args = _train_args(tmp_path, variant, 30)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert cli.main(["train", *args, f"--workdir={a}"]) == 0
+    assert cli.main(["train", *args, f"--workdir={b}", "--stop_at_step=13"]) == 0
+    assert cli.main(["train", *args, f"--workdir={b}"]) == 0  # the same command resumes
+    la, lb = _losses(a), _losses(b)
+    assert sorted(lb) == list(range(1, 31)) and all(la[s] == lb[s] for s in range(14, 31))
+    _, _, pa, sa = restore_params(a)
+    _, _, pb, sb = restore_params(b)
+    assert sa == sb == 30 and pa.keys() == pb.keys()
+    for k in pa:
+        np.testing.assert_array_equal(np.asarray(pa[k]), np.asarray(pb[k]))
+    assert cli.main(["eval", f"--workdir={a}"]) == 0
+    with open(os.path.join(a, "eval_results.json")) as f:
+        r = json.load(f)
+    assert r["num_test"] == 200 and r["step"] == 30 and r["variant"] == variant and 0 <= r["accuracy"] <= 1
+    assert os.path.getsize(os.path.join(a, "eval", "embeddings.png")) > 1000

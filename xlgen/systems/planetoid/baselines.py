@@ -58,8 +58,11 @@ def label_propagation(g: data_lib.Graph) -> float:
 
 def graph_embedding(config, seed: int = 0) -> float:
     """GraphEmb on the graph named by `config` (a Planetoid config): `config.total_steps` context steps with graph
-    contexts only, then logistic regression on the embeddings."""
-    from xlgen.systems.planetoid import run
+    contexts only (the same trainer, loop and checkpoints as Planetoid), then logistic regression on the
+    embeddings of the labeled nodes."""
+    from xlgen.systems.planetoid import objective
+    from xlgen.train import loop
+    from xlgen.train.workdir_model import restore_params
 
     c = config.copy_and_resolve_references()
     c.model.variant = "G"
@@ -67,9 +70,9 @@ def graph_embedding(config, seed: int = 0) -> float:
     c.data.pretrain_steps = int(c.total_steps)  # every step a context step
     c.seed = seed
     with tempfile.TemporaryDirectory() as wd:
-        run.train(c, wd)
-        r, model, _ = run.restore(c, wd)
-    g = r.graph
-    emb = np.asarray(model.embed(np.arange(g.num_nodes), None))
+        loop.train(c, wd)
+        _, program, params, _ = restore_params(wd)
+    g = objective.graph_of(c.data)
+    emb = np.asarray(program.make_model(params, train=False).embed(np.arange(g.num_nodes), None))
     pred = _logreg(emb[g.labeled], g.y[g.labeled], emb[g.test], seed)
     return float(np.mean(pred == g.y[g.test]))

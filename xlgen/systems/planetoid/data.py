@@ -251,14 +251,14 @@ def write_edgelist(directory: str, g: Graph) -> None:
 
 def load(data_config) -> Graph:
     """The graph named by `config.data` (format, dir, name, and for edgelist the split settings)."""
-    fmt = data_config.format
-    if fmt == "planetoid":
-        return read_release(data_config.dir, data_config.name)
-    if fmt == "edgelist":
-        return read_edgelist(
-            data_config.dir, data_config.labels_per_class, data_config.num_test, data_config.split_seed
-        )
-    raise DataError(f"config.data.format={fmt!r}: expected 'planetoid' or 'edgelist'")
+    c = data_config
+    if not c["dir"]:
+        raise DataError("config.data.dir is empty: the directory of the graph files")
+    if c["format"] == "planetoid":
+        return read_release(c["dir"], c["name"])
+    if c["format"] == "edgelist":
+        return read_edgelist(c["dir"], int(c["labels_per_class"]), int(c["num_test"]), int(c["split_seed"]))
+    raise DataError(f"config.data.format={c['format']!r}: expected 'planetoid' or 'edgelist'")
 
 
 # -- local stand-ins (the real Citeseer / Cora / Pubmed files are not on this machine) ----------------------------
