@@ -114,13 +114,10 @@ def test_schedule():
 
 def _tiny_model(variant="G", classes=2):
     import jax.numpy as jnp
-
-    cfg = PlanetoidConfig(
-        variant, num_nodes=3, num_features=0, num_classes=classes, embedding_dim=2, embedding_hidden=2
-    )
     from flax import nnx
 
-    m = Planetoid(cfg, rngs=nnx.Rngs(0))
+    cfg = PlanetoidConfig(variant, embedding_dim=2, embedding_hidden=2, node_lr_multiplier=1.0)
+    m = Planetoid(cfg, num_nodes=3, num_features=0, num_classes=classes, rngs=nnx.Rngs(0))
     m.embedding[...] = jnp.array([[1.0, 0.0], [1.0, 1.0], [2.0, 0.0]])
     m.context[...] = jnp.array([[2.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
     m.embedding_layer.kernel[...] = jnp.eye(2)

@@ -10,7 +10,8 @@ Layers h^k(x) = ReLU(W_k h^{k-1}(x) + b_k); one layer per dotted arrow of Fig. 3
     L_u = -E_(i,c,gamma) log sigma(gamma w_c^T e_i)                               (eq. 3.12, negative sampling)
 
 w_c is a free context vector per node. Shapes: ids [B] int, x [B, F] float, y [B] int, gamma [B] in {+1, -1}.
-Logical axis names: "nodes" (embedding rows), "features", "embed", "hidden", "classes".
+Logical axis names (xlgen's sharding rules): "vocab" for the node rows of e and w_c (rows of a table, as a vocabulary),
+"embed" for the embedding width, "mlp" for the hidden widths; feature and class axes are left unnamed (replicated).
 """
 
 from __future__ import annotations
@@ -57,16 +58,16 @@ class Planetoid(nnx.Module):
         self.cfg = cfg
         d, init = cfg.embedding_dim, layers.normal(1.0 / cfg.embedding_dim)
         if cfg.variant == "I":
-            self.embed_x = _dense(num_features, d, ("features", "embed"), rngs)  # h^{l1}
+            self.embed_x = _dense(num_features, d, (None, "embed"), rngs)  # h^{l1}
         else:
-            self.embedding = layers.param(rngs, init, (num_nodes, d), ("nodes", "embed"))  # e
-        self.context = layers.param(rngs, init, (num_nodes, d), ("nodes", "embed"))  # w_c
+            self.embedding = layers.param(rngs, init, (num_nodes, d), ("vocab", "embed"))  # e
+        self.context = layers.param(rngs, init, (num_nodes, d), ("vocab", "embed"))  # w_c
         width = cfg.embedding_hidden
-        self.embedding_layer = _dense(d, cfg.embedding_hidden, ("embed", "hidden"), rngs)  # h^l / h^{l2}
+        self.embedding_layer = _dense(d, cfg.embedding_hidden, ("embed", "mlp"), rngs)  # h^l / h^{l2}
         if cfg.variant != "G":
-            self.feature_layer = _dense(num_features, cfg.feature_hidden, ("features", "hidden"), rngs)  # h^k
+            self.feature_layer = _dense(num_features, cfg.feature_hidden, (None, "mlp"), rngs)  # h^k
             width += cfg.feature_hidden
-        self.out = _dense(width, num_classes, ("hidden", "classes"), rngs)  # w_y
+        self.out = _dense(width, num_classes, ("mlp", None), rngs)  # w_y
 
     def _table(self, table):
         return scale_gradient(table[...], self.cfg.node_lr_multiplier)
