@@ -100,6 +100,13 @@ def test_sampler_restricted_nodes_and_purity():
     assert not np.array_equal(s.batch(7, 12, 300)[0], a[0])
 
 
+def test_sampler_without_edges_stays_put():
+    # -I on a graph whose training nodes share no edge (karate with 2 labels per class): walks stay at their start
+    s = _sampler(r2=1.0, nodes=np.array([0, 2, 4]))  # no edge among 0, 2, 4
+    i, c, gamma = s.sample(500, np.random.default_rng(0))
+    assert set(i) <= {0, 2, 4} and np.all(c[gamma > 0] == i[gamma > 0])
+
+
 def test_labeled_batches_are_epochs():
     labeled = np.arange(10, 30)
     seen = np.concatenate([S.labeled_batch(labeled, 3, s, 8) for s in range(5)])  # 40 = two passes

@@ -92,8 +92,10 @@ class ContextSampler:
         cum = np.cumsum(w)
         before = np.r_[0.0, cum][indptr[:-1]]  # cumulative weight before each row
         rowsum = np.r_[0.0, cum][indptr[1:]] - before
-        out = np.empty((len(starts), self.q), np.int64)
         cur = np.asarray(starts, np.int64)
+        if not len(indices):  # no edges among the sampler's nodes: every walk stays where it starts
+            return np.repeat(cur[:, None], self.q, 1)
+        out = np.empty((len(starts), self.q), np.int64)
         out[:, 0] = cur
         for t in range(1, self.q):
             u = rng.random(len(cur))
