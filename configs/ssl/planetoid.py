@@ -2,7 +2,7 @@
 
     xlgen train --config=configs/ssl/planetoid.py --config.model.variant=T|I|G --config.data.format=planetoid \
         --config.data.dir=DIR --config.data.name=cora --workdir=W
-    xlgen eval --workdir=W          # eval_results.json: accuracy on the test nodes; embeddings.png
+    xlgen eval --workdir=W          # eval_results.json: accuracy on the test nodes; W/eval/embeddings.png
 
 Fixed by the thesis: r1 = 5/6, q = 10, d = 3, N1 = N2 = 200, SGD. Tuned there on another split (r2, T1, T2, the
 learning rates, the pre-training length); the values below were chosen on the stand-in digits graph with split seed
