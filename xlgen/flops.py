@@ -72,7 +72,8 @@ def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None
     fam = config.model.get("family")
     if fam not in registry.names():
         return 0.0
-    return float(registry.get(fam).train_flops(config))
+    count = registry.get(fam).train_flops  # None: the system does not count its FLOPs (no MFU)
+    return float(count(config)) if count is not None else 0.0
 
 
 def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int, peak_flops_per_device: float) -> float:

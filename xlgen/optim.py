@@ -9,6 +9,7 @@ from lr(S) to the same floor at the new total (`continue_schedule`; recorded in 
 
     chain: clip_by_global_norm(clip) -> [faithful: grad *= layer_scale] -> Adam(b1, b2, eps) + weight decay
            -> * lr(t) -> [lr mode: * layer_scale] -> * -1
+    (`optimizer.name=sgd`: no Adam and no weight decay, the plain SGD update -lr(t) * grad)
 
 Adam update rule (`optimizer.update_rule`):
 
@@ -319,8 +320,8 @@ def make_optimizer(
     Layer decay (`lr_layer_decay_rate` != 1): the layer of every parameter comes from `layer_ids(meta, family)`,
     family one of "transformer_xl", "xlnet", "funnel" (`config.model.family`)."""
     schedule = make_schedule(opt_cfg, total_steps)
-    if opt_cfg.name not in ("adamw", "adam"):
-        raise ValueError(f"optimizer.name={opt_cfg.name!r}: expected adamw or adam")
+    if opt_cfg.name not in ("adamw", "adam", "sgd"):
+        raise ValueError(f"optimizer.name={opt_cfg.name!r}: expected adamw, adam or sgd")
     rate = float(opt_cfg.lr_layer_decay_rate)
     mode = opt_cfg.layer_decay_mode
     if mode not in ("lr", "faithful"):
@@ -341,7 +342,9 @@ def make_optimizer(
     if rate != 1.0 and mode == "faithful":
         parts.append(scale_by_tree(scales))
     b1, b2, eps = float(opt_cfg.b1), float(opt_cfg.b2), float(opt_cfg.eps)
-    if rule == "original":
+    if opt_cfg.name == "sgd":  # plain SGD: the update is -lr(t) * grad (Planetoid's optimiser)
+        pass
+    elif rule == "original":
         parts.append(original_adam(b1, b2, eps, bool(opt_cfg.get("bias_correction", True)), wd, mask))
     else:
         parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))

@@ -26,6 +26,7 @@ SYSTEMS: Dict[str, str] = {
     "funnel": "xlgen.models.funnel.family:FAMILY",
     "cegan": "xlgen.systems.gan.system:CEGAN",
     "badgan": "xlgen.systems.gan.system:BADGAN",
+    "planetoid": "xlgen.systems.planetoid.system:FAMILY",
 }
 
 # config.objective -> "module:attribute" of an Objective that works with any family's finetuning heads
