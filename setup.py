@@ -29,6 +29,7 @@ setup(
         "scipy>=1.13",
         "scikit-learn>=1.5",
         "seqeval>=1.2,<2",  # entity-level NER metrics (finetuning conll2003)
+        "networkx>=3",  # Planetoid's karate-club graph
         "safetensors>=0.4",
         "tokenizers>=0.14,<0.15",
         "absl-py>=2",
