@@ -340,6 +340,7 @@ def base_config() -> ConfigDict:
             bias_correction=True,  # update_rule "original" only: False = XLNet's AdamWeightDecayOptimizer
             weight_decay_mask="xlgen",  # "xlgen" | "original" (r_w/r_r/r_s biases decayed) | "all" (Funnel)
             grad_accum_steps=1,
+            state_dtype="",  # optimizer state (Adam moments) storage dtype: "" = the parameters', or "bfloat16"
         )
     )
     c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all

