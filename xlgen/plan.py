@@ -367,7 +367,7 @@ def render_remat(rows: Sequence[Dict[str, Any]], hbm: int) -> str:
         lines.append(
             f"  {r['policy']:<14} {_gib(r['hbm_per_device']):>13} {_gib(r['temp_per_device']):>11} "
             f"{'yes' if r['fits'] else 'NO':>5} {_flops(r['executed_flops_per_step']):>15} "
-            f"{r['step_time_bound_s'] * 1e3:>8.1f} ms {100 * r['mfu']:>6.1f}%"
+            f"{r['step_time_bound_s'] * 1e3:>8.3g} ms {100 * r['mfu']:>6.1f}%"
         )
     return "\n".join(lines)
 
