@@ -275,7 +275,16 @@ def eval_step(config, objective: Objective, spec: ModelSpec, params, batch, mems
 
 
 # Config sections that do not change the compiled program (a resumed or re-run job reuses the executables).
-_NOT_PROGRAM = ("checkpoint", "log_every_steps", "eval_every_steps", "tensorboard", "peak_flops_per_device")
+_NOT_PROGRAM = (
+    "checkpoint",
+    "log_every_steps",
+    "eval_every_steps",
+    "tensorboard",
+    "peak_flops_per_device",
+    "profile",
+    "trackers",
+    "tracking",
+)
 _PROGRAMS: Dict[Tuple, "Program"] = {}
 
 
