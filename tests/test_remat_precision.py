@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_train_utils import REPO
+from test_train_utils import REPO, random_train_batch
 
 from xlgen.models.layers import REMAT_POLICIES, remat_policy
 
@@ -56,26 +56,7 @@ def _program(config_file, over):
 def _batch_and_mems(program):
     """A valid random training batch for the program's objective (fixed seed) and random memory."""
     rng = np.random.default_rng(0)
-    vocab = int(program.config.model.vocab_size)
-    batch = {}
-    for name, (shape, dtype) in program.objective.batch_shapes(program.config, "train").items():
-        if name in ("input_ids", "labels", "target_ids"):
-            x = rng.integers(4, vocab, shape)
-        elif name == "token_type_ids":
-            x = rng.integers(0, 2, shape)
-        elif name in ("label_mask", "target_mask", "attention_mask"):
-            x = rng.random(shape) < (0.3 if name == "label_mask" else 0.9)
-            x[:, 0] = True
-        elif name == "perm_mask":
-            x = rng.integers(0, 2, shape)
-        elif name == "target_mapping":
-            b, m, l = shape
-            x = np.eye(l)[rng.integers(0, l, (b, m))]
-        elif name in ("stream_reset", "is_forward"):
-            x = np.arange(shape[0]) % 3 == 1
-        else:
-            raise AssertionError(f"unexpected batch key {name}")
-        batch[name] = jax.device_put(np.asarray(x, dtype), program.batch_shardings[name])
+    batch = random_train_batch(program, rng, random_masks=True)
     if program.mems_shape is None:
         return batch, None
     mems = rng.normal(size=program.mems_shape).astype(program.mems_dtype)
