@@ -236,7 +236,7 @@ def test_bfloat16_run_trains():
         "optimizer.warmup_steps": 5,
     }
     program, mesh = _program("xlnet_tiny.py", over)
-    pipe = make_pipeline(program.config.data, "train")
+    pipe = make_pipeline(program.config, "train")
     spec = program.objective.batch_shapes(program.config, "train")
     losses = []
     with jax.set_mesh(mesh):

@@ -16,7 +16,7 @@ import os
 import struct
 
 import pytest
-from test_train_utils import TINY, run_train
+from test_train_utils import TINY, compile_cache, run_train  # noqa: F401
 
 from xlgen.train import metrics as metrics_lib
 from xlgen.train import profile as profile_lib
