@@ -168,9 +168,12 @@ class StepProfiler:
         new = [f for f in trace_files(self.logdir) if f not in self.previous]
         if not new or jax.process_index() != 0:
             return
+        hlo = self.hlo_text()
+        m = re.match(r"\s*HloModule\s+([^\s,]+)", hlo)  # the train step's module: its operations only
         self.summary = top_ops(
-            new[-1], self.hlo_text(), steps=steps or self.num, top=self.top, module_contains="train_step"
+            new[-1], hlo, steps=steps or self.num, top=self.top, module_contains=m.group(1) if m else ""
         )
+        self.summary["module"] = m.group(1) if m else ""
         from data_pipelines import paths
 
         paths.write_json_atomic(os.path.join(self.logdir, "top_ops.json"), self.summary)
