@@ -49,6 +49,9 @@ setup(
         "parity": ["torch==2.13.0", "transformers==4.34.1"],
         "tpu": ["libtpu==0.0.42.1"],
         "tf": ["tensorflow-cpu>=2.16"],
+        # optional trackers (config.trackers=wandb,mlflow; xlgen/train/metrics.py): ~100 MB with their dependencies
+        "wandb": ["wandb==0.31.0"],
+        "mlflow": ["mlflow-skinny==3.17.2"],
         # the TensorBoard server for workdir/tensorboard/ (xlgen writes the event files with tensorboardX)
         "tensorboard": ["tensorboard==2.21.0"],
     },

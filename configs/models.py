@@ -21,8 +21,11 @@ def transformer_xl(**sizes) -> dict:
             proj_init_std=0.01,
             layer_norm_epsilon=1e-5,
             scan_layers=False,
-            remat=False,
+            remat="none",
             dtype="bfloat16",
+            param_dtype="float32",
+            softmax_dtype="float32",
+            logits_dtype="float32",
         )
         | sizes
     )

@@ -32,6 +32,7 @@ CASES = {
         "--config.data.batch_size=16",
         "--config.data.tgt_len=64",
         "--config.model.mem_len=64",
+        "--remat_policies=none,full,dots_no_batch",  # the policy comparison: two more compiles of this step
     ],
     "xlnet_v4": [
         "--config=configs/pretrain/xlnet_tiny.py",
@@ -112,6 +113,24 @@ def test_flops_match_analytic_model(reports, case):
     fl = reports[case]["flops_per_step"]
     assert fl["analytic_model"] == pytest.approx(fl["matmul_jaxpr"], rel=0.10)
     assert fl["analytic_model"] <= fl["matmul_jaxpr"] <= fl["xla_cost_analysis"]
+
+
+@pytest.mark.slow
+def test_remat_policy_comparison(reports):
+    """`--remat_policies`: one compiled row per policy; the config's own policy (none) is the plan itself, and
+    rematerialising costs executed FLOPs: full recomputes the layers' forward (~1/3 of their matmuls more),
+    dots_no_batch only the attention's score / context products."""
+    r = reports["txl_v3"]
+    rows = {row["policy"]: row for row in r["remat_policies"]}
+    assert list(rows) == ["none", "full", "dots_no_batch"]
+    assert rows["none"]["hbm_per_device"] == r["memory_per_device"]["total"]
+    assert rows["none"]["step_time_s"] == r["step_time_s"]
+    assert all(row["fits"] for row in rows.values())
+    none, full, nb = (rows[p]["executed_flops_per_step"] for p in ("none", "full", "dots_no_batch"))
+    assert none < nb < full <= 1.45 * none
+    assert rows["full"]["step_time_s"] > rows["none"]["step_time_s"]
+    text = plan_lib.render_text(r)
+    assert "remat policies" in text and "dots_no_batch" in text
 
 
 @pytest.mark.slow

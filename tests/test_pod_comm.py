@@ -17,7 +17,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_train_utils import REPO, run_plans_subprocess
+from test_train_utils import REPO, random_train_batch, run_plans_subprocess
 
 COMMON = [
     "--topology=v3:2x2",
@@ -142,24 +142,7 @@ def _one_step(config_file, mesh_over):
     mesh = sharding.make_mesh(config.mesh)
     program = build_program(config, mesh)
     rng = np.random.default_rng(0)
-    batch = {}
-    for name, (shape, dtype) in program.objective.batch_shapes(config, "train").items():
-        if name in ("input_ids", "labels", "target_ids"):
-            x = rng.integers(0, int(config.model.vocab_size), shape)
-        elif name == "token_type_ids":
-            x = rng.integers(0, 2, shape)
-        elif name in ("label_mask", "target_mask", "attention_mask"):
-            x = np.ones(shape)
-        elif name == "perm_mask":
-            x = rng.integers(0, 2, shape)
-        elif name == "target_mapping":
-            b, m, length = shape
-            x = np.eye(length)[rng.integers(0, length, (b, m))]
-        elif name in ("stream_reset", "is_forward"):
-            x = np.arange(shape[0]) % 3 == 1
-        else:
-            raise AssertionError(f"unexpected batch key {name}")
-        batch[name] = jax.device_put(np.asarray(x, dtype), program.batch_shardings[name])
+    batch = random_train_batch(program, rng)
     with jax.set_mesh(mesh):
         state, mems = program.init_state()
         if mems is not None:

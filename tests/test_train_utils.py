@@ -143,6 +143,37 @@ def run_plans_subprocess(runner: str, *args: str, timeout: float = 1800) -> None
     assert r.returncode == 0, r.stderr[-4000:]
 
 
+def random_train_batch(program, rng, *, random_masks: bool = False) -> dict:
+    """A valid random training batch for `program`'s objective, placed with its batch shardings: token ids, token
+    types, a permutation mask and one-hot target mapping (XLNet), stream resets; label / target / attention masks all
+    ones, or (`random_masks`) random with every row's first position kept."""
+    import jax
+
+    vocab = int(program.config.model.vocab_size)
+    batch = {}
+    for name, (shape, dtype) in program.objective.batch_shapes(program.config, "train").items():
+        if name in ("input_ids", "labels", "target_ids"):
+            x = rng.integers(0, vocab, shape)
+        elif name == "token_type_ids":
+            x = rng.integers(0, 2, shape)
+        elif name in ("label_mask", "target_mask", "attention_mask"):
+            x = np.ones(shape, bool)
+            if random_masks:
+                x = rng.random(shape) < (0.3 if name == "label_mask" else 0.9)
+                x[:, 0] = True
+        elif name == "perm_mask":
+            x = rng.integers(0, 2, shape)
+        elif name == "target_mapping":
+            b, m, length = shape
+            x = np.eye(length)[rng.integers(0, length, (b, m))]
+        elif name in ("stream_reset", "is_forward"):
+            x = np.arange(shape[0]) % 3 == 1
+        else:
+            raise AssertionError(f"unexpected batch key {name}")
+        batch[name] = jax.device_put(np.asarray(x, dtype), program.batch_shardings[name])
+    return batch
+
+
 # ---- optimizer unit tests (fast, in-process) -------------------------------------------------------------------
 
 

@@ -406,6 +406,7 @@ def base_config() -> ConfigDict:
     optimizer         see xlgen/optim.py
     mesh              data / fsdp / tensor sizes (-1 = fill) and the rule preset (dp | fsdp | fsdp_tp)
     checkpoint        every_steps, keep, async_save, save_mems
+    profile           start_step (-1 = off), num_steps, top_ops: a jax.profiler trace of those steps + a summary
     eval              split, steps (-1 = whole split), mem_len / same_length / clamp_len (TXL eval), metric
     """
     c = ConfigDict()
@@ -446,10 +447,14 @@ def base_config() -> ConfigDict:
             # ((step, total_steps before it), ...): where a resumed run changed total_steps; set by `xlgen train`
             # (xlgen/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
             schedule_history=(),
+            state_dtype="",  # optimizer state (Adam moments) storage dtype: "" = the parameters', or "bfloat16"
         )
     )
     c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all
     c.checkpoint = ConfigDict(dict(every_steps=1000, keep=3, async_save=True, save_mems=True))
+    # jax.profiler trace of updates start_step+1 .. start_step+num_steps into WORKDIR/profile (start_step -1 = off),
+    # then the top_ops operations by time printed (xlgen/train/profile.py)
+    c.profile = ConfigDict(dict(start_step=-1, num_steps=3, top_ops=12))
     # TXL eval: mem_len / same_length / clamp_len None = as in training (the papers evaluate with longer memory)
     c.eval = ConfigDict(dict(split="valid", steps=-1, mem_len=None, same_length=None, clamp_len=None, metric="ppl"))
     c.total_steps = 1000
@@ -458,6 +463,9 @@ def base_config() -> ConfigDict:
     c.seed = 0
     c.peak_flops_per_device = 0.0  # for MFU; per JAX device, e.g. 61.5e12 for one TPU v3 TensorCore (bf16)
     c.tensorboard = True
+    # optional trackers besides metrics.jsonl / TensorBoard: "" or a comma list of wandb, mlflow (xlgen.train.metrics)
+    c.trackers = ""
+    c.tracking = ConfigDict(dict(project="xlgen", run_name="", mlflow_uri=""))  # mlflow_uri "" = WORKDIR/mlruns
     # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
     c.max_nonfinite_steps = 10
     # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one: no

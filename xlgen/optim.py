@@ -356,3 +356,27 @@ def make_optimizer(
     if groups:  # per-group learning rate; 0 for frozen groups (weight decay included)
         parts.append(scale_by_tree({n: np.float32(v) for n, v in group_scales.items()}))
     return optax.chain(*parts), schedule
+
+
+def with_state_dtype(tx: optax.GradientTransformation, dtype: str) -> optax.GradientTransformation:
+    """`tx` whose floating-point state arrays (Adam's moments, ...) are stored in `dtype` ("bfloat16" halves the
+    optimizer state) and widened back to the dtype `tx` keeps them in for each update, so the update arithmetic is
+    unchanged. `dtype` "" (`optimizer.state_dtype`'s default) returns `tx` itself: the state in the parameters'
+    dtype, as optax keeps it."""
+    if not dtype:
+        return tx
+    dt = jnp.dtype(dtype)
+
+    def narrow(state):
+        return jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim else x, state)
+
+    def init(params):
+        return narrow(tx.init(params))
+
+    def update(updates, state, params=None):
+        wide = jax.eval_shape(tx.init, updates)  # the dtypes tx itself keeps (gradients are typed like parameters)
+        state = jax.tree.map(lambda x, ref: x.astype(ref.dtype), state, wide)
+        updates, state = tx.update(updates, state, params)
+        return updates, narrow(state)
+
+    return optax.GradientTransformation(init, update)

@@ -276,7 +276,7 @@ def add_communication(report: Dict[str, Any], found: Dict[str, Any], program, co
         shapes,
         program.param_specs,
         dict(program.mesh.shape),
-        remat=bool(config.model.get("remat", False)),
+        remat=_remat_on(config.model),
         grad_accum_steps=int(config.optimizer.get("grad_accum_steps", 1)) if "optimizer" in config else 1,
     )
     report["collectives"] = comm.summary(found)
@@ -295,6 +295,81 @@ def add_communication(report: Dict[str, Any], found: Dict[str, Any], program, co
         }
     report["collective_loops_unknown_trip_count"] = int(found["unknown_trip_counts"])
     return report
+
+
+def _remat_on(model, default: bool = False) -> bool:
+    """Whether `model.remat` (a policy name, or a boolean from older configs) rematerialises anything."""
+    from xlgen.models.layers import remat_policy
+
+    return remat_policy(model.get("remat", default)) != "none"
+
+
+def remat_policy(value) -> str:
+    from xlgen.models.layers import remat_policy as policy
+
+    return policy(value)
+
+
+def compare_remat(
+    config,
+    topology: str,
+    num_slices: int,
+    policies: Sequence[str],
+    *,
+    base: Optional[Dict[str, Any]] = None,
+    config_path: str = "",
+    overrides: Sequence[str] = (),
+) -> List[Dict[str, Any]]:
+    """One row per rematerialisation policy (`xlgen.models.layers.REMAT_POLICIES`): the train step compiled with
+    `model.remat=<policy>` for `topology`; HBM per device (and whether it fits), executed FLOPs per step (the
+    recomputed forward included) and the predicted step time / MFU. `base`: a report already compiled for the
+    config's own policy (reused, not compiled again)."""
+    import copy
+
+    from xlgen.config import ConfigDict
+
+    rows = []
+    for name in policies:
+        name = remat_policy(name)
+        if base is not None and remat_policy(config.model.get("remat", False)) == name:
+            r = base
+        else:
+            c = copy.deepcopy(config)
+            c.model = ConfigDict({**c.model.to_dict(), "remat": name}, type_safe=True)  # a bool-declared key too
+            r = plan(
+                c, topology, num_slices, config_path=config_path, overrides=[*overrides, f"--config.model.remat={name}"]
+            )
+        mem = r["memory_per_device"]
+        rows.append(
+            {
+                "policy": name,
+                "fits": bool(r["fits"]),
+                "hbm_per_device": int(mem["total"]),
+                "temp_per_device": int(mem.get("temp", 0)),
+                "executed_flops_per_step": float(r["executed_flops_per_step"]),
+                "step_time_s": float(r["step_time_s"]),
+                "step_time_bound_s": float(r.get("step_time_bound_s", r["step_time_s"])),
+                "mfu": float(r["mfu"]),
+                "compile_time_s": float(r["compile_time_s"]),
+            }
+        )
+    return rows
+
+
+def render_remat(rows: Sequence[Dict[str, Any]], hbm: int) -> str:
+    """The policy comparison as a text table (`xlgen plan --remat_policies=...`)."""
+    lines = [
+        f"remat policies    (HBM per device of {_gib(hbm)}; step time from executed FLOPs at peak, with comm if measured)",
+        f"  {'policy':<14} {'HBM / device':>13} {'temp':>11} {'fits':>5} {'executed FLOPs':>15} {'step >=':>10} "
+        f"{'MFU <=':>7}",
+    ]
+    for r in rows:
+        lines.append(
+            f"  {r['policy']:<14} {_gib(r['hbm_per_device']):>13} {_gib(r['temp_per_device']):>11} "
+            f"{'yes' if r['fits'] else 'NO':>5} {_flops(r['executed_flops_per_step']):>15} "
+            f"{r['step_time_bound_s'] * 1e3:>8.3g} ms {100 * r['mfu']:>6.1f}%"
+        )
+    return "\n".join(lines)
 
 
 def derive_timing(report: Dict[str, Any]) -> Dict[str, Any]:
@@ -401,7 +476,7 @@ def fsdp_ideal(config, topology: str, num_slices: int = 1):
         program.train_spec.shapes,
         program.param_specs,
         dict(program.mesh.shape),
-        remat=bool(config.model.get("remat", False)),
+        remat=_remat_on(config.model),
         grad_accum_steps=int(config.optimizer.get("grad_accum_steps", 1)) if "optimizer" in config else 1,
     )
     return ideal, topo.ici_bytes_per_s_per_device(t, devices)
@@ -515,9 +590,10 @@ def suggestions(config, report: Dict[str, Any]) -> List[str]:
             f"parameters + optimizer state take {_gib(params_like)} per device: shard them — raise "
             f"--config.mesh.fsdp (now {mesh['fsdp']}) and lower mesh.data, {fsdp_hint}"
         )
-    if not model.get("remat", True):
+    if not _remat_on(model, default=True):
         out.append(
-            "recompute activations in the backward pass: --config.model.remat=True "
+            "recompute activations in the backward pass: --config.model.remat=True (= full; or a policy that keeps "
+            "more, e.g. dots_no_batch: compare them with --remat_policies=none,full,dots_no_batch) "
             "(with --config.model.scan_layers=True to compile once per layer)"
         )
     if model.get("dtype", "bfloat16") == "float32":
@@ -598,6 +674,8 @@ def render_text(r: Dict[str, Any]) -> str:
     lines.append(f"compile           {r['compile_time_s']:.1f} s (trace+lower {r['trace_lower_time_s']:.1f} s)")
     for s in r.get("suggestions", []):
         lines.append(f"suggestion        {s}")
+    if r.get("remat_policies"):
+        lines.append(render_remat(r["remat_policies"], r["hbm_per_device"]))
     return "\n".join(lines)
 
 
@@ -640,8 +718,9 @@ def _comm_cells(r: Dict[str, Any]) -> str:
 
 def _execution(model: Dict[str, Any]) -> str:
     parts = [str(model.get("dtype", "float32")).replace("bfloat16", "bf16").replace("float32", "f32")]
-    if model.get("remat"):
-        parts.append("remat")
+    if _remat_on(model):
+        policy = remat_policy(model["remat"])
+        parts.append("remat" if policy == "full" else f"remat={policy}")
     if model.get("scan_layers"):
         parts.append("scan")
     return ", ".join(parts)
@@ -712,6 +791,12 @@ def _parser() -> argparse.ArgumentParser:
         help="write the report as JSON to PATH (or stdout with no PATH)",
     )
     p.add_argument(
+        "--remat_policies",
+        metavar="NAMES",
+        help="also compile with each of these model.remat policies (comma-separated, e.g. none,full,dots_no_batch; "
+        "'all' = every policy) and print HBM / step time side by side (JSON: remat_policies)",
+    )
+    p.add_argument(
         "--table", nargs="+", metavar="REPORT.json", help="render saved --json reports as a markdown table and exit"
     )
     p.add_argument(
@@ -779,6 +864,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     override_list = [f"--config.{k}={v}" for k, v in overrides.items()]
     report = plan(config, args.topology, args.num_slices, config_path=args.config, overrides=override_list)
+    if args.remat_policies:
+        from xlgen.models.layers import REMAT_POLICIES
+
+        names = REMAT_POLICIES if args.remat_policies == "all" else [n for n in args.remat_policies.split(",") if n]
+        try:
+            names = [remat_policy(n) for n in names]
+        except ValueError as e:
+            print(f"xlgen plan: error: --remat_policies: {e}", file=sys.stderr)
+            return 2
+        report["remat_policies"] = compare_remat(
+            config, args.topology, args.num_slices, names, base=report, config_path=args.config, overrides=override_list
+        )
     if args.json is None:
         print(render_text(report))
     else:

@@ -25,8 +25,11 @@ XLNET_LARGE = xlnet.model(
     start_n_top=5,
     end_n_top=5,
     scan_layers=False,
-    remat=False,
+    remat="none",
     dtype="float32",
+    param_dtype="float32",
+    softmax_dtype="float32",
+    logits_dtype="float32",
 )
 
 

@@ -29,8 +29,11 @@ TINY_FUNNEL = dict(
     pool_q_only=True,
     mlm_transform=False,
     hf_block1_residual=False,
-    remat=False,
+    remat="none",
     dtype="float32",
+    param_dtype="float32",
+    softmax_dtype="float32",
+    logits_dtype="float32",
 )
 
 

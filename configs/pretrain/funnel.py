@@ -70,8 +70,11 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
         # The original MLM (modeling.py lm_logits) always applies `lm_proj` (dense + activation + LayerNorm) before
         # the tied softmax; its ELECTRA generator too (here because its width differs from the embedding's).
         mlm_transform=objective == "mlm",
-        remat=large,
+        remat="full" if large else "none",
         dtype="bfloat16",
+        param_dtype="float32",
+        softmax_dtype="float32",
+        logits_dtype="float32",
     )
     c.objective = "funnel_electra" if objective == "electra" else "funnel_mlm"
     # The MLM / generator softmax runs only at the masked positions, as the original code's `num_predict` +

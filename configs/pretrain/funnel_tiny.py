@@ -32,8 +32,11 @@ def get_config():
         separate_cls=True,
         truncate_seq=True,
         pool_q_only=True,
-        remat=False,
+        remat="none",
         dtype="float32",
+        param_dtype="float32",
+        softmax_dtype="float32",
+        logits_dtype="float32",
     )
     c.objective = "funnel_mlm"
     c.objective_options.update(dict(disc_coeff=50.0, generator_width=0.25))

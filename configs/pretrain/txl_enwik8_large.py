@@ -34,7 +34,7 @@ def get_config():
         dropout=0.15,
         dropatt=0.15,
         scan_layers=True,
-        remat=True,
+        remat="full",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")

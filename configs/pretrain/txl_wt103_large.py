@@ -37,7 +37,7 @@ def get_config():
         dropatt=0.2,
         init_std=0.005,
         scan_layers=True,
-        remat=True,
+        remat="full",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")

@@ -52,8 +52,11 @@ def model(**sizes) -> dict:
             clamp_len=-1,
             same_length=False,
             scan_layers=True,
-            remat=True,
+            remat="full",
             dtype="bfloat16",
+            param_dtype="float32",
+            softmax_dtype="float32",
+            logits_dtype="float32",
         )
         | sizes
     )
@@ -142,7 +145,7 @@ def tiny():
         mem_len=32,
         reuse_len=16,
         scan_layers=False,
-        remat=False,
+        remat="none",
         dtype="float32",
     )
     c.data = data_pipelines.default_config("xlnet")

@@ -19,10 +19,91 @@ from typing import Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from xlgen.sharding import UNCONSTRAINED, constrain
 
 LogicalAxes = Sequence[Optional[str]]
+
+# ------------------------------------------------------------------------------------------ rematerialisation
+
+# Activations a layer names with `jax.ad_checkpoint.checkpoint_name` (every family: the shared attention layer and
+# the FFN), i.e. the outputs of the layer's weight products, which the named policies below save:
+#   qkv_proj        the query / key / value heads x W_q, x W_k, x W_v `[b, l, n, d_head]`
+#   attention_out   attn_vec W_o `[b, q, d]`: the attention's output projection (before dropout, residual, LN)
+#   mlp_hidden      x W_1 + b_1 `[b, l, d_inner]`: the FFN's hidden layer before its activation
+#   mlp_out         act(.) W_2 + b_2 `[b, l, d]`: the FFN's output projection (before dropout, residual, LN)
+QKV_PROJ, ATTENTION_OUT, MLP_HIDDEN, MLP_OUT = "qkv_proj", "attention_out", "mlp_hidden", "mlp_out"
+
+# `model.remat` by name -> what the backward pass keeps of each layer's forward (the rest is recomputed):
+#   none            no rematerialisation: everything the backward pass needs is kept (today's remat=False)
+#   full            nothing but the layer's inputs (today's remat=True): the whole layer runs again
+#   dots            every matmul output (projections, FFN, attention scores and context): no product runs again
+#   dots_no_batch   matmul outputs without batch dimensions in the contraction: the weight products (projections,
+#                   FFN) are kept, the attention's score / context products run again
+#   attention_out   the attention's weight products (qkv_proj, attention_out): its score / context products and
+#                   the whole FFN run again
+#   mlp             the FFN's products (mlp_hidden, mlp_out): the attention runs again
+#   offload_dots    as dots_no_batch, but the kept products are moved to host memory and back (TPU: pinned host)
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "attention_out", "mlp", "offload_dots")
+_REMAT_ALIASES = {True: "full", False: "none", "true": "full", "false": "none", "True": "full", "False": "none"}
+
+
+def remat_policy(value) -> str:
+    """The policy name of a `model.remat` value: one of REMAT_POLICIES, or True / False (and their spellings, from
+    older configs and `config.json` files) for full / none. Anything else raises naming the choices."""
+    name = _REMAT_ALIASES.get(value, value) if isinstance(value, (bool, str)) else value
+    if name not in REMAT_POLICIES:
+        raise ValueError(f"model.remat={value!r}: expected one of {list(REMAT_POLICIES)} (or True / False)")
+    return name
+
+
+def checkpoint_policy(name: str):
+    """The `jax.checkpoint_policies` entry of a policy name (None = save nothing; 'none' has no policy)."""
+    p = jax.checkpoint_policies
+    return {
+        "full": None,
+        "dots": p.checkpoint_dots,
+        "dots_no_batch": p.dots_with_no_batch_dims_saveable,
+        "attention_out": p.save_only_these_names(QKV_PROJ, ATTENTION_OUT),
+        "mlp": p.save_only_these_names(MLP_HIDDEN, MLP_OUT),
+        "offload_dots": p.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    }[remat_policy(name)]
+
+
+def rematerialize(fn: Callable, remat) -> Callable:
+    """`fn` (a function of NNX modules and arrays, e.g. one layer's forward) under `nnx.remat` with the policy
+    `remat` names (`remat_policy`); `fn` itself for 'none'. Gradients equal the unrematerialised ones."""
+    name = remat_policy(remat)
+    if name == "none":
+        return fn
+    return nnx.remat(fn, policy=checkpoint_policy(name))
+
+
+# ------------------------------------------------------------------------------------------ precision
+
+# The precision policy of a model config (every family; defaults = float32 everywhere but `dtype`'s choice):
+#   param_dtype     storage dtype of the parameters (the train state; `xlgen.train.program` casts at init)
+#   dtype           compute dtype of the layers (matmul operands, activations, memory)
+#   softmax_dtype   dtype of the attention scores and their softmax
+#   logits_dtype    dtype of the LM / MLM output logits and their log-softmax (XLNet, Funnel; Transformer-XL's
+#                   adaptive and blocked softmax layers accumulate in float32 and accept float32 only)
+# plus `optimizer.state_dtype` (Adam moments; `xlgen.train.program`).
+FLOAT_DTYPES = ("float32", "bfloat16")
+PRECISION_KEYS = ("param_dtype", "dtype", "softmax_dtype", "logits_dtype")
+
+
+def check_precision(config, keys: Sequence[str] = PRECISION_KEYS) -> None:
+    """Every precision field of a model config dataclass names one of FLOAT_DTYPES; else ValueError naming it."""
+    for key in keys:
+        value = getattr(config, key)
+        if value not in FLOAT_DTYPES:
+            raise ValueError(f"{type(config).__name__}.{key}={value!r}: expected one of {list(FLOAT_DTYPES)}")
+
+
+def named(x: jax.Array, name: str) -> jax.Array:
+    """`x` tagged as the activation `name` for the remat policies (an identity otherwise)."""
+    return checkpoint_name(x, name)
 
 
 def _fmix32(h: jax.Array) -> jax.Array:
@@ -182,11 +263,11 @@ class PositionwiseFF(nnx.Module):
         self.drop_out = Dropout(dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        h = activation(self.act_name)(self.layer_1(x))
+        h = activation(self.act_name)(named(self.layer_1(x), MLP_HIDDEN))
         if h.ndim == 3:  # the hidden [b, l, d_inner]: rows over the batch axes, d_inner over `tensor` (fsdp_tp)
             h = constrain(h, ("activation_batch", "activation_length", "activation_mlp"))
         h = self.drop_inner(h)
-        return self.layer_norm(x + self.drop_out(self.layer_2(h)))
+        return self.layer_norm(x + self.drop_out(named(self.layer_2(h), MLP_OUT)))
 
 
 def stacked_layers(

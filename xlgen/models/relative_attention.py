@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xlgen.models import xla_cpu
-from xlgen.models.layers import Dense, Dropout, LayerNorm, normal, param
+from xlgen.models.layers import ATTENTION_OUT, QKV_PROJ, Dense, Dropout, LayerNorm, named, normal, param
 from xlgen.models.xla_cpu import (  # operand layouts for the products (same math; see xla_cpu)
     ContentKeyOperand,
     PositionKeyOperand,
@@ -260,21 +260,23 @@ def relative_attention(
     dropatt: Optional[Callable] = None,
     scale: Optional[float] = None,
     return_probs: bool = False,
+    softmax_dtype: str = "float32",
 ):
     """Softmax((content + position + segment) * scale, masked) · V.
 
     q `[b,q,n,d]`, k/v `[b,k,n,d]` (or a `ContentKeyOperand` / `ValueOperand`); position/segment terms
     `[b,n,q,k]` (already shifted); `mask` broadcastable to `[b,n,q,k]`, True where query i may NOT attend key j
-    (XLNet `perm_mask` convention). Scores and softmax in float32. Returns attn_vec `[b,q,n,d]` (and the
-    probabilities `[b,n,q,k]` when `return_probs`).
+    (XLNet `perm_mask` convention). Scores and softmax in `softmax_dtype` (float32 unless the model's precision
+    policy says otherwise). Returns attn_vec `[b,q,n,d]` (and the probabilities `[b,n,q,k]` when `return_probs`).
     """
     d_head = q_head.shape[-1]
     scale = 1.0 / math.sqrt(d_head) if scale is None else scale
-    scores = content_scores(q_head, k_head, r_w_bias).astype(jnp.float32)
+    sdt = jnp.dtype(softmax_dtype)
+    scores = content_scores(q_head, k_head, r_w_bias).astype(sdt)
     if position_term is not None:
-        scores = scores + position_term.astype(jnp.float32)
+        scores = scores + position_term.astype(sdt)
     if segment_term is not None:
-        scores = scores + segment_term.astype(jnp.float32)
+        scores = scores + segment_term.astype(sdt)
     scores = scores * scale
     if mask is not None:
         scores = jnp.where(mask, MASK_VALUE, scores)
@@ -318,9 +320,11 @@ class RelativeMultiHeadAttention(nnx.Module):
         segments: bool = False,
         layer_norm_eps: float = 1e-12,
         init_std: float = 0.02,
+        softmax_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
         hd = (n_head, d_head)
+        self.softmax_dtype = softmax_dtype
         ax_in, ax_out = ("embed",), ("heads", "kv")
         self.n_head, self.d_head = n_head, d_head
         self.q = Dense((d_model,), hd, ax_in, ax_out, use_bias=qkv_bias[0], init_std=init_std, rngs=rngs)
@@ -368,10 +372,11 @@ class RelativeMultiHeadAttention(nnx.Module):
         """Key and value heads `[b, m+l, n, d]` of `[mem; h]` for h `[b,l,d]` and a stop-gradient memory mem
         `[b,m,d]` (or None). Memory and segment are projected separately, `[k(mem); k(h)]`: one matmul over the
         concatenation would also form the memory rows' input gradient in the backward pass, only to drop it."""
+        k, v = (lambda x: self.heads(self.k, x)), (lambda x: self.heads(self.v, x))
         if mem is None or mem.shape[1] == 0:
-            return self.k(h), self.v(h)
+            return k(h), v(h)
         mem = mem.astype(h.dtype)
-        return (jnp.concatenate([self.k(mem), self.k(h)], axis=1), jnp.concatenate([self.v(mem), self.v(h)], axis=1))
+        return jnp.concatenate([k(mem), k(h)], axis=1), jnp.concatenate([v(mem), v(h)], axis=1)
 
     def attend(
         self,
@@ -392,7 +397,7 @@ class RelativeMultiHeadAttention(nnx.Module):
         heads (lets XLNet's query stream reuse the content stream's heads). `position_term` overrides the
         shifted position scores (Funnel's factorized form)."""
         b = self.biases(shared_biases)
-        q_head = self.q(query_input)
+        q_head = self.heads(self.q, query_input)
         k_head = self.content_keys(k_head)
         if position_term is None:
             position_term = position_scores(q_head, k_head_r, b["r_r_bias"], klen=klen, offset=offset, stride=stride)
@@ -408,8 +413,18 @@ class RelativeMultiHeadAttention(nnx.Module):
             segment_term=segment_term,
             mask=mask,
             dropatt=self.dropatt,
+            softmax_dtype=self.softmax_dtype,
         )
-        return self.layer_norm(query_input + self.drop(self.o(attn_vec)))
+        return self.output(query_input, attn_vec)
+
+    def output(self, query_input: jax.Array, attn_vec: jax.Array) -> jax.Array:
+        """The sub-layer's output LN(query_input + drop(attn_vec · W_o)) `[b, q, d]` (the product named
+        `attention_out` for the remat policies, `xlgen.models.layers.REMAT_POLICIES`)."""
+        return self.layer_norm(query_input + self.drop(named(self.o(attn_vec), ATTENTION_OUT)))
+
+    def heads(self, proj: Dense, x: jax.Array) -> jax.Array:
+        """`x · W` `[b, l, n, d_head]` for the query / key / value projection `proj`, named `qkv_proj`."""
+        return named(proj(x), QKV_PROJ)
 
     def __call__(
         self,
@@ -426,8 +441,8 @@ class RelativeMultiHeadAttention(nnx.Module):
         """query_input `[b,q,d]`, kv_input `[b,k,d]` (e.g. concat(memory, h)), pos_emb `[r,d]` or `[b,r,d]`."""
         return self.attend(
             query_input,
-            self.k(kv_input),
-            self.v(kv_input),
+            self.heads(self.k, kv_input),
+            self.heads(self.v, kv_input),
             self.position_heads(pos_emb),
             klen=kv_input.shape[1],
             offset=offset,

@@ -32,6 +32,7 @@ from data_pipelines import paths
 from xlgen import registry, sharding
 from xlgen.train import guards, report, tokenizer_store
 from xlgen.train import metrics as metrics_lib
+from xlgen.train.profile import StepProfiler
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
 from xlgen.train.workdir import Workdir
 
@@ -313,7 +314,12 @@ def run(
         return b
 
     ckpt = wd.checkpointer(keep=int(ckpt_cfg.keep), async_save=bool(ckpt_cfg.async_save))
-    writer = metrics_lib.MetricsWriter(wd.path, enabled=is_main, tensorboard=bool(config.get("tensorboard", True)))
+    writer = metrics_lib.MetricsWriter(
+        wd.path,
+        enabled=is_main,
+        tensorboard=bool(config.get("tensorboard", True)),
+        trackers=metrics_lib.make_trackers(config, wd.path) if is_main else (),
+    )
     best = evaluation.best if evaluation is not None else None
     with jax.set_mesh(mesh):
         restored = wd.restore(program, mems=save_mems, checkpointer=ckpt, quarantine=True)
@@ -401,10 +407,19 @@ def run(
         record = None
         end = total if stop_at is None else min(int(stop_at), total)
         batches = _train_batches(pipeline, start, end, int(config.get("prefetch", 2)))
+        profiler = StepProfiler(
+            config,
+            wd.path,
+            hlo_text=lambda: program.train_step.lower(*program.abstract_args()).compile().as_text(),
+            emit=progress.message,
+        )
+        m = None
         try:
             for s, local in batches:
                 batch = global_batch(own_rows(local), program.batch_shardings, bspec)
+                profiler.before(s, state)
                 state, mems, m = program.train_step(state, batch, mems)
+                profiler.after(s + 1, m)
                 health.add(m.pop("nonfinite"), m.get("loss"))
                 step = s + 1
                 if step == start + 1:  # do not count compilation in the throughput
@@ -457,6 +472,7 @@ def run(
                     evaluation.always_at_end and (end > start or (best is not None and best.best() is None))
                 ):
                     do_eval(max(total, start))
+            profiler.stop(m, steps=end - profiler.start)  # the run ended inside the profiled window
         except guards.TrainingDiverged as e:
             _set_aside_diverged(e, ckpt, health, start if restored is not None else None)
             raise

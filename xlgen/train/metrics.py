@@ -18,9 +18,11 @@ import io
 import json
 import logging
 import math
+import os
 import sys
 import time
-from typing import Any, Dict, Optional
+import uuid
+from typing import Any, Dict, Optional, Sequence
 
 from data_pipelines import paths
 
@@ -106,13 +108,188 @@ def _summary_writer(logdir: str):
         return None
 
 
+# ---------------------------------------------------------------------------------------------------- trackers
+#
+# A tracker receives every record MetricsWriter writes (training records under "train/<key>", evaluation records
+# under "<split>/<key>", numbers only) plus the run's config once: `log(record)`, `flush()`, `close()`.
+# `config.trackers` names the optional ones (comma-separated): wandb (`pip install -e '.[wandb]'`; offline with
+# WANDB_MODE=offline) and mlflow (`.[mlflow]`, mlflow-skinny; a local file store WORKDIR/mlruns unless
+# `tracking.mlflow_uri` is set). A workdir keeps their run ids in `tracking.json`, so a resumed run continues the
+# same W&B / MLflow run. TensorBoard (`config.tensorboard`) and metrics.jsonl are always the built-in ones.
+
+TRACKERS = ("wandb", "mlflow")
+
+
+def scalars(record: Dict[str, Any]):
+    """(tag, value, step) of a metrics record's numbers: "train/loss", "valid/ppl", ..."""
+    step = int(record["step"])
+    prefix = record.get("split", "train")
+    for k, v in record.items():
+        if k in ("step", "split") or not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        yield f"{prefix}/{k}", float(v), step
+
+
+class TensorBoardTracker:
+    def __init__(self, logdir: str):
+        self.writer = _summary_writer(logdir)
+
+    def log(self, record):
+        if self.writer is not None:
+            for tag, v, step in scalars(record):
+                self.writer.add_scalar(tag, v, step)
+
+    def flush(self):
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _run_ids(workdir: str) -> Dict[str, str]:
+    p = paths.as_path(paths.join(workdir, "tracking.json"))
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _save_run_id(workdir: str, name: str, run_id: str) -> None:
+    ids = _run_ids(workdir)
+    if ids.get(name) != run_id:
+        paths.write_json_atomic(paths.join(workdir, "tracking.json"), {**ids, name: run_id})
+
+
+def _need(module: str, extra: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f"trackers={extra}: {module} is not installed: pip install -e '.[{extra}]'") from None
+
+
+class WandbTracker:
+    """Weights & Biases: one run per workdir (resumed by id), files under WORKDIR/wandb; WANDB_MODE as set."""
+
+    def __init__(self, workdir: str, config: Dict[str, Any], project: str, name: str):
+        wandb = _need("wandb", "wandb")
+        run_id = _run_ids(workdir).get("wandb") or uuid.uuid4().hex[:8]
+        paths.makedirs(paths.join(workdir, "wandb"))
+        self.run = wandb.init(
+            project=project,
+            name=name or None,
+            id=run_id,
+            resume="allow",
+            dir=workdir,
+            config=config,
+            reinit="create_new",
+        )
+        _save_run_id(workdir, "wandb", run_id)
+
+    def log(self, record):
+        values = {tag: v for tag, v, _ in scalars(record)}
+        if values:
+            self.run.log(values, step=int(record["step"]))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.run.finish()
+
+
+class MlflowTracker:
+    """MLflow: one run per workdir (resumed by id) in experiment `project`; a file store WORKDIR/mlruns by default."""
+
+    def __init__(self, workdir: str, config: Dict[str, Any], project: str, name: str, uri: str):
+        _need("mlflow", "mlflow")
+        from mlflow.tracking import MlflowClient
+
+        if not uri:  # the local file store (MLflow 3 keeps it in maintenance mode, behind this switch)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = paths.as_path(paths.join(workdir, "mlruns")).absolute().as_uri()
+        self.client = MlflowClient(tracking_uri=uri)
+        run_id = _run_ids(workdir).get("mlflow")
+        if run_id is None:
+            exp = self.client.get_experiment_by_name(project)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(project)
+            run_id = self.client.create_run(exp_id, run_name=name or None).info.run_id
+            flat = _flatten(config)
+            for i in range(0, len(flat), 100):  # MLflow takes at most 100 params per batch
+                self.client.log_batch(run_id, params=[_param(k, v) for k, v in list(flat.items())[i : i + 100]])
+            _save_run_id(workdir, "mlflow", run_id)
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+
+    def log(self, record):
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(tag, v, now, step) for tag, v, step in scalars(record)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.client.set_terminated(self.run_id)
+
+
+def _param(key, value):
+    from mlflow.entities import Param
+
+    return Param(key, str(value)[:500])
+
+
+def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def make_trackers(config, workdir: str) -> list:
+    """The trackers `config.trackers` names (TensorBoard comes from `config.tensorboard`, see MetricsWriter)."""
+    names = [n.strip() for n in str(config.get("trackers", "") or "").split(",") if n.strip()]
+    unknown = sorted(set(names) - set(TRACKERS))
+    if unknown:
+        raise ValueError(f"trackers={config.trackers!r}: unknown {unknown}; expected a comma list of {list(TRACKERS)}")
+    if not names:
+        return []
+    t = config.get("tracking", {})
+    project, name = t.get("project", "xlgen") or "xlgen", t.get("run_name", "")
+    as_dict = json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") else dict(config)
+    out = []
+    for n in names:
+        if n == "wandb":
+            out.append(WandbTracker(workdir, as_dict, project, name))
+        else:
+            out.append(MlflowTracker(workdir, as_dict, project, name, t.get("mlflow_uri", "")))
+    return out
+
+
 class MetricsWriter:
-    def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True, flush_secs: float = 30.0):
+    """metrics.jsonl + TensorBoard (`tensorboard`) + the given `trackers`: each record goes to all of them."""
+
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        flush_secs: float = 30.0,
+        trackers: Sequence[Any] = (),
+    ):
         self.enabled = enabled
         self.path = paths.join(workdir, "metrics.jsonl")
         self.remote = paths.is_remote(workdir)
         self.flush_secs = flush_secs
-        self._tb = None
+        self.trackers = list(trackers) if enabled else []
         self._file = None  # local: opened on the first write (after a resume has truncated stale records)
         self._text = None  # remote: the object's text, read on the first write, rewritten on flush
         self._dirty = False
@@ -120,7 +297,7 @@ class MetricsWriter:
         if enabled:
             paths.makedirs(workdir)
             if tensorboard:
-                self._tb = _summary_writer(paths.join(workdir, "tensorboard"))
+                self.trackers.insert(0, TensorBoardTracker(paths.join(workdir, "tensorboard")))
 
     def write(self, record: Dict[str, Any]) -> None:
         if not self.enabled:
@@ -143,13 +320,8 @@ class MetricsWriter:
                 self._file = open(self.path, "a")
             self._file.write(line)
             self._file.flush()
-        if self._tb is not None:
-            step = int(record["step"])
-            prefix = record.get("split", "train")
-            for k, v in record.items():
-                if k in ("step", "split") or not isinstance(v, (int, float)) or isinstance(v, bool):
-                    continue
-                self._tb.add_scalar(f"{prefix}/{k}", v, step)
+        for tracker in self.trackers:
+            tracker.log(record)
 
     def _flush_jsonl(self) -> None:
         if self.remote and self._dirty:
@@ -162,16 +334,16 @@ class MetricsWriter:
         write)."""
         if self.enabled:
             self._flush_jsonl()
-            if self._tb is not None:
-                self._tb.flush()
+            for tracker in self.trackers:
+                tracker.flush()
 
     def close(self) -> None:
         if self.enabled:
             self._flush_jsonl()
             if self._file is not None:
                 self._file.close()
-            if self._tb is not None:
-                self._tb.close()
+            for tracker in self.trackers:
+                tracker.close()
 
 
 class Progress:

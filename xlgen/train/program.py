@@ -52,7 +52,9 @@ class ModelSpec:
         return {n: (self.shapes[n], self.logical[n]) for n in self.shapes}
 
 
-def abstract_model(make: Callable[[nnx.Rngs], nnx.Module], train: bool) -> ModelSpec:
+def abstract_model(make: Callable[[nnx.Rngs], nnx.Module], train: bool, param_dtype=None) -> ModelSpec:
+    """`param_dtype` (the model's precision policy): the storage dtype of its floating-point parameters (None = as
+    the modules create them, float32)."""
     model = nnx.eval_shape(lambda: make(nnx.Rngs(params=0, dropout=1, sample=2)))
     if train:
         model.train()
@@ -63,7 +65,7 @@ def abstract_model(make: Callable[[nnx.Rngs], nnx.Module], train: bool) -> Model
     for path, var in nnx.to_flat_state(params):
         n = path_name(path)
         shapes[n] = tuple(var.shape)
-        dtypes[n] = var.dtype
+        dtypes[n] = var.dtype if param_dtype is None or not jnp.issubdtype(var.dtype, jnp.floating) else param_dtype
         axes = var.get_metadata().get("out_sharding")
         logical[n] = tuple(axes) if axes is not None else (None,) * len(shapes[n])
     return ModelSpec(model, rest, shapes, dtypes, logical)
@@ -244,7 +246,16 @@ def eval_step(config, objective: Objective, spec: ModelSpec, params, batch, mems
 
 
 # Config sections that do not change the compiled program (a resumed or re-run job reuses the executables).
-_NOT_PROGRAM = ("checkpoint", "log_every_steps", "eval_every_steps", "tensorboard", "peak_flops_per_device")
+_NOT_PROGRAM = (
+    "checkpoint",
+    "log_every_steps",
+    "eval_every_steps",
+    "tensorboard",
+    "peak_flops_per_device",
+    "profile",
+    "trackers",
+    "tracking",
+)
 _PROGRAMS: Dict[Tuple, "Program"] = {}
 
 
@@ -278,8 +289,11 @@ def _build_program(config, mesh: Mesh) -> Program:
         from xlgen.train.game import build_game_program
 
         return build_game_program(config, mesh, objective.game(config), objective.name)
-    train_spec = abstract_model(lambda r: objective.make_model(config, r, True), train=True)
-    eval_spec = abstract_model(lambda r: objective.make_model(config, r, False), train=False)
+    # precision policy: parameters stored in model.param_dtype, optimizer state in optimizer.state_dtype ("" = the
+    # parameters'); the compute / softmax / logits dtypes are the model's own (xlgen.models.layers.PRECISION_KEYS)
+    pdt = jnp.dtype(config.model.get("param_dtype", "float32"))
+    train_spec = abstract_model(lambda r: objective.make_model(config, r, True), train=True, param_dtype=pdt)
+    eval_spec = abstract_model(lambda r: objective.make_model(config, r, False), train=False, param_dtype=pdt)
 
     rules = sharding.rules_for(config.mesh.rules)
     param_specs = {
@@ -289,6 +303,7 @@ def _build_program(config, mesh: Mesh) -> Program:
     tx, schedule = optim.make_optimizer(
         config.optimizer, int(config.total_steps), train_spec.meta(), family=config.model.get("family")
     )
+    tx = optim.with_state_dtype(tx, config.optimizer.get("state_dtype", ""))
 
     abstract_params = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
@@ -320,6 +335,7 @@ def _build_program(config, mesh: Mesh) -> Program:
         flat = {
             path_name(p): v.get_value() if hasattr(v, "get_value") else v.value for p, v in nnx.to_flat_state(params)
         }
+        flat = {n: x.astype(train_spec.dtypes[n]) for n, x in flat.items()}
         state = {
             "params": flat,
             "opt_state": tx.init(flat),

@@ -39,7 +39,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from xlgen.models.layers import Dense, Dropout, LayerNorm, PositionwiseFF, activation, normal, param, zeros
+from xlgen.models.layers import (
+    Dense,
+    Dropout,
+    LayerNorm,
+    PositionwiseFF,
+    activation,
+    check_precision,
+    normal,
+    param,
+    remat_policy,
+    rematerialize,
+    zeros,
+)
 from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
     factorized_position_encodings,
@@ -112,8 +124,11 @@ class FunnelConfig:
     pool_q_only: bool = True
     mlm_transform: bool = False  # original `lm_proj` (dense + act + LN) before the tied softmax; HF has none
     hf_block1_residual: bool = False
-    remat: bool = False
+    remat: Union[bool, str] = "none"  # a name of layers.REMAT_POLICIES (True / False = full / none)
     dtype: str = "float32"
+    param_dtype: str = "float32"
+    softmax_dtype: str = "float32"
+    logits_dtype: str = "float32"
 
     def __post_init__(self):
         sizes, repeats = parse_block_layout(self.block_sizes)
@@ -129,8 +144,8 @@ class FunnelConfig:
             raise ValueError(
                 f"FunnelConfig.attention_type={self.attention_type!r}; expected 'relative_shift' or 'factorized'"
             )
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"FunnelConfig.dtype={self.dtype!r}; expected float32 or bfloat16")
+        object.__setattr__(self, "remat", remat_policy(self.remat))
+        check_precision(self)
         if self.d_model % 2:
             raise ValueError("FunnelConfig.d_model must be even (sin/cos position encodings)")
 
@@ -328,6 +343,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
             segments=True,
             layer_norm_eps=cfg.layer_norm_eps,
             init_std=cfg.init_std,
+            softmax_dtype=cfg.softmax_dtype,
             rngs=rngs,
         )
         self.attention_type = cfg.attention_type
@@ -339,7 +355,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
         """query `[b, q, d]`, kv `[b, k, d]` -> LN(query + Attn) `[b, q, d]`."""
         dtype = query.dtype
         b = self.biases(None)
-        q_head, k_head, v_head = self.q(query), self.k(kv), self.v(kv)
+        q_head, k_head, v_head = self.heads(self.q, query), self.heads(self.k, kv), self.heads(self.v, kv)
         qlen, klen = query.shape[1], kv.shape[1]
         rows = ai.q_rows
         if rows is not None and (ai.k_stride != 1 or ai.shift != 1 or klen != len(ai.k_pos)):
@@ -383,8 +399,9 @@ class FunnelAttention(RelativeMultiHeadAttention):
             segment_term=seg,
             mask=mask,
             dropatt=self.dropatt,
+            softmax_dtype=self.softmax_dtype,
         )
-        return self.layer_norm(query + self.drop(self.o(attn_vec)))
+        return self.output(query, attn_vec)
 
 
 class FunnelLayer(nnx.Module):
@@ -405,9 +422,9 @@ class FunnelLayer(nnx.Module):
         self.remat = cfg.remat
 
     def __call__(self, query: jax.Array, kv: jax.Array, ai: AttentionInputs) -> jax.Array:
-        if self.remat:
-            return nnx.remat(lambda layer, q, k: layer._forward(q, k, ai))(self, query, kv)
-        return self._forward(query, kv, ai)
+        if self.remat == "none":
+            return self._forward(query, kv, ai)
+        return rematerialize(lambda layer, q, k: layer._forward(q, k, ai), self.remat)(self, query, kv)
 
     def _forward(self, query, kv, ai):
         query, kv = _batch_sharded(query), _batch_sharded(kv)
@@ -583,7 +600,7 @@ class FunnelModel(nnx.Module):
 
 class MLMHead(nnx.Module):
     """logits = T(h) · E^T + b with the input embedding E tied; T = identity (HF) or, with `mlm_transform` or
-    d_embed != d_model, LN(act(W h + c)) -> d_embed (original `lm_proj`). Logits in float32."""
+    d_embed != d_model, LN(act(W h + c)) -> d_embed (original `lm_proj`). Logits in `logits_dtype` (float32)."""
 
     def __init__(self, cfg: FunnelConfig, *, rngs: nnx.Rngs):
         if cfg.mlm_transform or cfg.embed_dim != cfg.d_model:
@@ -595,12 +612,14 @@ class MLMHead(nnx.Module):
             self.transform = None
         self.act = cfg.hidden_act
         self.bias = param(rngs, zeros, (cfg.vocab_size,), ("vocab",))
+        self.logits_dtype = cfg.logits_dtype
 
     def __call__(self, h: jax.Array, embedding: jax.Array) -> jax.Array:
         if self.transform is not None:
             h = self.transform_norm(activation(self.act)(self.transform(h)))
+        dt = jnp.dtype(self.logits_dtype)
         logits = jnp.einsum("...d,vd->...v", h, embedding.astype(h.dtype))
-        return logits.astype(jnp.float32) + self.bias[...]
+        return logits.astype(dt) + self.bias[...].astype(dt)
 
 
 class FunnelForMaskedLM(nnx.Module):

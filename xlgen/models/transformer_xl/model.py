@@ -23,7 +23,7 @@ keeps with a fixed shape). `from_hf` loads Hugging Face `TransfoXLLMHeadModel` /
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +31,16 @@ import numpy as np
 from flax import nnx
 
 from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
-from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
+from xlgen.models.layers import (
+    Dropout,
+    PositionwiseFF,
+    check_precision,
+    normal,
+    param,
+    remat_policy,
+    rematerialize,
+    stacked_layers,
+)
 from xlgen.models.output_layers import OUTPUT_LAYER_NAMES, OutputConfig, SpectralEmbedding, make_output_layer
 from xlgen.models.params import materialize, stack_layers
 from xlgen.models.relative_attention import (
@@ -91,8 +100,11 @@ class TransformerXLConfig:
     layer_norm_epsilon: float = 1e-5
     # execution options (not architecture)
     scan_layers: bool = False
-    remat: bool = False
+    remat: Union[bool, str] = "none"  # a name of layers.REMAT_POLICIES (True / False = full / none)
     dtype: str = "float32"
+    param_dtype: str = "float32"
+    softmax_dtype: str = "float32"
+    logits_dtype: str = "float32"  # float32 only: the adaptive / blocked softmax layers accumulate in float32
     softmax_block_size: int = 32768
     softmax_chunk_size: int = 256
     output_layer: str = "adaptive"
@@ -107,7 +119,13 @@ class TransformerXLConfig:
             raise ValueError(f"tie_projs={self.tie_projs} needs {len(self.cutoffs) + 1} entries (head + tails)")
         if self.n_layer < 1 or self.n_head < 1 or self.d_head < 1:
             raise ValueError("n_layer, n_head and d_head must be positive")
-        jnp.dtype(self.dtype)  # raises on unknown dtype names
+        object.__setattr__(self, "remat", remat_policy(self.remat))
+        check_precision(self)
+        if self.logits_dtype != "float32":
+            raise ValueError(
+                f"TransformerXLConfig.logits_dtype={self.logits_dtype!r}: Transformer-XL's output layers compute "
+                "their logits and log-normalisers in float32 (blocked, never a [tokens, V] tensor); use float32"
+            )
         out = OutputConfig.from_any(self.output)
         object.__setattr__(self, "output", out)
         if self.output_layer not in OUTPUT_LAYER_NAMES:
@@ -169,6 +187,9 @@ class TransformerXLConfig:
             "scan_layers",
             "remat",
             "dtype",
+            "param_dtype",
+            "softmax_dtype",
+            "logits_dtype",
             "softmax_block_size",
             "softmax_chunk_size",
             "output_layer",
@@ -225,6 +246,7 @@ class TransformerXLBlock(nnx.Module):
             own_biases=c.untie_r,
             layer_norm_eps=c.layer_norm_epsilon,
             init_std=c.init_std,
+            softmax_dtype=c.softmax_dtype,
             rngs=rngs,
         )
         self.ff = PositionwiseFF(
@@ -428,7 +450,7 @@ class TransformerXLLM(nnx.Module):
         pos_emb = self.drop(sinusoid_embedding(pos_seq, c.d_model, dtype))
         h = self.drop(self.embedding(input_ids, dtype))
         shared = None if c.untie_r else {"r_w_bias": self.r_w_bias[...], "r_r_bias": self.r_r_bias[...]}
-        apply = nnx.remat(_apply_block) if c.remat else _apply_block
+        apply = rematerialize(_apply_block, c.remat)
         layer_cache = None if cache is None else {"position_keys": None, "kv_mem": None, **cache}
         if c.scan_layers:
 

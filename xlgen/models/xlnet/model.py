@@ -28,14 +28,23 @@ Modules return `(output, new_mems)`; `new_mems` is `[n_layer, b, mem_len, d]` (s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xlgen.models.layers import Dropout, PositionwiseFF, normal, param, stacked_layers
+from xlgen.models.layers import (
+    Dropout,
+    PositionwiseFF,
+    check_precision,
+    normal,
+    param,
+    remat_policy,
+    rematerialize,
+    stacked_layers,
+)
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
@@ -98,14 +107,17 @@ class XLNetConfig:
     answer_class_start: str = "weighted"
     # implementation
     scan_layers: bool = False
-    remat: bool = False
+    remat: Union[bool, str] = "none"  # a name of layers.REMAT_POLICIES (True / False = full / none)
     dtype: str = "float32"
+    param_dtype: str = "float32"
+    softmax_dtype: str = "float32"
+    logits_dtype: str = "float32"
 
     def __post_init__(self):
         if self.attn_type not in ("bi", "uni"):
             raise ValueError(f"XLNetConfig.attn_type={self.attn_type!r}: expected 'bi' or 'uni'")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"XLNetConfig.dtype={self.dtype!r}: expected 'float32' or 'bfloat16'")
+        object.__setattr__(self, "remat", remat_policy(self.remat))
+        check_precision(self)
         if self.answer_class_start not in ("weighted", "gold"):
             raise ValueError(
                 f"XLNetConfig.answer_class_start={self.answer_class_start!r}: expected 'weighted' (original) or "
@@ -234,6 +246,7 @@ class XLNetLayer(nnx.Module):
             segments=True,
             layer_norm_eps=cfg.layer_norm_eps,
             init_std=cfg.initializer_range,
+            softmax_dtype=cfg.softmax_dtype,
             rngs=rngs,
         )
         self.ff = PositionwiseFF(
@@ -298,7 +311,7 @@ def query_stream_attention(
     content stream's k/v/position heads; computed for the m targets only. Rows of `target_mapping` that are all
     zero (padding targets) get a zero attention vector, as in the original's einsum formulation."""
     b = attn.biases(shared_biases)
-    q_head = attn.q(g)  # [b,m,n,d]
+    q_head = attn.heads(attn.q, g)  # [b,m,n,d]
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
     # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift).
     idx = offset - ctx["target_pos"][:, :, None] + jnp.arange(klen)[None, None, :]  # [b,m,k]
@@ -318,9 +331,10 @@ def query_stream_attention(
         segment_term=segment_term,
         mask=mask,
         dropatt=attn.dropatt,
+        softmax_dtype=attn.softmax_dtype,
     )
     attn_vec = attn_vec * ctx["target_weight"][:, :, None, None].astype(attn_vec.dtype)
-    return attn.layer_norm(g + attn.drop(attn.o(attn_vec)))
+    return attn.output(g, attn_vec)
 
 
 def _rows(x: Optional[jax.Array], pos: jax.Array) -> Optional[jax.Array]:
@@ -455,7 +469,7 @@ class XLNetModel(nnx.Module):
                 h, g = layer(h, g, mem, pos_emb, ctx, shared, content=content)
                 return h, g, new_mem
 
-            return nnx.remat(layer_fn) if cfg.remat else layer_fn
+            return rematerialize(layer_fn, cfg.remat)
 
         layer_fn = make_layer_fn(True)
 
@@ -500,7 +514,7 @@ class XLNetModel(nnx.Module):
 class XLNetLMHeadModel(nnx.Module):
     """XLNet + LM head tied to the word embedding, with a bias: logits = output · E^T + b.
 
-    `__call__(..., target_ids=None)` returns (logits `[b, m or l, V]` float32, new_mems) or, given
+    `__call__(..., target_ids=None)` returns (logits `[b, m or l, V]` in `logits_dtype`, float32 by default, new_mems) or, given
     `target_ids [b, m or l]`, (per-target nll `[b, m or l]` float32, new_mems).
     """
 
@@ -510,8 +524,10 @@ class XLNetLMHeadModel(nnx.Module):
         self.lm_bias = param(rngs, nnx.initializers.zeros_init(), (config.vocab_size,), ("vocab",))
 
     def logits(self, output: jax.Array) -> jax.Array:
+        """`[b, l, V]` in the config's `logits_dtype` (float32 by default)."""
+        dt = jnp.dtype(self.config.logits_dtype)
         emb = self.transformer.word_embedding[...].astype(output.dtype)
-        return jnp.einsum("bld,vd->blv", output, emb).astype(jnp.float32) + self.lm_bias[...]
+        return jnp.einsum("bld,vd->blv", output, emb).astype(dt) + self.lm_bias[...].astype(dt)
 
     def __call__(self, input_ids=None, token_type_ids=None, *, target_ids=None, **kwargs):
         output, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
@@ -522,8 +538,8 @@ class XLNetLMHeadModel(nnx.Module):
 
 
 def token_nll(logits: jax.Array, target_ids: jax.Array) -> jax.Array:
-    """-log softmax(logits)[target]: logits `[..., V]`, target_ids `[...]` -> `[...]` float32."""
-    logits = logits.astype(jnp.float32)
+    """-log softmax(logits)[target]: logits `[..., V]`, target_ids `[...]` -> `[...]` float32 (the log-softmax in
+    the logits' dtype: float32, or bfloat16 under `logits_dtype=bfloat16`)."""
     lse = jax.nn.logsumexp(logits, axis=-1)
     tgt = jnp.take_along_axis(logits, jnp.asarray(target_ids)[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return lse - tgt
+    return (lse - tgt).astype(jnp.float32)
