@@ -30,6 +30,7 @@ setup(
         "scikit-learn>=1.5",
         "seqeval>=1.2,<2",  # entity-level NER metrics (finetuning conll2003)
         "networkx>=3",  # Planetoid's karate-club graph
+        "nltk>=3.9,<4",  # BLEU of xlgen analyze textgen
         "safetensors>=0.4",
         "tokenizers>=0.14,<0.15",
         "absl-py>=2",

@@ -14,6 +14,7 @@
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
     xlgen analyze  rank|spectrum|recl ... --workdir=DIR   log-prob rank, output-embedding spectrum, relative
                           effective context length (xlgen.analyze:main; `xlgen analyze --help`)
+    xlgen analyze  textgen --generated=FILE --reference=FILE   BLEU / Self-BLEU / Inverse BLEU, FED, LCR
 
 Common options of train/eval:
     --platform=cpu|tpu|gpu   JAX platform. Default: the JAX_PLATFORMS environment variable if set, else `tpu`/`gpu`

@@ -11,6 +11,8 @@
                                                                        Press-rank robustness (001 Alg. 5.1/5.2)
     xlgen analyze compare  --group=NAME=DIR,DIR,... [--values=NAME=X,X] [--metric=loss --json --png]
                                                                        mean ± std over seeds, Wilcoxon rank-sum
+    xlgen analyze textgen  --generated=FILE --reference=FILE [--encoder=lsa --json=FILE]
+                                                                       BLEU / Self-BLEU / Inverse BLEU, FED, LCR
 
 Each tool is a module with `main(argv) -> int`, registered in `TOOLS` below (add one line per new tool).
 """
@@ -28,6 +30,7 @@ TOOLS = {
     "kld": "xlgen.analyze.kld",
     "robustness": "xlgen.analyze.robustness",
     "compare": "xlgen.analyze.compare",
+    "textgen": "xlgen.analyze.textgen",
 }
 
 
