@@ -103,7 +103,10 @@ def test_every_remat_policy_gives_the_gradients_of_none(config_file):
     from xlgen.plan import jaxpr_matmul_flops
 
     results, flops = {}, {}
-    for policy in REMAT_POLICIES:
+    # the policies live in the shared attention / FFN layers: Transformer-XL checks all of them, XLNet and Funnel
+    # (their own layer stacks) the ones that name activations, against `none` and `full`
+    policies = REMAT_POLICIES if config_file == "txl_tiny.py" else ("none", "attention_out", "mlp", "full")
+    for policy in policies:
         program, mesh = _program(config_file, {"model.remat": policy})
         assert program.config.model.remat == policy
         with jax.set_mesh(mesh):
@@ -119,8 +122,9 @@ def test_every_remat_policy_gives_the_gradients_of_none(config_file):
         np.testing.assert_allclose(loss, loss0, atol=1e-6, err_msg=policy)
         for name in g0:
             np.testing.assert_allclose(g[name], g0[name], atol=1e-6, rtol=0, err_msg=f"{policy}: {name}")
-    assert flops["dots"] == flops["none"] < flops["dots_no_batch"] < flops["full"], flops
-    assert flops["offload_dots"] == flops["dots_no_batch"], flops
+    if "dots" in flops:
+        assert flops["dots"] == flops["none"] < flops["dots_no_batch"] < flops["full"], flops
+        assert flops["offload_dots"] == flops["dots_no_batch"], flops
     for named in ("attention_out", "mlp"):  # their products are kept, the rest of the layer runs again
         assert flops["none"] < flops[named] < flops["full"], (named, flops)
 

@@ -86,7 +86,7 @@ def test_eval_memory_sweep_and_recl_write_json_and_png(workdir, compile_cache): 
     # one evaluation of the sweep equals a plain `xlgen eval` with that memory
     one = xlgen_cli(compile_cache, "eval", f"--workdir={workdir}", "--config.eval.mem_len=16")
     loss = float(one.stdout.split("loss ")[1].split()[0])
-    assert abs(loss - sweep["results"][1]["loss"]) < 1e-6
+    assert abs(loss - sweep["results"][1]["loss"]) <= 5e-5 + 1e-9  # `xlgen eval` prints 4 decimals
 
     out = workdir / "recl.json"
     cmd = ["analyze", "recl"] if _has_analyze() else None
