@@ -94,8 +94,12 @@ def _log(msg: str) -> None:
     print(f"[xlgen plan {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def compile_and_measure(jitted, args, mesh, hbm: int, *, label: str = "") -> Dict[str, Any]:
-    """Trace, lower and AOT-compile `jitted(*args)` (abstract args) under `mesh`; memory and FLOPs per device.
+def compile_and_measure(
+    jitted, args, mesh, hbm: int, *, label: str = "", peak: float = 0.0, hbm_bandwidth: float = 0.0
+) -> Dict[str, Any]:
+    """Trace, lower and AOT-compile `jitted(*args)` (abstract args) under `mesh`; memory and FLOPs per device, and
+    (given one device's `peak` FLOP/s and `hbm_bandwidth` bytes/s) the roofline of the compiled module
+    (`xlgen.plan.roofline.analyse`, under `_roofline`).
 
     A program XLA refuses for lack of HBM is reported (`fits: false`, required vs available), not raised.
     """
@@ -154,6 +158,10 @@ def compile_and_measure(jitted, args, mesh, hbm: int, *, label: str = "") -> Dic
         from xlgen import comm
 
         out["_collectives"] = comm.collectives(hlo, n)
+        if peak > 0 and hbm_bandwidth > 0:
+            from xlgen.plan import roofline
+
+            out["_roofline"] = roofline.analyse(hlo, peak, hbm_bandwidth)
     return out
 
 

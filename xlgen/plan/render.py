@@ -68,6 +68,8 @@ def render_text(r: Dict[str, Any]) -> str:
                 f"{r['step_time_no_overlap_s'] * 1e3:.1f} ms (no overlap); MFU with comm <= "
                 f"{100 * r['mfu_with_comm']:.1f}% ({100 * r['mfu_no_overlap']:.1f}% no overlap)"
             )
+    if "roofline_time_s" in r:
+        lines += render_roofline(r)
     lines.append(f"compile           {r['compile_time_s']:.1f} s (trace+lower {r['trace_lower_time_s']:.1f} s)")
     for s in r.get("suggestions", []):
         lines.append(f"suggestion        {s}")
@@ -79,8 +81,9 @@ def render_text(r: Dict[str, Any]) -> str:
 TABLE_HEADER = (
     "| config | topology (devices) | mesh data×fsdp×tensor | rules | execution | batch | params | "
     "state / device | HBM / device (of) | fits | model FLOPs / step | compute ≥ | comm / device (× FSDP ideal) | "
-    "comm ≥ | step ≥ (no overlap) | MFU ≤ (with comm) | compile |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "comm ≥ | step ≥ (no overlap) | MFU ≤ (with comm) | roofline ≥ (no overlap) | roofline MFU ≤ (with comm) | "
+    "XLA optimal_seconds | compile |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -113,6 +116,22 @@ def _comm_cells(r: Dict[str, Any]) -> str:
     )
 
 
+def _roofline_cells(r: Dict[str, Any]) -> str:
+    """roofline ≥ (no overlap), roofline MFU ≤ (with comm), XLA optimal_seconds; '-' for plans compiled before the
+    roofline was measured."""
+    xla = r.get("xla_optimal_seconds")
+    loop = r.get("flops_per_step", {}).get("xla_counts_loop_bodies_once")
+    xla_cell = "-" if not xla else f"{xla * 1e3:.0f} ms" + (" (loop body once)" if loop else "")
+    if "roofline_time_s" not in r:
+        return f"- | - | {xla_cell}"
+    roof = f"{r['roofline_time_s'] * 1e3:.0f} ms"
+    mfu = f"{100 * r['roofline_mfu']:.0f}%"
+    if "roofline_step_time_no_overlap_s" in r:
+        roof += f" ({r['roofline_step_time_no_overlap_s'] * 1e3:.0f} ms)"
+        mfu += f" ({100 * r['roofline_mfu_with_comm']:.0f}%)"
+    return f"{roof} | {mfu} | {xla_cell}"
+
+
 def _execution(model: Dict[str, Any]) -> str:
     parts = [str(model.get("dtype", "float32")).replace("bfloat16", "bf16").replace("float32", "f32")]
     if _remat_on(model):
@@ -136,7 +155,7 @@ def render_row(r: Dict[str, Any]) -> str:
         f"{_gib(r['state_bytes_per_device']['total'])} | "
         f"{_gib(r['memory_per_device']['total'])} ({_gib(r['hbm_per_device'])}) | {fits} | "
         f"{_flops(r['flops_per_step']['analytic_model'])} | {r['step_time_s'] * 1e3:.0f} ms | "
-        f"{_comm_cells(r)} | {r['compile_time_s']:.0f} s |"
+        f"{_comm_cells(r)} | {_roofline_cells(r)} | {r['compile_time_s']:.0f} s |"
     )
 
 
@@ -177,12 +196,48 @@ def render_remat(rows: Sequence[Dict[str, Any]], hbm: int) -> str:
     lines = [
         f"remat policies    (HBM per device of {_gib(hbm)}; step time from executed FLOPs at peak, with comm if measured)",
         f"  {'policy':<14} {'HBM / device':>13} {'temp':>11} {'fits':>5} {'executed FLOPs':>15} {'step >=':>10} "
-        f"{'MFU <=':>7}",
+        f"{'MFU <=':>7} {'roofline >=':>12}",
     ]
     for r in rows:
         lines.append(
             f"  {r['policy']:<14} {_gib(r['hbm_per_device']):>13} {_gib(r['temp_per_device']):>11} "
             f"{'yes' if r['fits'] else 'NO':>5} {_flops(r['executed_flops_per_step']):>15} "
-            f"{r['step_time_bound_s'] * 1e3:>8.3g} ms {100 * r['mfu']:>6.1f}%"
+            f"{r['step_time_bound_s'] * 1e3:>8.3g} ms {100 * r['mfu']:>6.1f}% "
+            + (f"{r['roofline_time_s'] * 1e3:>9.3g} ms" if r.get("roofline_time_s") else f"{'-':>12}")
         )
     return "\n".join(lines)
+
+
+def render_roofline(r: Dict[str, Any], top: int = 8) -> list:
+    """The roofline lines of the text report: the step's roofline against its compute-only bound and XLA's
+    estimate, then the top ops by roofline time with the model source they come from."""
+    ro = r["roofline"]
+    xla = r.get("xla_optimal_seconds", 0.0)
+    loop = (
+        " (while-loop bodies counted once: not comparable)"
+        if r["flops_per_step"].get("xla_counts_loop_bodies_once")
+        else ""
+    )
+    share = ro["memory_bound_time_s"] / r["roofline_time_s"] if r["roofline_time_s"] else 0.0
+    lines = [
+        f"roofline          >= {r['roofline_time_s'] * 1e3:.1f} ms per step at {ro['hbm_bytes_per_s'] / 1e9:.0f} GB/s HBM "
+        f"per device ({r.get('roofline_over_compute_only', 0.0):.2f}x the compute-only {r['compute_only_time_s'] * 1e3:.1f}"
+        f" ms; HBM traffic {_bytes(ro['hbm_bytes'])} = {ro['memory_time_s'] * 1e3:.1f} ms; {100 * share:.0f}% of the "
+        f"time in memory-bound ops), roofline MFU <= {100 * r['roofline_mfu']:.1f}%",
+        f"XLA estimate      optimal_seconds {xla * 1e3:.1f} ms{loop}",
+    ]
+    if "roofline_step_time_bound_s" in r:
+        lines.append(
+            f"roofline + comm   step >= {r['roofline_step_time_bound_s'] * 1e3:.1f} ms (overlapped), "
+            f"{r['roofline_step_time_no_overlap_s'] * 1e3:.1f} ms (no overlap); MFU <= "
+            f"{100 * r['roofline_mfu_with_comm']:.1f}%"
+        )
+    if ro.get("unknown_trip_counts"):
+        lines.append(f"roofline note     {ro['unknown_trip_counts']} while loop(s) of unknown trip count counted once")
+    for i, op in enumerate(r.get("top_ops", [])[:top]):
+        where = op["source"] or "-"
+        lines.append(
+            f"{'top ops' if i == 0 else '':<18}{op['time_s'] * 1e3:8.2f} ms {100 * op['share']:4.1f}% {op['bound']:<7} "
+            f"{op['op']:<15} x{op['trips']:<4} {where}  {op['op_name'][-90:]}"
+        )
+    return lines

@@ -77,7 +77,11 @@ def plan(
     )
     report["state_bytes_per_device"] = breakdown
     report["batch_bytes_per_device"] = _bytes_per_device(batch)
-    report.update(compile_and_measure(program.train_step, args, mesh, hbm, label=t.name))
+    bandwidth = topo.hbm_bytes_per_s_per_device(t, devices)
+    report["hbm_bytes_per_s_per_device"] = bandwidth
+    report.update(
+        compile_and_measure(program.train_step, args, mesh, hbm, label=t.name, peak=peak, hbm_bandwidth=bandwidth)
+    )
     # build + trace + lower, everything but XLA's compile
     report["trace_lower_time_s"] = round(time.perf_counter() - t0 - report["compile_time_s"], 2)
     report["flops_per_step"]["analytic_model"] = float(program.analytic_flops_per_step)
@@ -86,6 +90,7 @@ def plan(
     if tokens:
         report["tokens_per_step"] = int(tokens)
     report["ici_bytes_per_s_per_device"] = topo.ici_bytes_per_s_per_device(t, devices)
+    add_roofline(report, report.pop("_roofline", None))
     found = report.pop("_collectives", None)
     if found is not None:
         add_communication(report, found, program, config)
@@ -115,6 +120,18 @@ def add_communication(report: Dict[str, Any], found: Dict[str, Any], program, co
             "op_name": big.op_name[-160:],
         }
     report["collective_loops_unknown_trip_count"] = int(found["unknown_trip_counts"])
+    return report
+
+
+def add_roofline(report: Dict[str, Any], roofline: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Fill the report's roofline fields from `xlgen.plan.roofline.analyse` of the compiled step (in place):
+    `roofline_time_s` (per step, communication not included), `top_ops`, and the rest under `roofline`."""
+    if roofline is None:
+        return report
+    roofline = dict(roofline)
+    report["roofline_time_s"] = roofline.pop("roofline_time_s")
+    report["top_ops"] = roofline.pop("top_ops")
+    report["roofline"] = roofline
     return report
 
 
@@ -172,6 +189,7 @@ def compare_remat(
                 "step_time_bound_s": float(r.get("step_time_bound_s", r["step_time_s"])),
                 "mfu": float(r["mfu"]),
                 "compile_time_s": float(r["compile_time_s"]),
+                "roofline_time_s": r.get("roofline_time_s"),
             }
         )
     return rows
