@@ -32,6 +32,9 @@ class Chip:
     # (the bidirectional bandwidth of one link), bytes/s. Conservative: an axis spanning several torus dimensions
     # gets more links, and DCN between slices is slower (not modelled).
     ici_axis_bytes_per_s: float = 0.0
+    # HBM bandwidth per chip, bytes/s (shared by the chip's TensorCores on v2/v3): the memory side of the roofline
+    # (`xlgen.plan.roofline`)
+    hbm_bytes_per_s: float = 0.0
 
 
 # ICI bandwidth per link, bidirectional, bytes/s (`ici_axis_bytes_per_s`), from "How to Scale Your Model", part
@@ -40,15 +43,28 @@ class Chip:
 # (all ports): v5p 1200 GB/s bidirectional over 6 ports (cloud.google.com/tpu/docs/v5p), v5e 1600 Gbps and v6e
 # 3584 Gbps over 4 ports (cloud.google.com/tpu/docs/v6e). v2 is not listed there: taken as v3's (same ICI
 # generation). These are peak link rates; achieved collective bandwidth is lower, so comm times are lower bounds.
+#
+# HBM bandwidth per chip (`hbm_bytes_per_s`), Cloud TPU system-architecture pages, "HBM2 capacity and bandwidth": v3
+# 900 GBps (cloud.google.com/tpu/docs/v3), v4 1200 GBps (cloud.google.com/tpu/docs/v4), v5e 819 GBps
+# (cloud.google.com/tpu/docs/v5e), v5p 2765 GBps (cloud.google.com/tpu/docs/v5p), v6e 1638 GBps
+# (cloud.google.com/tpu/docs/v6e, "HBM bandwidth per chip"); v2 700 GB/s from Jouppi et al., "A Domain-Specific
+# Supercomputer for Training Deep Neural Networks", CACM 63(7), 2020 (its TPUv2/TPUv3 feature table; v3 900 GB/s).
+# Peak rates: achieved bandwidth is lower, so roofline times are lower bounds.
 
 
 CHIPS = {
-    "v2": Chip("v2", 16 * GiB, 45e12, "v2", ici_axis_bytes_per_s=2e11),
-    "v3": Chip("v3", 32 * GiB, 123e12, "v3", ici_axis_bytes_per_s=2e11),  # 2 TensorCores x 16 GiB
-    "v4": Chip("v4", 32 * GiB, 275e12, "v4", "megacore", (2, 2, 1), ici_axis_bytes_per_s=9e10),
-    "v5e": Chip("v5e", 16 * GiB, 197e12, "v5litepod", "default", (2, 2, 1), ici_axis_bytes_per_s=9e10),
-    "v5p": Chip("v5p", 95 * GiB, 459e12, "v5p", "megacore", (2, 2, 1), ici_axis_bytes_per_s=1.8e11),
-    "v6e": Chip("v6e", 32 * GiB, 918e12, "v6e", "default", (2, 2, 1), ici_axis_bytes_per_s=1.8e11),
+    "v2": Chip("v2", 16 * GiB, 45e12, "v2", ici_axis_bytes_per_s=2e11, hbm_bytes_per_s=7e11),
+    "v3": Chip("v3", 32 * GiB, 123e12, "v3", ici_axis_bytes_per_s=2e11, hbm_bytes_per_s=9e11),  # 2 TensorCores x 16 GiB
+    "v4": Chip("v4", 32 * GiB, 275e12, "v4", "megacore", (2, 2, 1), ici_axis_bytes_per_s=9e10, hbm_bytes_per_s=1.2e12),
+    "v5e": Chip(
+        "v5e", 16 * GiB, 197e12, "v5litepod", "default", (2, 2, 1), ici_axis_bytes_per_s=9e10, hbm_bytes_per_s=8.19e11
+    ),
+    "v5p": Chip(
+        "v5p", 95 * GiB, 459e12, "v5p", "megacore", (2, 2, 1), ici_axis_bytes_per_s=1.8e11, hbm_bytes_per_s=2.765e12
+    ),
+    "v6e": Chip(
+        "v6e", 32 * GiB, 918e12, "v6e", "default", (2, 2, 1), ici_axis_bytes_per_s=1.8e11, hbm_bytes_per_s=1.638e12
+    ),
 }
 _ALIASES = {"v5lite": "v5e", "v5litepod": "v5e", "trillium": "v6e"}
 _TOPOLOGY_RE = re.compile(r"^(?P<gen>[a-zA-Z0-9]+)[:=_](?P<dims>\d+(?:x\d+)*)$")
@@ -155,3 +171,9 @@ def ici_bytes_per_s_per_device(topology: Topology, devices: Sequence) -> float:
 
 def slice_index(device) -> int:
     return int(getattr(device, "slice_index", 0) or 0)
+
+
+def hbm_bytes_per_s_per_device(topology: Topology, devices: Sequence) -> float:
+    """HBM bandwidth (bytes/s) of ONE JAX device: the chip's (`Chip.hbm_bytes_per_s`) shared by the devices on the
+    chip (each v2/v3 TensorCore has its own half of the chip's HBM)."""
+    return topology.chip.hbm_bytes_per_s / devices_per_chip(devices)

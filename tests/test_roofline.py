@@ -1,0 +1,163 @@
+"""`xlgen.plan.roofline`: FLOPs and HBM bytes per instruction of an optimized HLO module, counted by hand.
+
+The module below is written in the form `compiled.as_text()` prints for TPU (tiled layouts, fusions, a `while` loop
+from a `scan`); the compiled programs (tests/test_plan.py) check the same counts on real TPU compiles.
+"""
+
+import pytest
+
+from xlgen import topology
+from xlgen.plan import roofline
+
+BF16_TILE = "{1,0:T(8,128)(2,1)}"
+HLO = f"""HloModule jit_step, is_scheduled=true
+
+%fused_dot (param_0: bf16[256,512], param_1: bf16[512,1024]) -> bf16[256,1024] {{
+  %param_0 = bf16[256,512]{BF16_TILE} parameter(0)
+  %param_1 = bf16[512,1024]{BF16_TILE} parameter(1)
+  %convolution.1 = bf16[256,1024]{BF16_TILE} convolution(bf16[256,512]{BF16_TILE} %param_0, bf16[512,1024]{BF16_TILE} %param_1), dim_labels=bf_io->bf
+  ROOT %tanh.1 = bf16[256,1024]{BF16_TILE} tanh(bf16[256,1024]{BF16_TILE} %convolution.1)
+}}
+
+%fused_add (param_0.1: f32[256,64], param_1.1: f32[256,64]) -> f32[256,64] {{
+  %param_0.1 = f32[256,64]{{1,0:T(8,128)}} parameter(0)
+  %param_1.1 = f32[256,64]{{1,0:T(8,128)}} parameter(1)
+  ROOT %add.1 = f32[256,64]{{1,0:T(8,128)}} add(f32[256,64]{{1,0:T(8,128)}} %param_0.1, f32[256,64]{{1,0:T(8,128)}} %param_1.1)
+}}
+
+%fused_ds (param_0.2: bf16[4,512,512], param_1.2: s32[]) -> bf16[512,512] {{
+  %param_0.2 = bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} parameter(0)
+  %param_1.2 = s32[] parameter(1)
+  %constant.2 = s32[] constant(0)
+  %dynamic-slice.2 = bf16[1,512,512]{{2,1,0:T(8,128)(2,1)}} dynamic-slice(bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} %param_0.2, s32[] %param_1.2, s32[] %constant.2, s32[] %constant.2), dynamic_slice_sizes={{1,512,512}}
+  ROOT %bitcast.2 = bf16[512,512]{BF16_TILE} bitcast(bf16[1,512,512]{{2,1,0:T(8,128)(2,1)}} %dynamic-slice.2)
+}}
+
+%fused_dus (param_0.3: bf16[4,256,512], param_1.3: bf16[256,512], param_2.3: s32[]) -> bf16[4,256,512] {{
+  %param_0.3 = bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} parameter(0)
+  %param_1.3 = bf16[256,512]{BF16_TILE} parameter(1)
+  %param_2.3 = s32[] parameter(2)
+  %bitcast.3 = bf16[1,256,512]{{2,1,0:T(8,128)(2,1)}} bitcast(bf16[256,512]{BF16_TILE} %param_1.3)
+  %constant.3 = s32[] constant(0)
+  ROOT %dynamic-update-slice.3 = bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} dynamic-update-slice(bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} %param_0.3, bf16[1,256,512]{{2,1,0:T(8,128)(2,1)}} %bitcast.3, s32[] %param_2.3, s32[] %constant.3, s32[] %constant.3)
+}}
+
+%body (p.4: (s32[], bf16[4,512,512], bf16[4,256,512], bf16[256,512])) -> (s32[], bf16[4,512,512], bf16[4,256,512], bf16[256,512]) {{
+  %p.4 = (s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) parameter(0)
+  %i.4 = s32[] get-tuple-element((s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) %p.4), index=0
+  %ws.4 = bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} get-tuple-element((s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) %p.4), index=1
+  %acc.4 = bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} get-tuple-element((s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) %p.4), index=2
+  %h.4 = bf16[256,512]{BF16_TILE} get-tuple-element((s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) %p.4), index=3
+  %w.4 = bf16[512,512]{BF16_TILE} fusion(bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} %ws.4, s32[] %i.4), kind=kLoop, calls=%fused_ds
+  %new.4 = bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} fusion(bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} %acc.4, bf16[256,512]{BF16_TILE} %h.4, s32[] %i.4), kind=kLoop, calls=%fused_dus, metadata={{op_name="jit(step)/while/body/dynamic_update_slice" source_file="/x/site-packages/xlgen/models/layers.py" source_line=42}}
+  %one.4 = s32[] constant(1)
+  %next.4 = s32[] add(s32[] %i.4, s32[] %one.4)
+  ROOT %t.4 = (s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) tuple(s32[] %next.4, bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} %ws.4, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} %new.4, bf16[256,512]{BF16_TILE} %h.4)
+}}
+
+%cond (p.5: (s32[], bf16[4,512,512], bf16[4,256,512], bf16[256,512])) -> pred[] {{
+  %p.5 = (s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) parameter(0)
+  %i.5 = s32[] get-tuple-element(%p.5), index=0
+  %n.5 = s32[] constant(4)
+  ROOT %lt.5 = pred[] compare(%i.5, %n.5), direction=LT
+}}
+
+%sum (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}}
+
+ENTRY %main (x: bf16[256,512], w: bf16[512,1024], u: f32[256,64], v: f32[256,64], c: f32[256,128], ws: bf16[4,512,512], acc: bf16[4,256,512], h: bf16[256,512]) -> bf16[256,1024] {{
+  %x = bf16[256,512]{BF16_TILE} parameter(0)
+  %w = bf16[512,1024]{BF16_TILE} parameter(1)
+  %u = f32[256,64]{{1,0:T(8,128)}} parameter(2)
+  %v = f32[256,64]{{1,0:T(8,128)}} parameter(3)
+  %c = f32[256,128]{{1,0:T(8,128)}} parameter(4)
+  %ws = bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} parameter(5)
+  %acc = bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} parameter(6)
+  %h = bf16[256,512]{BF16_TILE} parameter(7)
+  %dot.0 = bf16[256,1024]{BF16_TILE} fusion(bf16[256,512]{BF16_TILE} %x, bf16[512,1024]{BF16_TILE} %w), kind=kOutput, calls=%fused_dot, metadata={{op_name="jit(step)/dot_general" source_file="/x/xlgen/models/layers.py" source_line=7}}
+  %add.0 = f32[256,64]{{1,0:T(8,128)}} fusion(f32[256,64]{{1,0:T(8,128)}} %u, f32[256,64]{{1,0:T(8,128)}} %v), kind=kLoop, calls=%fused_add
+  %copy.0 = f32[256,128]{{1,0:T(8,128)S(1)}} copy(f32[256,128]{{1,0:T(8,128)}} %c)
+  %all-reduce.0 = f32[256,128]{{1,0:T(8,128)}} all-reduce(f32[256,128]{{1,0:T(8,128)S(1)}} %copy.0), replica_groups={{}}, to_apply=%sum
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) tuple(s32[] %zero, bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} %ws, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} %acc, bf16[256,512]{BF16_TILE} %h)
+  %while.0 = (s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) while((s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) %init), condition=%cond, body=%body
+  ROOT %out = bf16[256,1024]{BF16_TILE} copy(bf16[256,1024]{BF16_TILE} %dot.0)
+}}
+"""
+
+# Hand count, bytes per execution (bf16 = 2 bytes, f32 = 4, s32 = 4):
+DOT = {"flops": 2 * 256 * 1024 * 512, "bytes": 2 * (256 * 512 + 512 * 1024 + 256 * 1024)}  # x, w read; out written
+# f32[256,64] is stored in (8,128) tiles: 256 x 128 elements each, two read and one written
+ADD = {"flops": 0, "bytes": 3 * 256 * 128 * 4}
+COPY_TO_VMEM = {"flops": 0, "bytes": 256 * 128 * 4}  # read from HBM, written to memory space S(1): no HBM write
+OUT_COPY = {"flops": 0, "bytes": 2 * 256 * 1024 * 2}
+# the loop body, 4 trips: the layer's weights sliced from the stacked [4, 512, 512] array (the slice, not the
+# stack, is read; plus the s32 index) and written; the layer's output written in place into [4, 256, 512] (only
+# the update: read once, written once; plus the index); the counter's scalar add (two s32 read, one written)
+SLICE = {"flops": 0, "bytes": 512 * 512 * 2 + 4 + 512 * 512 * 2}
+UPDATE = {"flops": 0, "bytes": 256 * 512 * 2 + 4 + 256 * 512 * 2}
+COUNTER = {"flops": 0, "bytes": 3 * 4}
+ONCE = [DOT, ADD, COPY_TO_VMEM, OUT_COPY]
+PER_TRIP = [SLICE, UPDATE, COUNTER]
+
+
+def _hand_time(peak, bw):
+    once = sum(max(o["flops"] / peak, o["bytes"] / bw) for o in ONCE)
+    return once + 4 * sum(max(o["flops"] / peak, o["bytes"] / bw) for o in PER_TRIP)
+
+
+def test_instruction_counts_equal_a_hand_count():
+    ops, unknown = roofline.module_ops(HLO)
+    assert unknown == 0
+    got = sorted((o.flops, o.bytes, o.trips) for o in ops)
+    want = sorted([(o["flops"], o["bytes"], 1) for o in ONCE] + [(o["flops"], o["bytes"], 4) for o in PER_TRIP])
+    assert got == want  # the all-reduce is communication (xlgen.comm), not in the roofline
+    by_name = {o.name: o for o in ops}
+    assert by_name["dot.0"].opcode == "fusion:kOutput" and by_name["dot.0"].source == "xlgen/models/layers.py:7"
+    assert by_name["new.4"].op_name == "jit(step)/while/body/dynamic_update_slice" and by_name["new.4"].trips == 4
+
+
+@pytest.mark.parametrize("chip", ["v3", "v4", "v5e", "v5p"])
+def test_roofline_time_is_the_sum_of_per_op_maxima(chip):
+    peak = topology.CHIPS[chip].peak_bf16_flops
+    bw = topology.CHIPS[chip].hbm_bytes_per_s
+    r = roofline.analyse(HLO, peak, bw)
+    assert r["roofline_time_s"] == pytest.approx(_hand_time(peak, bw), rel=1e-12)
+    assert r["flops"] == DOT["flops"]
+    assert r["hbm_bytes"] == sum(o["bytes"] for o in ONCE) + 4 * sum(o["bytes"] for o in PER_TRIP)
+    assert r["compute_time_s"] == pytest.approx(DOT["flops"] / peak)
+    assert r["memory_time_s"] == pytest.approx(r["hbm_bytes"] / bw)
+    # the product does 146 FLOP per HBM byte: compute-bound where peak / bandwidth is below that (v3 137), memory-bound
+    # above it (v4 229, v5e 241, v5p 166)
+    top = {op["name"]: op for op in r["top_ops"]}
+    assert top["dot.0"]["bound"] == ("compute" if chip == "v3" else "memory")
+    assert top["add.0"]["bound"] == "memory"
+    assert top["new.4"]["trips"] == 4 and top["new.4"]["bytes"] == 4 * UPDATE["bytes"]
+    assert r["roofline_time_s"] >= max(r["compute_time_s"], r["memory_time_s"])
+    assert r["roofline_time_s"] <= r["compute_time_s"] + r["memory_time_s"]
+
+
+def test_tile_padding_and_memory_spaces():
+    assert roofline.array_bytes("bf16", (8, 64), "1,0:T(8,128)(2,1)") == 8 * 128 * 2
+    assert roofline.array_bytes("f32", (3, 5, 130), "2,1,0:T(8,128)") == 3 * 8 * 256 * 4
+    # minor-to-major {0,1}: dimension 0 is the minor one, padded to 128
+    assert roofline.array_bytes("f32", (100, 8), "0,1:T(8,128)") == 128 * 8 * 4
+    assert roofline.array_bytes("f32", (100, 8), None) == 100 * 8 * 4
+    assert roofline.array_bytes("f32", (256, 128), "1,0:T(8,128)S(1)") == 0
+    assert roofline.type_bytes("(f32[4]{0}, s32[], token[])") == 16 + 4
+
+
+def test_chip_figures_per_device():
+    """HBM bandwidth per JAX device: a v3 chip's 900 GB/s is shared by its two TensorCores (each a device)."""
+    for gen, bw in {"v3": 9e11, "v4": 1.2e12, "v5e": 8.19e11, "v5p": 2.765e12}.items():
+        assert topology.CHIPS[gen].hbm_bytes_per_s == bw
+    t = topology.parse_topology("v3:2x2")
+
+    class Core:
+        def __init__(self, i):
+            self.id, self.coords = i, (i // 2 % 2, i // 4, 0)
+
+    assert topology.hbm_bytes_per_s_per_device(t, [Core(i) for i in range(8)]) == 4.5e11

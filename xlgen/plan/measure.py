@@ -1,0 +1,189 @@
+"""Measure a train step compiled for a TPU topology: the mesh over the topology's compile-only devices, the AOT
+compile, `memory_analysis()` / `cost_analysis()`, the per-device bytes of the abstract state, and the compiled
+HLO's collectives (`xlgen.comm`)."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from typing import Any, Dict, Optional
+
+from xlgen.plan.cost import jaxpr_matmul_flops
+
+GiB = 1024**3
+
+
+def _bytes_per_device(tree) -> int:
+    """Sum over ShapeDtypeStruct leaves of the bytes one device holds (its shard), given their shardings."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = tuple(leaf.shape)
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            shape = sharding.shard_shape(shape)
+        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def state_breakdown(abstract_state) -> Dict[str, int]:
+    """Per-device bytes of the train state split by the top-level field names (params / opt_state / mems / ...)."""
+    import jax
+
+    groups: Dict[str, int] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_state)[0]:
+        head = _path_head(path)
+        groups[head] = groups.get(head, 0) + _bytes_per_device([leaf])
+    groups["total"] = sum(groups.values())
+    return groups
+
+
+def _path_head(path) -> str:
+    if not path:
+        return "state"
+    k = path[0]
+    for attr in ("name", "key", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+_OOM_RE = re.compile(r"required for .*?\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM \(([\d.]+)([KMGT]?)\)", re.S)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": GiB, "T": 1024**4}
+
+
+def parse_oom(message: str) -> Optional[Dict[str, int]]:
+    """XLA TPU's 'Ran out of memory on HBM ... required (16.02G) exceeds available HBM (15.48G)' -> bytes."""
+    m = _OOM_RE.search(message)
+    if not m:
+        return None
+    return {"required": int(float(m[1]) * _UNITS[m[2]]), "available": int(float(m[3]) * _UNITS[m[4]])}
+
+
+def build_mesh(config, devices, num_slices: int):
+    """The trainer's mesh over `devices`; with several slices the `data` axis is laid over DCN (across slices)."""
+    from xlgen import sharding
+
+    if num_slices == 1:
+        return sharding.make_mesh(config.mesh, devices)
+    import jax
+    from jax.experimental import mesh_utils
+
+    shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor], len(devices))
+    if shape[0] % num_slices:
+        raise ValueError(
+            f"mesh.data={shape[0]} must be a multiple of --num_slices={num_slices} (data parallelism "
+            f"spans slices over DCN; fsdp and tensor stay inside a slice)"
+        )
+    ici = (shape[0] // num_slices, shape[1], shape[2])
+    dcn = (num_slices, 1, 1)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+    try:  # the same axis types as `xlgen train`'s mesh (built over one slice's devices)
+        slice0 = [d for d in devices if getattr(d, "slice_index", 0) == 0]
+        axis_types = sharding.make_mesh({"data": ici[0], "fsdp": ici[1], "tensor": ici[2]}, slice0).axis_types
+    except Exception:  # noqa: BLE001 - fall back to the trainer's documented choice
+        axis_types = (jax.sharding.AxisType.Auto,) * 3
+    return jax.sharding.Mesh(grid, sharding.MESH_AXES, axis_types=axis_types)
+
+
+def _log(msg: str) -> None:
+    print(f"[xlgen plan {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def compile_and_measure(
+    jitted, args, mesh, hbm: int, *, label: str = "", peak: float = 0.0, hbm_bandwidth: float = 0.0
+) -> Dict[str, Any]:
+    """Trace, lower and AOT-compile `jitted(*args)` (abstract args) under `mesh`; memory and FLOPs per device, and
+    (given one device's `peak` FLOP/s and `hbm_bandwidth` bytes/s) the roofline of the compiled module
+    (`xlgen.plan.roofline.analyse`, under `_roofline`).
+
+    A program XLA refuses for lack of HBM is reported (`fits: false`, required vs available), not raised.
+    """
+    import jax
+
+    n = mesh.size
+    out: Dict[str, Any] = {}
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+        _log("tracing the train step")
+        traced = jitted.trace(*args)
+        matmul_flops, has_while = jaxpr_matmul_flops(traced.jaxpr.jaxpr)
+        _log("lowering")
+        lowered = traced.lower()
+        t1 = time.perf_counter()
+        _log(f"compiling for {label or mesh.devices.flat[0].device_kind} (trace + lower took {t1 - t0:.0f} s)")
+        try:
+            compiled = lowered.compile()
+            oom = None
+        except Exception as e:  # XLA refuses programs that do not fit HBM: that is an answer, not a crash
+            oom = parse_oom(str(e))
+            if oom is None:
+                raise
+    out["trace_lower_time_s"] = round(t1 - t0, 2)
+    out["compile_time_s"] = round(time.perf_counter() - t1, 2)
+    out["flops_per_step"] = {"matmul_jaxpr": matmul_flops}
+    out["_has_while"] = has_while
+    if oom is not None:
+        out["fits"] = False
+        out["memory_per_device"] = {"total": oom["required"], "hbm_usable": oom["available"]}
+        out["over_by_bytes"] = oom["required"] - oom["available"]
+        return out
+    ma = compiled.memory_analysis()
+    mem = {
+        "arguments": int(ma.argument_size_in_bytes),
+        "outputs": int(ma.output_size_in_bytes),
+        "aliased": int(ma.alias_size_in_bytes),
+        "temp": int(ma.temp_size_in_bytes),
+        "code": int(ma.generated_code_size_in_bytes),
+    }
+    mem["total"] = mem["arguments"] + mem["outputs"] - mem["aliased"] + mem["temp"] + mem["code"]
+    out["memory_per_device"] = mem
+    out["fits"] = mem["total"] <= hbm
+    out["over_by_bytes"] = max(0, mem["total"] - hbm)
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, (list, tuple)):  # older jax returned one dict per computation
+        cost = cost[0] if cost else {}
+    out["flops_per_step"]["xla_cost_analysis"] = float(cost.get("flops", 0.0)) * n
+    out["flops_per_step"]["xla_counts_loop_bodies_once"] = bool(has_while or _has_while(compiled))
+    out["xla_optimal_seconds"] = float(cost.get("optimal_seconds", 0.0) or 0.0)
+    try:
+        hlo = compiled.as_text()
+    except Exception:  # pragma: no cover - as_text is available for TPU and CPU executables
+        hlo = None
+    if hlo:
+        from xlgen import comm
+
+        out["_collectives"] = comm.collectives(hlo, n)
+        if peak > 0 and hbm_bandwidth > 0:
+            from xlgen.plan import roofline
+
+            out["_roofline"] = roofline.analyse(hlo, peak, hbm_bandwidth)
+    return out
+
+
+def _has_while(compiled) -> bool:
+    try:
+        return " while(" in compiled.as_text()
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _batch_size(batch) -> int:
+    import jax
+
+    leaves = jax.tree.leaves(batch)
+    return int(leaves[0].shape[0]) if leaves else 0
+
+
+def _plain(x):
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "to_dict"):
+        return {k: _plain(v) for k, v in x.to_dict().items()}
+    return str(x)
