@@ -16,7 +16,7 @@ import numpy as np
 def _local_tokenizer_file(path: str) -> str:
     """A remote tokenizer file or model directory (gs://) -> a local cached copy of its tokenizer file."""
     from data_pipelines import paths
-    from xlgen.finetune.readers.tokenization import TOKENIZER_FILES
+    from data_pipelines.vocab import TOKENIZER_FILES
 
     p = paths.as_path(path)
     if not paths.is_remote(p):
@@ -36,7 +36,10 @@ def _local_tokenizer_file(path: str) -> str:
 
 
 def load_tokenizer(config):
-    from xlgen.finetune.readers.tokenization import load_task_tokenizer
+    """The task tokenizer (`data_pipelines.vocab`): `config.tokenizer`, else the one stored in (or found in) `init_from`,
+    framing inputs in the model family's layout."""
+    from data_pipelines.vocab import load_tokenizer_file
+    from xlgen import registry
 
     path = config.tokenizer or (config.init_from if config.init_from else "")
     if config.init_from:  # an xlgen pretraining workdir carries its tokenizer (xlgen/train/tokenizer_store.py)
@@ -50,10 +53,9 @@ def load_tokenizer(config):
     if not path:
         raise ValueError("config.tokenizer is empty and there is no init_from to find spiece.model / vocab.txt in")
     lower = None if config.data.lower is None else bool(config.data.lower)
-    tok = load_task_tokenizer(_local_tokenizer_file(path), lower=lower)
+    tok = load_tokenizer_file(_local_tokenizer_file(path), lower=lower)
+    tok.check_task_input(path)
     # The input layout follows the model: XLNet (<cls> last, left padding) or Funnel/BERT (<cls> first).
-    from xlgen import registry
-
     tok.style = registry.get(config.model.family).input_style
     if tok.vocab_size > int(config.model.vocab_size):
         raise ValueError(f"tokenizer {path} has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}")
@@ -124,7 +126,7 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
                 config.tokenizer or config.init_from,
                 tokenizer.vocab_size,
                 tokenizer.style,
-                getattr(tokenizer, "lower", None),
+                tokenizer.settings(),
                 "features-v2",  # XLNet "<digits>," split as pretraining, Funnel RACE qa first: older caches are stale
             ],
             "data": {k: d[k] for k in ("max_seq_length", "doc_stride", "max_query_length", "max_qa_length")},
