@@ -199,21 +199,15 @@ def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
 
 def workdir_tokenizer(config, workdir: str):
     """The tokenizer a workdir's model reads: the finetuning tokenizer, the one stored in the workdir
-    (`xlgen.train.tokenizer_store`), or for older workdirs the one the pretraining data source defines."""
-    from data_pipelines import corpus
+    (`xlgen.train.tokenizer_store`), or for older workdirs the one its pretraining data source defines."""
+    import data_pipelines
     from xlgen import finetune
     from xlgen.train import tokenizer_store
 
     if finetune.is_finetune_workdir(workdir):
         return finetune.load_tokenizer(config)
     stored = tokenizer_store.load(workdir)
-    if stored is not None:
-        return stored
-    layout = {"transformer_xl": "lm"}.get(config.model.family, "sentences")
-    try:
-        return corpus.corpus_from_config(config.data, "train", layout).tokenizer
-    except ValueError:
-        return corpus.corpus_from_config(config.data, "train", "lm").tokenizer
+    return stored if stored is not None else data_pipelines.corpus_tokenizer(config.data, "train")
 
 
 def export_workdir(workdir: str, out_dir: str, step: Optional[int] = None, with_tokenizer: bool = True) -> str:

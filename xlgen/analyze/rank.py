@@ -61,17 +61,17 @@ def collect_log_probs(config, model, *, contexts: int, split: str) -> np.ndarray
     from flax import nnx
 
     from xlgen import registry
-    from xlgen.models.transformer_xl.objectives import eval_mem_len
     from xlgen.train import loop
 
     objective = registry.objective(config)
-    if objective.pipeline != "lm":
+    if not {"input_ids", "labels", "label_mask", "stream_reset"} <= set(objective.batch_shapes(config, split)):
         raise ValueError(
-            f"xlgen analyze rank: objective {objective.name!r} is not a language model on the 'lm' stream "
+            f"xlgen analyze rank: objective {objective.name!r} is not a language model on a token stream "
             "(Transformer-XL's txl_lm)"
         )
     pipe = loop.make_pipeline(config, split)
-    mem_len = eval_mem_len(config)
+    mems_shape = objective.mems_shape(config, split)  # [n_layer, batch, mem_len, d] of evaluation, or None
+    mem_len = int(mems_shape[2]) if mems_shape else 0
     graphdef, state = nnx.split(model)
 
     @jax.jit
