@@ -12,10 +12,11 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from data_pipelines import paths
+
 
 def _local_tokenizer_file(path: str) -> str:
     """A remote tokenizer file or model directory (gs://) -> a local cached copy of its tokenizer file."""
-    from data_pipelines import paths
     from data_pipelines.vocab import TOKENIZER_FILES
 
     p = paths.as_path(path)
@@ -77,7 +78,6 @@ def _files_fingerprint(data_dir: str) -> str:
 def localize_data_dir(config):
     """A copy of `config` whose `data_dir` is local: a gs:// data_dir is mirrored into the local cache
     (task readers read plain files; GLUE/SQuAD/RACE directories are small)."""
-    from data_pipelines import paths
 
     if not config.get("data_dir") or str(config.data_dir).startswith("tfds:") or not paths.is_remote(config.data_dir):
         return config
@@ -88,7 +88,6 @@ def localize_data_dir(config):
 
 
 def _load_npz(path: str) -> Optional[Dict[str, np.ndarray]]:
-    from data_pipelines import paths
 
     p = paths.as_path(path)
     if not p.exists():
@@ -98,7 +97,6 @@ def _load_npz(path: str) -> Optional[Dict[str, np.ndarray]]:
 
 
 def _save_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
-    from data_pipelines import paths
 
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -135,8 +133,6 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
     )
     cache = None
     if workdir and d.cache:
-        from data_pipelines import paths
-
         cache = paths.join(workdir, "cache", f"{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz")
         cached = _load_npz(cache)
         if cached is not None:
