@@ -728,3 +728,8 @@ def load_tokenizer_file(path: str, *, lower: Optional[bool] = None) -> Tokenizer
         f"{path}: unknown tokenizer file (expected a SentencePiece .model, a WordPiece vocab.txt or an xlgen "
         "character/byte vocab.json)"
     )
+
+
+def visible_piece(tokenizer, i: int) -> str:
+    """Piece `i` with its whitespace made visible (so pieces joined by spaces split unambiguously)."""
+    return tokenizer.id_to_piece(int(i)).replace(" ", "\u2581").replace("\n", "\\n").replace("\t", "\\t") or "''"
