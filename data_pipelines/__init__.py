@@ -75,13 +75,30 @@ def _resolve(data_config) -> ml_collections.ConfigDict:
     return cfg
 
 
+def corpus_layout(data_config) -> str:
+    """The corpus layout (`data_pipelines.corpus`) a data config's pipeline reads: "sentences" (XLNet's rows, Funnel's
+    segment pairs) or "lm" (one token stream)."""
+    d = data_config.to_dict() if hasattr(data_config, "to_dict") else dict(data_config)
+    pipeline = d.get("pipeline", "lm")
+    if pipeline in ("mlm", "electra"):
+        return "sentences" if d.get("segment_pairs", _DEFAULTS["mlm"]["segment_pairs"]) else "lm"
+    return "sentences" if pipeline == "xlnet" else "lm"
+
+
+def corpus_tokenizer(data_config, split: str = "train"):
+    """The tokenizer a data config's pipeline encodes with (its corpus's), without building the pipeline."""
+    from data_pipelines import corpus
+
+    return corpus.corpus_from_config(data_config, split, corpus_layout(data_config)).tokenizer
+
+
 def lm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
     """Transformer-XL's stream (`data_pipelines.lm`): contiguous token segments per row, resumed across steps."""
     from data_pipelines import corpus, lm
 
     train = split == "train"
     return lm.LMStreamPipeline(
-        corpus.corpus_from_config(cfg, split, "lm"),
+        corpus.corpus_from_config(cfg, split, corpus_layout(cfg)),
         global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
         tgt_len=cfg.tgt_len if train else cfg.eval_tgt_len,
         seed=cfg.seed,
@@ -98,7 +115,7 @@ def xlnet_pipeline(cfg, split: str, process_index: int = 0, process_count: int =
 
     train = split == "train"
     return xlnet.XLNetPipeline(
-        corpus.corpus_from_config(cfg, split, "sentences"),
+        corpus.corpus_from_config(cfg, split, corpus_layout(cfg)),
         global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
         seq_len=cfg.seq_len,
         reuse_len=cfg.reuse_len,
@@ -124,7 +141,7 @@ def mlm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1
 
     train = split == "train"
     return mlm.MLMPipeline(
-        corpus.corpus_from_config(cfg, split, "sentences" if cfg.segment_pairs else "lm"),
+        corpus.corpus_from_config(cfg, split, corpus_layout(cfg)),
         global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
         seq_len=cfg.seq_len,
         mask_prob=cfg.mask_prob,
@@ -167,4 +184,12 @@ def mlm_predictions_per_row(data_config) -> Optional[int]:
 
 from data_pipelines.prefetch import prefetch  # noqa: E402
 
-__all__ = ["PIPELINES", "make_pipeline", "default_config", "mlm_predictions_per_row", "prefetch"]
+__all__ = [
+    "PIPELINES",
+    "corpus_layout",
+    "corpus_tokenizer",
+    "default_config",
+    "make_pipeline",
+    "mlm_predictions_per_row",
+    "prefetch",
+]

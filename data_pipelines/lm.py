@@ -76,6 +76,10 @@ class LMStreamPipeline:
         p, t = divmod(step, self.steps_per_pass)
         return self.pass_offset(p) + row * self.row_len + t * self.tgt_len
 
+    def describe_row(self, batch: dict, row: int) -> list:
+        """Row `row` of a batch as text lines (`xlgen prepare show`): whether its stream restarts, and its input."""
+        return [f"reset={bool(batch['stream_reset'][row])}", repr(self.tokenizer.decode(batch["input_ids"][row]))]
+
     def batch(self, step: int) -> dict:
         if step < 0 or (self.finite and step >= self.steps_per_pass):
             raise IndexError(f"step {step} out of range (this pipeline has {self.num_steps} steps)")

@@ -32,6 +32,7 @@ import numpy as np
 from data_pipelines import rng as rng_lib
 from data_pipelines.corpus import TokenCorpus
 from data_pipelines.lm import rows_of_process
+from data_pipelines.vocab import visible_piece
 from data_pipelines.xlnet import RowView, trim_to_length
 
 
@@ -139,6 +140,15 @@ class MLMPipeline:
         cut_b = b_end - b_begin - lb
         b_begin += int(rng.binomial(cut_b, 0.5)) if cut_b else 0  # each cut: left or right with probability 1/2
         return view.tokens(begin, begin + la), view.tokens(b_begin, b_begin + lb), label
+
+    def describe_row(self, batch: dict, row: int) -> list:
+        """Row `row` of a batch as text lines (`xlgen prepare show`): the masked input, then the labels."""
+        piece = functools.partial(visible_piece, self.tokenizer)
+        predicted = np.flatnonzero(batch["label_mask"][row].astype(bool))
+        return [
+            "  input:  " + " ".join(piece(i) for i in batch["input_ids"][row]),
+            "  labels: " + " ".join(f"{piece(batch['labels'][row, i])}" for i in predicted),
+        ]
 
     def batch(self, step: int) -> dict:
         if step < 0 or (self.num_steps is not None and step >= self.num_steps):

@@ -363,7 +363,8 @@ def _parser():
 
 
 def show_example(args) -> str:
-    """One row of one batch, decoded: XLNet targets in [brackets], then the segments; MLM masked input + labels."""
+    """One row of one batch, decoded by its pipeline (`describe_row`): XLNet targets in [brackets], then the
+    segments; MLM masked input + labels; LM text."""
     import ast
 
     import data_pipelines
@@ -380,32 +381,8 @@ def show_example(args) -> str:
     cfg.batch_size = max(cfg.batch_size, 2)
     p = data_pipelines.make_pipeline(cfg, split=args.split)
     b = p.batch(args.step)
-    r, tok = args.row, p.tokenizer
-
-    def piece(i):  # whitespace made visible so the pieces split unambiguously
-        return tok.id_to_piece(int(i)).replace(" ", "\u2581").replace("\n", "\\n").replace("\t", "\\t") or "''"
-
-    lines = [f"{args.pipeline} {args.split} step {args.step} row {r} (vocab_size {p.vocab_size})"]
-    if args.pipeline == "lm":
-        lines += [f"reset={bool(b['stream_reset'][r])}", repr(tok.decode(b["input_ids"][r]))]
-    elif args.pipeline == "xlnet":
-        tgt = b["target_mapping"][r].sum(0).astype(bool)
-        seg = b["token_type_ids"][r]
-        lines.append(
-            f"forward={bool(b['is_forward'][r])} reset={bool(b['stream_reset'][r])} "
-            f"nsp_label={int(b['nsp_label'][r])} targets={int(tgt.sum())}"
-        )
-        for s_id, name in ((0, "reuse+A"), (1, "B"), (2, "cls")):
-            idx = np.flatnonzero(seg == s_id)
-            lines.append(
-                f"  [{name}] "
-                + " ".join(f"[{piece(b['input_ids'][r, i])}]" if tgt[i] else piece(b["input_ids"][r, i]) for i in idx)
-            )
-    else:
-        lm = b["label_mask"][r].astype(bool)
-        lines.append("  input:  " + " ".join(piece(i) for i in b["input_ids"][r]))
-        lines.append("  labels: " + " ".join(f"{piece(b['labels'][r, i])}" for i in np.flatnonzero(lm)))
-    return "\n".join(lines)
+    header = f"{args.pipeline} {args.split} step {args.step} row {args.row} (vocab_size {p.vocab_size})"
+    return "\n".join([header, *p.describe_row(b, args.row)])
 
 
 def _output_dir(args) -> str | None:

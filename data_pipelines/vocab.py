@@ -1,9 +1,16 @@
-"""Tokenizers: character/byte and word vocabularies (Transformer-XL), SentencePiece (XLNet), WordPiece (Funnel).
+"""Tokenizers, one class per kind: character/byte and word vocabularies (`SymbolVocab`, Transformer-XL),
+SentencePiece (`SentencePieceTokenizer`, XLNet), WordPiece (`WordPieceTokenizer`, Funnel). Pretraining pipelines,
+finetuning readers, `xlgen export`, `xlgen generate` and `from_pretrained` all use these classes.
 
-Every tokenizer has the same small surface used by the pipelines:
+Every tokenizer has the same small surface (`Tokenizer`):
   `kind`, `vocab_size`, `encode(text) -> list[int]`, `decode(ids) -> str`, `id_to_piece(i)`,
   `special_ids` (dict: unk/cls/sep/pad/mask/eod/eos -> id or None), `is_start_table()` (bool [V]: the piece starts
-  a word; used by XLNet span sampling), `fingerprint()` (sha256 of the vocabulary file) and `save(dir) -> filename`.
+  a word; used by XLNet span sampling), `fingerprint()` (sha256 of the vocabulary file), `save(dir) -> filename`,
+  `settings()`; for finetuning `cls_id` / `sep_id` / `pad_id` (the pieces that frame a task input; checked by
+  `check_task_input`) and `encode_with_offsets(text) -> (ids, starts, ends)`: the ids of `encode` with, per piece,
+  the span `text[starts[i]:ends[i]]` of the ORIGINAL text it covers (leading whitespace excluded; zero width for
+  pieces that cover only whitespace, e.g. a lone "▁"), so that a predicted SQuAD piece span maps back to the exact
+  original characters.
 
 XLNet ids (data_utils.py special_symbols): <unk>0 <s>1 </s>2 <cls>3 <sep>4 <pad>5 <mask>6 <eod>7 <eop>8. Our
 char/byte vocabularies reserve the same nine ids, so one vocabulary serves the LM, XLNet and MLM pipelines.
@@ -16,7 +23,7 @@ import hashlib
 import json
 import os
 import unicodedata
-from typing import Iterable, Sequence
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,8 +37,10 @@ _ORIG_START_PUNCT = set('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
 # XLNet's spm_train recipe (README): unigram, 32k, coverage 0.99995, control/user-defined symbols.
 XLNET_CONTROL_SYMBOLS = ("<cls>", "<sep>", "<pad>", "<mask>", "<eod>")
 XLNET_USER_SYMBOLS = ("<eop>", ".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u20ac")
-# XLNet's preprocess_text maps these LaTeX-style quotes to '"' (also used by tasks.tokenization's offset map).
+# XLNet's preprocess_text maps these LaTeX-style quotes to '"' (also used by `preprocess_with_map`).
 LATEX_QUOTES = ("``", "''")
+TOKENIZER_FILES = ("spiece.model", "tokenizer.model", "vocab.txt", "vocab.json")  # looked for in a directory
+Offsets = Tuple[List[int], List[int], List[int]]
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -60,6 +69,52 @@ def preprocess_text(text: str, lower: bool = False, remove_space: bool = True, k
     return out
 
 
+def preprocess_with_map(
+    text: str, *, lower: bool = False, keep_accents: bool = False, remove_space: bool = True
+) -> Tuple[str, List[int], List[int]]:
+    """`preprocess_text` applied character by character, remembering where every output character came from:
+    new_text equals `preprocess_text(text, ...)` (the one exception is Python's context-dependent final sigma under
+    `lower`). Returns (new_text, src, src_end): new_text[k] comes from text[src[k]:src_end[k]] (two characters for
+    `` and '', the first character of a collapsed whitespace run)."""
+    out: List[str] = []
+    src: List[int] = []
+    src_end: List[int] = []
+    i, n = 0, len(text)
+    if remove_space:  # " ".join(text.strip().split()): drop the ends, one space per interior whitespace run
+        while i < n and text[i].isspace():
+            i += 1
+        while n > i and text[n - 1].isspace():
+            n -= 1
+    while i < n:
+        if remove_space and text[i].isspace():
+            out.append(" ")
+            src.append(i)
+            src_end.append(i + 1)
+            while i < n and text[i].isspace():
+                i += 1
+            continue
+        if text[i : i + 2] in LATEX_QUOTES:  # LaTeX-style quotes -> "
+            out.append('"')
+            src.append(i)
+            src_end.append(i + 2)
+            i += 2
+            continue
+        pieces = preprocess_text(text[i], lower=lower, remove_space=False, keep_accents=keep_accents)
+        for c in pieces:
+            out.append(c)
+            src.append(i)
+            src_end.append(i + 1)
+        i += 1
+    return "".join(out), src, src_end
+
+
+def _byte_to_char(s: str) -> np.ndarray:
+    """b2c[k] = index of the character that UTF-8 byte k of `s` belongs to; b2c[len(bytes)] = len(s)."""
+    lens = [len(c.encode("utf-8")) for c in s]
+    b2c = np.repeat(np.arange(len(s), dtype=np.int64), lens)
+    return np.concatenate([b2c, [len(s)]])
+
+
 def split_digit_comma(sp, piece: str) -> list[str] | None:
     """XLNet's `prepro_utils.encode_pieces` rule for one piece: a piece "<digits>," (e.g. "▁1," or "00,") is
     re-encoded without the comma, the comma becoming its own piece; the re-encoding loses its leading "▁" when the
@@ -74,7 +129,7 @@ def split_digit_comma(sp, piece: str) -> list[str] | None:
 
 def encode_pieces(sp, text: str, sample: bool = False) -> list[str]:
     """XLNet's `encode_pieces`: SentencePiece pieces, with "<digits>," re-split so the comma is its own piece
-    (`split_digit_comma`). Pretraining and finetuning (`xlgen.finetune.readers.tokenization`) both tokenise this way."""
+    (`split_digit_comma`): the original `prepro_utils.encode_pieces`, for pretraining and finetuning alike."""
     pieces = sp.SampleEncodeAsPieces(text, 64, 0.1) if sample else sp.EncodeAsPieces(text)
     out = []
     for piece in pieces:
@@ -88,30 +143,80 @@ def is_start_piece(piece: str) -> bool:
     return piece.startswith(SPIECE_UNDERLINE) or piece.startswith("<") or piece in _ORIG_START_PUNCT
 
 
-class SentencePieceTokenizer:
-    """An XLNet `spiece.model` (trained here with `train_sentencepiece`, or from a released checkpoint directory)."""
+class Tokenizer:
+    """What every tokenizer kind shares beyond its own encoding (see the module docstring)."""
+
+    kind: str
+    vocab_size: int
+    special_ids: dict
+    # finetuning's input layout, `Family.input_style` of the model it feeds ("cls_last" | "cls_first"); set by
+    # `xlgen.finetune.data.load_tokenizer`, read by the task readers
+    style: Optional[str] = None
+
+    @property
+    def cls_id(self) -> Optional[int]:
+        return self.special_ids["cls"]
+
+    @property
+    def sep_id(self) -> Optional[int]:
+        return self.special_ids["sep"]
+
+    @property
+    def pad_id(self) -> Optional[int]:
+        return self.special_ids["pad"]
+
+    def check_task_input(self, source: str) -> None:
+        """ValueError naming `source` unless this tokenizer can frame a task input (has cls/sep/pad pieces)."""
+        missing = [k for k in ("cls", "sep", "pad") if self.special_ids.get(k) is None]
+        if missing:
+            raise ValueError(f"{source}: {self._no_task_pieces(missing)}")
+
+    def _no_task_pieces(self, missing: List[str]) -> str:
+        return f"the tokenizer has no <{missing[0]}> piece to frame task inputs"
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """An XLNet `spiece.model` (trained here with `train_sentencepiece`, or from a released checkpoint directory),
+    from a file (local or gs://) or its serialized bytes (`model_proto`).
+
+    `encode` is the original `prepro_utils.encode_ids(sp, preprocess_text(text))`: `preprocess_text`, then
+    SentencePiece, then "<digits>," pieces re-split so the comma is its own piece. `encode_with_offsets` applies
+    `preprocess_text` character by character remembering the source index of every output character
+    (`preprocess_with_map`); SentencePiece reports byte offsets of every piece in the preprocessed text (re-split
+    pieces: of their re-encoding); composing the two gives exact original character spans. This replaces the
+    original's approximate LCS alignment (`run_squad.py`) with an exact one: same pieces, same spans whenever the
+    LCS succeeds."""
 
     kind = "sentencepiece"
 
-    def __init__(self, model_file: str, uncased: bool = False, keep_accents: bool = False):
+    def __init__(
+        self,
+        model_file: Optional[str] = None,
+        *,
+        model_proto: Optional[bytes] = None,
+        uncased: bool = False,
+        keep_accents: bool = False,
+    ):
         import sentencepiece as spm
 
-        if not paths.as_path(model_file).is_file():
-            raise FileNotFoundError(f"SentencePiece model not found: {model_file}")
+        if model_proto is None:
+            if not model_file or not paths.as_path(model_file).is_file():
+                raise FileNotFoundError(f"SentencePiece model not found: {model_file}")
+            model_proto = paths.read_bytes(model_file)  # local or gs://
         self.model_file = model_file
-        self._proto = paths.read_bytes(model_file)  # local or gs://
+        self._proto = model_proto
         self.sp = spm.SentencePieceProcessor()
         try:
             self.sp.LoadFromSerializedProto(self._proto)
         except Exception as e:  # sentencepiece raises OSError/RuntimeError with little context
-            raise ValueError(f"{model_file}: not a SentencePiece model ({e})") from e
+            raise ValueError(f"{model_file or '<proto>'}: not a SentencePiece model ({e})") from e
         self.uncased = uncased
         self.keep_accents = keep_accents
         self.vocab_size = self.sp.GetPieceSize()
 
         def pid(p):
             i = self.sp.PieceToId(p)
-            return None if (i == self.sp.unk_id() and p != "<unk>") else i
+            return None if (i == self.sp.unk_id() and p != self.sp.IdToPiece(i)) else i
 
         self.special_ids = {
             "unk": self.sp.unk_id(),
@@ -133,6 +238,55 @@ class SentencePieceTokenizer:
     def encode(self, text: str) -> list[int]:
         return [self.sp.PieceToId(p) for p in self.encode_as_pieces(text)]
 
+    def _pieces_with_spans(self, pre: str) -> List[Tuple[int, int, int]]:
+        """(id, begin, end) per piece of `encode_pieces(sp, pre)`; begin/end are character offsets into `pre`."""
+        b2c = _byte_to_char(pre)
+        out = []
+        for p in self.sp.encode(pre, return_type="proto").pieces:
+            b, e = int(b2c[p.begin]), int(b2c[p.end])
+            split = split_digit_comma(self.sp, p.piece)
+            if split is None:
+                out.append((p.id, b, e))
+                continue
+            # "<digits>," -> the digits re-encoded, then ","; the comma is the last character of the surface.
+            ids = [self.sp.PieceToId(q) for q in split]
+            bd = b
+            while bd < e - 1 and pre[bd].isspace():
+                bd += 1
+            sub = [
+                (q.piece, int(q.begin), int(q.end)) for q in self.sp.encode(pre[bd : e - 1], return_type="proto").pieces
+            ]
+            if p.piece[0] != SPIECE_UNDERLINE and sub and sub[0][0][0] == SPIECE_UNDERLINE:  # as split_digit_comma
+                sub = sub[1:] if len(sub[0][0]) == 1 else [(sub[0][0][1:],) + sub[0][1:]] + sub[1:]
+            if [q for q, _, _ in sub] == split[:-1]:
+                s2c = _byte_to_char(pre[bd : e - 1])
+                spans = [(bd + int(s2c[qb]), bd + int(s2c[qe])) for _, qb, qe in sub]
+            else:  # normalisation made the re-encoding differ: the first piece covers all digits
+                spans = [(bd, e - 1)] + [(e - 1, e - 1)] * (len(split) - 2)
+            out.extend((i, sb, se) for i, (sb, se) in zip(ids, spans + [(e - 1, e)]))
+        return out
+
+    def encode_with_offsets(self, text: str) -> Offsets:
+        """The ids of `encode`, with original-character spans."""
+        pre, src, src_end = preprocess_with_map(text, lower=self.uncased, keep_accents=self.keep_accents)
+        ids, starts, ends = [], [], []
+        for i, b, e in self._pieces_with_spans(pre):
+            while b < e and pre[b].isspace():  # "▁word" covers the space before the word
+                b += 1
+            ids.append(i)
+            if b >= e:  # whitespace-only or empty surface: zero width at its end
+                o = src[e] if e < len(src) else len(text)
+                starts.append(o)
+                ends.append(o)
+            else:
+                starts.append(src[b])
+                ends.append(src_end[e - 1])
+        # Zero-width pieces take the start of the next real piece so spans stay monotone.
+        for k in range(len(ids) - 2, -1, -1):
+            if starts[k] == ends[k] and k + 1 < len(ids):
+                starts[k] = ends[k] = min(starts[k], starts[k + 1])
+        return ids, starts, ends
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.DecodeIds([int(i) for i in ids])
 
@@ -151,6 +305,12 @@ class SentencePieceTokenizer:
 
     def settings(self) -> dict:
         return {"uncased": self.uncased, "keep_accents": self.keep_accents}
+
+    def _no_task_pieces(self, missing: List[str]) -> str:
+        return (
+            f"SentencePiece model has no <{missing[0]}> piece "
+            "(train it with --control_symbols=<cls>,<sep>,<pad>,<mask>,<eod>)"
+        )
 
 
 def train_sentencepiece(
@@ -235,8 +395,9 @@ def train_sentencepiece(
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class WordPieceTokenizer:
-    """A BERT/Funnel `vocab.txt` (WordPiece, `##` continuation pieces)."""
+class WordPieceTokenizer(Tokenizer):
+    """A BERT/Funnel `vocab.txt` (WordPiece, `##` continuation pieces) through the `tokenizers` library, which also
+    reports the original offsets of every piece."""
 
     kind = "wordpiece"
 
@@ -273,6 +434,10 @@ class WordPieceTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
 
+    def encode_with_offsets(self, text: str) -> Offsets:
+        enc = self.tok.encode(text, add_special_tokens=False)
+        return list(enc.ids), [o[0] for o in enc.offsets], [o[1] for o in enc.offsets]
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([int(i) for i in ids])
 
@@ -291,6 +456,9 @@ class WordPieceTokenizer:
 
     def settings(self) -> dict:
         return {"uncased": self.uncased}
+
+    def _no_task_pieces(self, missing: List[str]) -> str:
+        return f"vocabulary has no [{missing[0].upper()}] token"
 
 
 def train_wordpiece(
@@ -321,13 +489,15 @@ def train_wordpiece(
 # ----------------------------------------------------------------------------------------------------------------
 # Transformer-XL vocabularies: characters / bytes (enwik8, text8) and words (WikiText-103, 1B Word, PTB)
 # ----------------------------------------------------------------------------------------------------------------
-class SymbolVocab:
+class SymbolVocab(Tokenizer):
     """A list of symbols, stored as JSON (`vocab.json`).
 
     level="char": symbols are characters; "byte": symbols are byte values (text is UTF-8 encoded first);
     "word": symbols are whitespace-separated words, each line ends with `<eos>` (Transformer-XL `add_eos`).
     char/byte vocabularies start with the nine XLNet special symbols (same ids); word vocabularies start with
     `<unk>`, `<eos>` and then words by decreasing frequency (adaptive-softmax cutoffs rely on that order).
+    A character or byte vocabulary frames task inputs with its XLNet specials, so a workdir pretrained on one
+    finetunes with its own tokenizer: one id per character (byte), each covering its own character.
     """
 
     def __init__(self, level: str, symbols: Sequence, lower: bool = False):
@@ -446,6 +616,29 @@ class SymbolVocab:
                 ids.append(eos)
         return np.asarray(ids, dtype=np.int32)
 
+    def encode_with_offsets(self, text: str) -> Offsets:
+        """char/byte: the ids of `encode`, each covering the character it came from (all bytes of a multi-byte
+        character cover that character)."""
+        ids, starts, ends = [], [], []
+        for i, c in enumerate(text):
+            sub = self.encode(c, add_eos=False)
+            ids.extend(sub)
+            starts.extend([i] * len(sub))
+            ends.extend([i + 1] * len(sub))
+        return ids, starts, ends
+
+    def check_task_input(self, source: str) -> None:
+        if self.level == "word":
+            raise ValueError(f"{source}: {self._no_task_pieces(['cls'])}")
+        super().check_task_input(source)
+
+    def _no_task_pieces(self, missing: List[str]) -> str:
+        return (
+            f"a {self.level}-level vocabulary without <cls>/<sep>/<pad> symbols cannot frame task inputs; finetune "
+            "from a character or byte vocab.json, a SentencePiece .model or a WordPiece vocab.txt "
+            "(--config.tokenizer=FILE)"
+        )
+
     def decode(self, ids: Iterable[int]) -> str:
         syms = [self.symbols[int(i)] for i in ids]
         if self.level == "word":
@@ -512,3 +705,31 @@ def load_tokenizer(kind: str, path: str, **settings):
             raise ValueError(f"{path}: vocabulary level is {v.level!r}, expected {kind!r}")
         return v
     raise ValueError(f"unknown tokenizer kind {kind!r} (sentencepiece, wordpiece, char, byte, word)")
+
+
+def load_tokenizer_file(path: str, *, lower: Optional[bool] = None) -> Tokenizer:
+    """A tokenizer from a file or a model directory (the first of `TOKENIZER_FILES` in it), by file name:
+    `*.model` -> SentencePiece (XLNet), `*.txt` -> WordPiece (Funnel), an xlgen `vocab.json` -> characters/bytes/words
+    (its own `lower` setting). `lower` defaults to False for SentencePiece (released XLNet is cased) and True for
+    WordPiece (released Funnel is uncased)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        for name in TOKENIZER_FILES:
+            if os.path.exists(os.path.join(path, name)):
+                return load_tokenizer_file(os.path.join(path, name), lower=lower)
+        raise FileNotFoundError(f"{path}: no {', '.join(TOKENIZER_FILES)} in this directory")
+    if path.endswith(".model"):
+        return SentencePieceTokenizer(path, uncased=bool(lower))
+    if path.endswith(".txt"):
+        return WordPieceTokenizer(path, uncased=True if lower is None else lower)
+    if path.endswith(".json"):
+        return SymbolVocab.load(path)
+    raise ValueError(
+        f"{path}: unknown tokenizer file (expected a SentencePiece .model, a WordPiece vocab.txt or an xlgen "
+        "character/byte vocab.json)"
+    )
+
+
+def visible_piece(tokenizer, i: int) -> str:
+    """Piece `i` with its whitespace made visible (so pieces joined by spaces split unambiguously)."""
+    return tokenizer.id_to_piece(int(i)).replace(" ", "\u2581").replace("\n", "\\n").replace("\t", "\\t") or "''"

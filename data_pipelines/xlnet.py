@@ -28,6 +28,7 @@ import numpy as np
 from data_pipelines import rng as rng_lib
 from data_pipelines.corpus import TokenCorpus
 from data_pipelines.lm import rows_of_process
+from data_pipelines.vocab import visible_piece
 
 _SCAN = 256  # window size when scanning for sentence boundaries
 
@@ -378,6 +379,20 @@ class XLNetPipeline:
         m0 = sample_mask(rng, start[:r], goal=np0, functional=func[:r], **kw)
         m1 = sample_mask(rng, start[r:], goal=np1, functional=func[r:], **kw)
         return ids, seg, np.concatenate([m0, m1]), label, rng, not reverse
+
+    def describe_row(self, batch: dict, row: int) -> list:
+        """Row `row` of a batch as text lines (`xlgen prepare show`): its flags, then its segments with the
+        prediction targets in [brackets]."""
+        tgt = batch["target_mapping"][row].sum(0).astype(bool)
+        seg, ids = batch["token_type_ids"][row], batch["input_ids"][row]
+        lines = [
+            f"forward={bool(batch['is_forward'][row])} reset={bool(batch['stream_reset'][row])} "
+            f"nsp_label={int(batch['nsp_label'][row])} targets={int(tgt.sum())}"
+        ]
+        for s_id, name in ((0, "reuse+A"), (1, "B"), (2, "cls")):
+            pieces = ((visible_piece(self.tokenizer, ids[i]), tgt[i]) for i in np.flatnonzero(seg == s_id))
+            lines.append(f"  [{name}] " + " ".join(f"[{p}]" if is_target else p for p, is_target in pieces))
+        return lines
 
     def batch(self, step: int) -> dict:
         if step < 0 or (self.num_steps is not None and step >= self.num_steps):

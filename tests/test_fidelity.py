@@ -38,10 +38,11 @@ NUMBER_TEXTS = [
 
 def test_finetune_tokenizer_matches_pretraining_on_numbers(number_spm):
     from data_pipelines import vocab
-    from xlgen.finetune.readers.tokenization import SentencePieceTaskTokenizer, cover_span, preprocess_with_map
+    from data_pipelines.vocab import preprocess_with_map
+    from xlgen.finetune.readers.squad import cover_span
 
-    pre_tok = vocab.SentencePieceTokenizer(number_spm)
-    task_tok = SentencePieceTaskTokenizer(number_spm)
+    pre_tok = vocab.load_tokenizer("sentencepiece", number_spm)  # as pretraining stores it
+    task_tok = vocab.load_tokenizer_file(number_spm)  # as finetuning finds it
     n_split = 0
     for text in NUMBER_TEXTS:
         pieces = pre_tok.sp.EncodeAsPieces(vocab.preprocess_text(text))

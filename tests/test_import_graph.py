@@ -1,4 +1,4 @@
-"""The module import graph of `xlgen/` and `data_pipelines/` has no cycle.
+"""The module import graph of `xlgen/` and `data_pipelines/` has no cycle, between modules nor between packages.
 
 Built with stdlib `ast` from every `import` / `from ... import` statement of every module, including the imports
 inside functions (a function-local import hides a cycle from Python's import machinery, not from the design). An
@@ -158,5 +158,43 @@ def test_no_import_cycles():
     graph = import_graph()
     cycles = all_cycles(graph)
     assert not cycles, "import cycles (strongly connected groups of modules):\n" + "\n".join(
+        f"  {' <-> '.join(c)}  e.g. {' -> '.join(find_cycle({m: graph[m] & set(c) for m in c}))}" for c in cycles
+    )
+
+
+def package_of(module: str, modules) -> str:
+    """The node of `module` in the package graph: its subpackage (`xlgen.train.loop` -> `xlgen.train`,
+    `xlgen.models.xlnet.model` -> `xlgen.models.xlnet`); a package's `__init__` is the package; the modules directly
+    under a root package (`xlgen.registry`, `data_pipelines.vocab`) are units of their own."""
+    if module in PACKAGES:
+        return module
+    parent = module.rpartition(".")[0]
+    is_package = modules[module].endswith("__init__.py")
+    if is_package:
+        return module
+    return module if parent in PACKAGES else parent
+
+
+def package_graph(graph):
+    """{package: set of packages it imports}: `import_graph` with modules merged into `package_of`."""
+    modules = _modules()
+    out = {}
+    for src, targets in graph.items():
+        p = package_of(src, modules)
+        out.setdefault(p, set()).update(package_of(t, modules) for t in targets)
+        out[p].discard(p)
+    return out
+
+
+def test_no_import_cycles_between_packages():
+    """A package imports another only if that one does not import it back (through any of their modules)."""
+    modules = _modules()
+    assert package_of("xlgen.train.loop", modules) == "xlgen.train"
+    assert package_of("xlgen.models.xlnet.model", modules) == "xlgen.models.xlnet"
+    assert package_of("xlgen.models.xlnet", modules) == "xlgen.models.xlnet"
+    assert package_of("xlgen.registry", modules) == "xlgen.registry"
+    graph = package_graph(import_graph())
+    cycles = all_cycles(graph)
+    assert not cycles, "import cycles between packages:\n" + "\n".join(
         f"  {' <-> '.join(c)}  e.g. {' -> '.join(find_cycle({m: graph[m] & set(c) for m in c}))}" for c in cycles
     )

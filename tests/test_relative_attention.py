@@ -105,7 +105,7 @@ def test_relative_shift_definition(q, r, klen, offset, stride):
 )
 def test_relative_shift_derivatives(q, r, klen, offset, stride):
     """Reverse and forward mode of the shift (on CPU its tangent is built with another row width than the primal,
-    `xla_cpu.tangent_row_width`) equal the map's definition at every entry whose source exists: the vjp scatters the cotangent
+    `operands.tangent_row_width`) equal the map's definition at every entry whose source exists: the vjp scatters the cotangent
     back to x[i, offset - stride*i + j], the jvp shifts the tangent."""
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.normal(size=(2, q, r)).astype(np.float32))
@@ -128,7 +128,7 @@ def test_relative_shift_derivatives(q, r, klen, offset, stride):
 
 
 def test_relative_shift_tangent_width_is_cpu_only():
-    """The backward pass's power-of-two rows (`xla_cpu.tangent_row_width`) are an XLA:CPU choice: lowered for TPU (as
+    """The backward pass's power-of-two rows (`operands.tangent_row_width`) are an XLA:CPU choice: lowered for TPU (as
     `xlgen plan` compiles pod steps on a CPU host) the transposed skew keeps the smallest width."""
     grad = jax.jit(jax.grad(lambda x: jnp.sum(ra.relative_shift(x, klen=512, offset=512) ** 2)))
     x = jax.ShapeDtypeStruct((2, 512, 1024), jnp.float32)

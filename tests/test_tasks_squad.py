@@ -4,10 +4,10 @@ across doc-stride windows; layout, p_mask and max-context invariants; beam decod
 import numpy as np
 import pytest
 
+from data_pipelines.vocab import SentencePieceTokenizer, preprocess_with_map
 from xlgen.finetune import squad_decode, squad_eval
 from xlgen.finetune.readers import synthetic
-from xlgen.finetune.readers.squad import read_squad, squad_features
-from xlgen.finetune.readers.tokenization import SentencePieceTaskTokenizer, cover_span, preprocess_with_map
+from xlgen.finetune.readers.squad import cover_span, read_squad, squad_features
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,8 @@ def data(tmp_path_factory):
     synthetic.write_squad(str(d), "v2.0", n_paragraphs=6, context_words=70)
     ex = read_squad(str(d / "train-v2.0.json"), version="v2.0", require_answers=True)
     texts = [e.context for e in ex] + [e.question for e in ex]
-    tok = SentencePieceTaskTokenizer(model_proto=synthetic.train_sentencepiece(texts, vocab_size=120))
+    tok = SentencePieceTokenizer(model_proto=synthetic.train_sentencepiece(texts, vocab_size=120))
+    tok.style = "cls_last"  # XLNet's layout (`Family.input_style`)
     return ex, tok
 
 
@@ -150,14 +151,14 @@ def test_character_and_byte_vocabularies_are_task_tokenizers(tmp_path):
     """Issue 31: a workdir pretrained on a character (or byte) vocab.json finetunes with it: pretraining's ids,
     each piece covering its own character (a multi-byte character: all its bytes), the XLNet specials framing the
     input; a word vocabulary (no <cls>/<sep>/<pad>) is a one-line error that says what to use."""
-    from data_pipelines.vocab import SymbolVocab
-    from xlgen.finetune.readers.tokenization import load_task_tokenizer
+    from data_pipelines.vocab import SymbolVocab, load_tokenizer_file
 
     text = "Où est-il? ROMEO: là"
     for level in ("char", "byte"):
         v = SymbolVocab.build(level, [text])
         v.save(str(tmp_path))
-        tok = load_task_tokenizer(str(tmp_path / "vocab.json"))
+        tok = load_tokenizer_file(str(tmp_path / "vocab.json"))
+        tok.check_task_input("vocab.json")
         assert tok.encode(text) == v.encode(text, add_eos=False)
         ids, starts, ends = tok.encode_with_offsets(text)
         assert ids == tok.encode(text) and len(ids) == len(text if level == "char" else text.encode())
@@ -168,4 +169,4 @@ def test_character_and_byte_vocabularies_are_task_tokenizers(tmp_path):
         assert cover_span(starts, ends, 11, 16) == ((11, 15) if level == "char" else (12, 16))  # "ROMEO"
     SymbolVocab.build("word", [text]).save(str(tmp_path / "w"))
     with pytest.raises(ValueError, match="word-level vocabulary without <cls>/<sep>/<pad>"):
-        load_task_tokenizer(str(tmp_path / "w" / "vocab.json"))
+        load_tokenizer_file(str(tmp_path / "w" / "vocab.json")).check_task_input("w/vocab.json")

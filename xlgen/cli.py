@@ -7,7 +7,7 @@
     xlgen config show --config=PATH [--config.KEY=VALUE ...]              every config key with its value
     xlgen --version
     xlgen prepare  ...    tokenizers and corpora        (data_pipelines.prepare:main)
-    xlgen finetune ...    GLUE / SQuAD / RACE / ...     (xlgen.finetune:main)
+    xlgen finetune ...    GLUE / SQuAD / RACE / ...     (xlgen.finetune.run:main)
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
     xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
@@ -44,7 +44,7 @@ from xlgen.runtime import setup_runtime
 
 DELEGATED = {
     "prepare": "data_pipelines.prepare:main",
-    "finetune": "xlgen.finetune:main",
+    "finetune": "xlgen.finetune.run:main",
     "plan": "xlgen.plan:main",
     "bench": "xlgen.bench:main",
     "export": "xlgen.export:main",
@@ -110,11 +110,11 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
             print(f"xlgen eval: error: {e}", file=sys.stderr)
             return 2
     if cmd == "eval":
-        from xlgen.finetune import cli as finetune_cli
         from xlgen.finetune import is_finetune_workdir
+        from xlgen.finetune import run as finetune_run
 
         if is_finetune_workdir(args.workdir):  # a finetune workdir: re-evaluate its best checkpoint
-            return finetune_cli.run(
+            return finetune_run.command(
                 args.config,
                 overrides,
                 args.workdir,

@@ -152,29 +152,24 @@ def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
     from data_pipelines import vocab as vocab_lib
 
     files = []
-    if isinstance(getattr(tokenizer, "vocab", None), vocab_lib.SymbolVocab):  # finetuning's char/byte task tokenizer
-        tokenizer = tokenizer.vocab
-    sp = getattr(tokenizer, "sp", None)  # SentencePiece: the pretraining and the finetuning (task) tokenizers
-    wordpiece = getattr(tokenizer, "tok", None) if not isinstance(tokenizer, vocab_lib.SymbolVocab) else None
-    lower = bool(getattr(tokenizer, "uncased", getattr(tokenizer, "lower", False)))
-    if sp is not None and hasattr(sp, "serialized_model_proto"):
+    if isinstance(tokenizer, vocab_lib.SentencePieceTokenizer):
         with open(os.path.join(out_dir, "spiece.model"), "wb") as f:
-            f.write(sp.serialized_model_proto())
+            f.write(tokenizer.sp.serialized_model_proto())
         cfg = {
             "tokenizer_class": "XLNetTokenizer",
-            "do_lower_case": lower,
-            "keep_accents": bool(getattr(tokenizer, "keep_accents", False)),
+            "do_lower_case": bool(tokenizer.uncased),
+            "keep_accents": bool(tokenizer.keep_accents),
             "remove_space": True,
         }
         specials = {"unk_token": "<unk>", "sep_token": "<sep>", "pad_token": "<pad>", "cls_token": "<cls>"}
         specials.update({"mask_token": "<mask>", "bos_token": "<s>", "eos_token": "</s>"})
         files.append("spiece.model")
-    elif wordpiece is not None and hasattr(wordpiece, "get_vocab"):  # WordPiece (tokenizers' BertWordPieceTokenizer)
-        vocab = wordpiece.get_vocab()
+    elif isinstance(tokenizer, vocab_lib.WordPieceTokenizer):
+        vocab = tokenizer.tok.get_vocab()
         with open(os.path.join(out_dir, "vocab.txt"), "w", encoding="utf-8") as f:
             f.write("".join(piece + "\n" for piece, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
         wp = dict(registry.by_hf_model_type(model_type).hf_wordpiece) if model_type else {}
-        cfg = {"tokenizer_class": wp.pop("tokenizer_class", "BertTokenizer"), "do_lower_case": lower}
+        cfg = {"tokenizer_class": wp.pop("tokenizer_class", "BertTokenizer"), "do_lower_case": bool(tokenizer.uncased)}
         cfg["strip_accents"] = None
         specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]"}
         specials["mask_token"] = "[MASK]"
@@ -204,21 +199,15 @@ def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
 
 def workdir_tokenizer(config, workdir: str):
     """The tokenizer a workdir's model reads: the finetuning tokenizer, the one stored in the workdir
-    (`xlgen.train.tokenizer_store`), or for older workdirs the one the pretraining data source defines."""
-    from data_pipelines import corpus
+    (`xlgen.train.tokenizer_store`), or for older workdirs the one its pretraining data source defines."""
+    import data_pipelines
     from xlgen import finetune
     from xlgen.train import tokenizer_store
 
     if finetune.is_finetune_workdir(workdir):
         return finetune.load_tokenizer(config)
     stored = tokenizer_store.load(workdir)
-    if stored is not None:
-        return stored
-    layout = {"transformer_xl": "lm"}.get(config.model.family, "sentences")
-    try:
-        return corpus.corpus_from_config(config.data, "train", layout).tokenizer
-    except ValueError:
-        return corpus.corpus_from_config(config.data, "train", "lm").tokenizer
+    return stored if stored is not None else data_pipelines.corpus_tokenizer(config.data, "train")
 
 
 def export_workdir(workdir: str, out_dir: str, step: Optional[int] = None, with_tokenizer: bool = True) -> str:

@@ -51,19 +51,8 @@ from typing import Dict, Tuple
 
 from xlgen import registry
 from xlgen.models.cost import adaptive_softmax_fwd, zipf_share
-from xlgen.models.funnel.cost import train_flops as funnel_train_flops
-from xlgen.models.transformer_xl.cost import txl_train_flops
-from xlgen.models.xlnet.cost import xlnet_train_flops
 
-__all__ = [
-    "adaptive_softmax_fwd",
-    "funnel_train_flops",
-    "mfu",
-    "train_flops_per_step",
-    "txl_train_flops",
-    "xlnet_train_flops",
-    "zipf_share",
-]
+__all__ = ["adaptive_softmax_fwd", "mfu", "train_flops_per_step", "zipf_share"]
 
 
 def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None = None) -> float:

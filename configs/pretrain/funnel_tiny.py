@@ -7,6 +7,7 @@ ELECTRA (generator + disc_coeff * discriminator):
 """
 
 import data_pipelines
+from configs.tiny import OPTIMIZER, tiny_run
 from xlgen.config import base_config
 
 
@@ -44,21 +45,4 @@ def get_config():
     c.data.update(
         dict(source="tinyshakespeare", vocab="char", batch_size=8, eval_batch_size=8, seq_len=64, eval_steps=10)
     )
-    c.optimizer.update(
-        dict(
-            learning_rate=1e-3,
-            warmup_steps=20,
-            schedule="poly",
-            min_lr_ratio=0.0,
-            clip_norm=1.0,
-            b2=0.99,
-            eps=1e-6,
-            weight_decay=0.01,
-        )
-    )
-    c.eval.update(dict(steps=10))
-    c.checkpoint.update(dict(every_steps=100, keep=3))
-    c.total_steps = 200
-    c.log_every_steps = 10
-    c.eval_every_steps = 100
-    return c
+    return tiny_run(c, optimizer=dict(OPTIMIZER, schedule="poly", b2=0.99))

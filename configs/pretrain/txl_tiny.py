@@ -5,6 +5,7 @@ xlgen train --config=configs/pretrain/txl_tiny.py --workdir=/tmp/txl_tiny
 
 import data_pipelines
 from configs.models import transformer_xl
+from configs.tiny import tiny_run
 from xlgen.config import base_config
 from xlgen.models.output_config import config_defaults
 
@@ -27,12 +28,8 @@ def get_config():
     c.data.update(
         dict(source="tinyshakespeare", vocab="char", batch_size=8, tgt_len=32, eval_batch_size=8, eval_tgt_len=32)
     )
-    c.optimizer.update(dict(learning_rate=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1, clip_norm=0.25))
-    c.eval.update(dict(steps=20, mem_len=64, same_length=True))
+    c.eval.update(dict(mem_len=64, same_length=True))
     c.eval.metric = "bpc"
     c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
-    c.checkpoint.update(dict(every_steps=100, keep=3))
-    c.total_steps = 200
-    c.log_every_steps = 10
-    c.eval_every_steps = 100
-    return c
+    optimizer = dict(learning_rate=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1, clip_norm=0.25)
+    return tiny_run(c, optimizer=optimizer, eval_steps=20)

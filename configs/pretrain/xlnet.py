@@ -24,6 +24,7 @@ BERT-Base's budget, so: batch 256, 1M steps, lr 1e-4 with 10K warmup and linear 
 """
 
 import data_pipelines
+from configs.tiny import OPTIMIZER, tiny_run
 from xlgen.config import base_config
 
 
@@ -164,23 +165,7 @@ def tiny():
             eval_steps=10,
         )
     )
-    c.optimizer.update(
-        dict(
-            learning_rate=1e-3,
-            warmup_steps=20,
-            schedule="linear",
-            min_lr_ratio=0.0,
-            clip_norm=1.0,
-            weight_decay=0.01,
-            eps=1e-6,
-        )
-    )
-    c.eval.update(dict(steps=10))
-    c.checkpoint.update(dict(every_steps=100, keep=3))
-    c.total_steps = 200
-    c.log_every_steps = 10
-    c.eval_every_steps = 100
-    return c
+    return tiny_run(c, optimizer=dict(OPTIMIZER, schedule="linear"))
 
 
 VARIANTS = {"large": large, "large_bsz8192": lambda: large(batch_size=8192), "base": base, "tiny": tiny}

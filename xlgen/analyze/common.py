@@ -1,14 +1,38 @@
-"""Shared pieces of the analysis tools: loading a workdir's eval model, its output embedding, the runtime."""
+"""Shared pieces of the analysis tools: the command line every tool shares, loading a workdir's eval model, its
+output embedding, the runtime."""
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+import argparse
+import sys
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from data_pipelines import paths
 
 EFFECTIVE_EPS = (1e-3, 1e-4, 1e-5)
+
+
+def tool_parser(
+    tool: str, doc: str, *, json: str = "", png: Optional[str] = "", platform: bool = True
+) -> argparse.ArgumentParser:
+    """The parser of `xlgen analyze <tool>` (description: the first paragraph of the tool's docstring `doc`) with
+    the options the tools share: `--json` (the report; help `json`), `--png` (its figure; help `png`, None = the tool
+    draws none) and, for tools that run a model, `--platform`."""
+    p = argparse.ArgumentParser(prog=f"xlgen analyze {tool}", description=doc.split("\n\n")[0])
+    p.add_argument("--json", default="", help=json or "write the report here (JSON)")
+    if png is not None:
+        p.add_argument("--png", default="", help=png or "draw the report's figure here")
+    if platform:
+        p.add_argument("--platform", default="", help="JAX platform (default: as `xlgen train` chooses)")
+    return p
+
+
+def fail(tool: str, error: BaseException) -> int:
+    """A tool's one-line error on stderr; the exit status 2."""
+    print(f"xlgen analyze {tool}: error: {error}", file=sys.stderr)
+    return 2
 
 
 def effective_rank(s: np.ndarray, eps: float) -> int:
@@ -24,9 +48,7 @@ def save_figure(fig, path: str) -> None:
 
 def write_json(path: str, obj, prefix: str = "") -> None:
     """Write a tool's JSON report atomically (data_pipelines.paths) and say where."""
-    from data_pipelines.paths import write_json_atomic
-
-    write_json_atomic(path, obj)
+    paths.write_json_atomic(path, obj)
     print(f"{prefix}json: {path}")
 
 

@@ -16,7 +16,6 @@ standard deviation (ddof = 1), as the thesis's "mean ± SD" over seeds; the test
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from xlgen.analyze.common import save_figure, write_json
+from xlgen.analyze.common import fail, save_figure, tool_parser, write_json
 
 
 def summarize(values: Sequence[float]) -> Dict:
@@ -115,13 +114,11 @@ def _split(spec: str, what: str):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="xlgen analyze compare", description=__doc__.split("\n\n")[0])
+    p = tool_parser("compare", __doc__, png="each group's values, mean and std", platform=False)
     p.add_argument("--group", action="append", default=[], help="NAME=WORKDIR,WORKDIR,... (one run per seed)")
     p.add_argument("--values", action="append", default=[], help="NAME=X,X,... (numbers given directly)")
     p.add_argument("--metric", default="loss", help="eval-record key, or FILE.json:KEY inside each workdir")
     p.add_argument("--baseline", default="", help="group the others are tested against (default: the first)")
-    p.add_argument("--json", default="")
-    p.add_argument("--png", default="")
     args = p.parse_args(argv)
     groups: Dict[str, List[float]] = {}
     try:
@@ -136,8 +133,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise ValueError(f"--values={spec!r}: not numbers") from None
         result = compare(groups, args.baseline)
     except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as e:
-        print(f"xlgen analyze compare: error: {e}", file=sys.stderr)
-        return 2
+        return fail("compare", e)
     result["metric"] = args.metric
     for name, g in result["groups"].items():
         test = result["rank_sum"].get(name)

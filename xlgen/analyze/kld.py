@@ -12,13 +12,12 @@ the float32 log-probabilities: with Q the `[M, V]` log-probability matrix and P 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from xlgen.analyze.common import save_figure, write_json
+from xlgen.analyze.common import fail, save_figure, setup, tool_parser, write_json
 
 
 def pairwise_kld(log_probs: np.ndarray, block: int = 1024) -> np.ndarray:
@@ -91,22 +90,16 @@ def _plot(path: str, rep: Dict) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="xlgen analyze kld", description=__doc__.split("\n\n")[0])
+    p = tool_parser("kld", __doc__, png="histogram of the pairwise KLDs")
     p.add_argument("--workdir", required=True)
     p.add_argument("--contexts", type=int, default=0, help="contexts M (default min(2 x vocab, 4096))")
     p.add_argument("--split", default="")
-    p.add_argument("--json", default="")
-    p.add_argument("--png", default="", help="histogram of the pairwise KLDs")
-    p.add_argument("--platform", default="")
     args = p.parse_args(argv)
-    from xlgen.analyze.common import setup
-
     setup(args.platform)
     try:
         rep = analyze(args.workdir, contexts=args.contexts, split=args.split)
     except (ValueError, FileNotFoundError, KeyError) as e:
-        print(f"xlgen analyze kld: error: {e}", file=sys.stderr)
-        return 2
+        return fail("kld", e)
     print(
         f"{rep['workdir']} (step {rep['step']}, output_layer={rep['output_layer']}): expected pairwise KLD "
         f"{rep['expected_pairwise_kld']:.4f} nats over {rep['contexts']} contexts of {rep['split']} "

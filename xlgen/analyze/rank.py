@@ -20,13 +20,12 @@ every head's decay looks alike). `plot_linear` overlays several runs (the reprod
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, save_figure
+from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, fail, save_figure, setup, tool_parser, write_json
 
 
 def press_tolerance(s: np.ndarray, shape, eps: float) -> float:
@@ -61,17 +60,17 @@ def collect_log_probs(config, model, *, contexts: int, split: str) -> np.ndarray
     from flax import nnx
 
     from xlgen import registry
-    from xlgen.models.transformer_xl.objectives import eval_mem_len
     from xlgen.train import loop
 
     objective = registry.objective(config)
-    if objective.pipeline != "lm":
+    if not {"input_ids", "labels", "label_mask", "stream_reset"} <= set(objective.batch_shapes(config, split)):
         raise ValueError(
-            f"xlgen analyze rank: objective {objective.name!r} is not a language model on the 'lm' stream "
+            f"xlgen analyze rank: objective {objective.name!r} is not a language model on a token stream "
             "(Transformer-XL's txl_lm)"
         )
     pipe = loop.make_pipeline(config, split)
-    mem_len = eval_mem_len(config)
+    mems_shape = objective.mems_shape(config, split)  # [n_layer, batch, mem_len, d] of evaluation, or None
+    mem_len = int(mems_shape[2]) if mems_shape else 0
     graphdef, state = nnx.split(model)
 
     @jax.jit
@@ -178,23 +177,22 @@ def analyze(workdir: str, *, contexts: int = 0, split: str = "") -> Dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="xlgen analyze rank", description=__doc__.split("\n\n")[0])
+    p = tool_parser(
+        "rank",
+        __doc__,
+        json="write the report here (keys rank, bound, ...)",
+        png="plot the normalised singular values of Q here",
+    )
     p.add_argument("--workdir", required=True)
     p.add_argument("--contexts", type=int, default=0, help="rows M of Q (default 2 x vocab size)")
     p.add_argument("--split", default="", help="data split (default config.eval.split)")
-    p.add_argument("--json", default="", help="write the report here (keys rank, bound, ...)")
-    p.add_argument("--png", default="", help="plot the normalised singular values of Q here")
     p.add_argument("--linear-png", default="", help="σ_k/σ_1 of Q, linear axis, k <= 500 (001 Fig. 5.10)")
-    p.add_argument("--platform", default="")
     args = p.parse_args(argv)
-    from xlgen.analyze.common import setup
-
     setup(args.platform)
     try:
         rep = analyze(args.workdir, contexts=args.contexts, split=args.split)
     except (ValueError, FileNotFoundError, KeyError) as e:
-        print(f"xlgen analyze rank: error: {e}", file=sys.stderr)
-        return 2
+        return fail("rank", e)
     s = rep.pop("singular_values")
     print(
         f"{rep['workdir']} (step {rep['step']}, output_layer={rep['output_layer']}): Q {rep['shape'][0]} x "
@@ -206,10 +204,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         + ", ".join(f"{k}: {v}" for k, v in rep["effective_rank"].items())
     )
     if args.json:
-        from data_pipelines.paths import write_json_atomic
-
-        write_json_atomic(args.json, {**rep, "singular_values": [float(x) for x in s]})
-        print(f"  json: {args.json}")
+        write_json(args.json, {**rep, "singular_values": [float(x) for x in s]}, "  ")
     if args.png:
         _plot(args.png, s, rep["bound"], f"{rep['output_layer']}: rank {rep['rank']} (bound {rep['bound']})")
         print(f"  png: {args.png}")

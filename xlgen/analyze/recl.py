@@ -29,7 +29,6 @@ the relative-gain curves (threshold line) and perplexity against context length 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -40,6 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from data_pipelines import paths
+from xlgen.analyze.common import fail, setup, tool_parser
 
 THRESHOLD = 0.01  # the thesis' gain threshold
 
@@ -247,7 +247,12 @@ def analyze(losses: Dict[str, Dict[int, np.ndarray]], rs: Sequence[float], delta
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="xlgen analyze recl", description=__doc__.split("\n\n")[0])
+    p = tool_parser(
+        "recl",
+        __doc__,
+        json="output JSON (default: <first workdir>/recl.json)",
+        png="output PNG (default: the JSON path with .png)",
+    )
     p.add_argument("--workdir", action="append", required=True, help="Transformer-XL workdir (repeat for a group)")
     p.add_argument("--r", default="0.1,0.5,1.0", help="fractions of hardest tokens (thesis: 0.1, 0.5, 1.0)")
     p.add_argument("--delta", type=int, default=100, help="context step (thesis: 100)")
@@ -257,9 +262,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--max_tokens", type=int, default=20000, help="evaluation tokens (from the split's start)")
     p.add_argument("--segment", type=int, default=64, help="evaluation segment length")
     p.add_argument("--batch", type=int, default=8, help="the stream is cut into this many contiguous rows")
-    p.add_argument("--json", default=None, help="output JSON (default: <first workdir>/recl.json)")
-    p.add_argument("--png", default=None, help="output PNG (default: the JSON path with .png)")
-    p.add_argument("--platform", default=None)
     args = p.parse_args(argv)
     start = args.start or args.delta
     try:
@@ -269,9 +271,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         contexts = list(range(start, args.max_context + 1, args.delta))
         if len(contexts) < 2:
             raise ValueError(f"--start={start} --delta={args.delta} --max_context={args.max_context}: < 2 contexts")
-        from xlgen import runtime
-
-        runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
+        setup(args.platform)
         losses = group_losses(
             args.workdir,
             contexts,
@@ -281,8 +281,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             batch=args.batch,
         )
     except (ValueError, FileNotFoundError, KeyError) as e:
-        print(f"xlgen analyze recl: error: {e}", file=sys.stderr)
-        return 2
+        return fail("recl", e)
     result = {
         "workdirs": list(args.workdir),
         "split": args.split,

@@ -20,13 +20,12 @@ which the rank jumps depends on that eps and on σ_max, which is why 001's c val
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, save_figure, write_json
+from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, fail, save_figure, tool_parser, write_json
 from xlgen.analyze.rank import press_tolerance
 
 DEFAULT_NOISE = (1e-2, 1e-4, 1e-8, 1e-12, 1e-16, 1e-20, 1e-24, 1e-28, 1e-32)
@@ -126,7 +125,7 @@ def _plot(path: str, rep: Dict) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="xlgen analyze robustness", description=__doc__.split("\n\n")[0])
+    p = tool_parser("robustness", __doc__, png="Press and ε-effective ranks against c")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workdir", default="")
     src.add_argument("--npy", default="", help="a saved Q `[m, n]` (m >= n)")
@@ -137,9 +136,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--noise", default=",".join(f"{c:g}" for c in DEFAULT_NOISE), help="comma-separated c values")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eps-dtype", default="float64")
-    p.add_argument("--json", default="")
-    p.add_argument("--png", default="", help="Press and ε-effective ranks against c")
-    p.add_argument("--platform", default="")
     args = p.parse_args(argv)
     try:
         noise = [float(x) for x in args.noise.split(",") if x]
@@ -157,8 +153,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             q, keep=args.keep, iterations=args.iterations, noise=noise, seed=args.seed, eps_dtype=args.eps_dtype
         )
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
-        print(f"xlgen analyze robustness: error: {e}", file=sys.stderr)
-        return 2
+        return fail("robustness", e)
     print(
         f"Q {rep['shape'][0]} x {rep['shape'][1]}: Press rank {rep['press_rank_of_q']} ({rep['eps_dtype']} eps); "
         f"top-{rep['keep']} truncation: {rep['press_rank_of_truncated']}"

@@ -19,14 +19,23 @@ Fig. 5.8) is reported as the explained-variance ratios of the first two componen
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from xlgen.analyze.common import EFFECTIVE_EPS, effective_rank, save_figure
+from xlgen.analyze.common import (
+    EFFECTIVE_EPS,
+    effective_rank,
+    fail,
+    load_model,
+    output_embedding,
+    save_figure,
+    setup,
+    tool_parser,
+    write_json,
+)
 
 
 def isotropy(w: np.ndarray, *, sample: int = 0, seed: int = 0) -> Dict[str, float]:
@@ -110,20 +119,19 @@ def plot_spectra(path: str, curves: Dict[str, np.ndarray], title: str = "output 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="xlgen analyze spectrum", description=__doc__.split("\n\n")[0])
+    p = tool_parser(
+        "spectrum",
+        __doc__,
+        json="one workdir: its report; several: {label: report}",
+        png="normalised singular values, log-log, overlaid",
+    )
     p.add_argument("--workdir", action="append", required=True, help="repeat to overlay several runs")
     p.add_argument("--label", action="append", default=[], help="legend label per --workdir (default: its name)")
     p.add_argument("--sample", type=int, default=40000, help="words sampled for I1/I2 (0 = all)")
-    p.add_argument("--json", default="", help="one workdir: its report; several: {label: report}")
-    p.add_argument("--png", default="", help="normalised singular values, log-log, overlaid")
     p.add_argument("--pca-png", default="", help="2-D PCA of the embedding rows, one panel per workdir")
-    p.add_argument("--platform", default="")
     args = p.parse_args(argv)
     if args.label and len(args.label) != len(args.workdir):
-        print("xlgen analyze spectrum: error: give one --label per --workdir", file=sys.stderr)
-        return 2
-    from xlgen.analyze.common import load_model, output_embedding, setup
-
+        return fail("spectrum", "give one --label per --workdir")
     setup(args.platform)
     reports, pcas = {}, {}
     for i, wd in enumerate(args.workdir):
@@ -132,8 +140,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             config, model, step = load_model(wd)
             w, _ = output_embedding(model)
         except (ValueError, FileNotFoundError, KeyError) as e:
-            print(f"xlgen analyze spectrum: error: {wd}: {e}", file=sys.stderr)
-            return 2
+            return fail("spectrum", f"{wd}: {e}")
         rep = spectrum_report(w, sample=args.sample)
         if args.pca_png:
             pcas[label] = pca_2d(w, sample=min(args.sample or 5000, 5000))[0]
@@ -147,10 +154,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             + ", ".join(f"{k}: {v}" for k, v in rep["effective_rank"].items())
         )
     if args.json:
-        from data_pipelines.paths import write_json_atomic
-
-        write_json_atomic(args.json, next(iter(reports.values())) if len(reports) == 1 else reports)
-        print(f"json: {args.json}")
+        write_json(args.json, next(iter(reports.values())) if len(reports) == 1 else reports)
     if args.png:
         plot_spectra(args.png, {k: np.asarray(r["singular_values"]) for k, r in reports.items()})
         print(f"png: {args.png}")

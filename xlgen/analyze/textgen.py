@@ -14,13 +14,13 @@ without replacement by `--seed`; smaller ones are used whole. JSON keys: `bleu`,
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from xlgen.analyze import textgen_metrics as tm
+from xlgen.analyze.common import fail, tool_parser, write_json
 
 
 def read_sentences(path: str) -> List[str]:
@@ -86,7 +86,7 @@ def evaluate(
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="xlgen analyze textgen", description=__doc__.split("\n\n")[0])
+    p = tool_parser("textgen", __doc__, png=None, platform=False)
     p.add_argument("--generated", required=True, help="generated sentences, one per line")
     p.add_argument("--reference", required=True, help="reference (test) sentences, one per line")
     p.add_argument("--encoder", default="lsa", help="sentence encoder for FED/LCR: lsa[:DIM] (default lsa = 256)")
@@ -96,7 +96,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--tau", type=float, default=tm.DEFAULT_TAU)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no_bleu", action="store_true", help="FED and LCR only")
-    p.add_argument("--json", default="")
     args = p.parse_args(argv)
     from xlgen.analyze.sentence_encoders import make_encoder
 
@@ -105,8 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         fit = read_sentences(args.encoder_fit) if args.encoder_fit else reference
         encoder = make_encoder(args.encoder, fit, fit_name=args.encoder_fit or f"reference {args.reference}")
     except (OSError, ValueError) as e:
-        print(f"xlgen analyze textgen: error: {e}", file=sys.stderr)
-        return 2
+        return fail("textgen", e)
     out = evaluate(
         generated,
         reference,
@@ -125,10 +123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
     print(f"FED {out['fed']:.5f}  LCR(τ={out['tau']:g}) {out['lcr']:.4f}  encoder: {out['encoder']}")
     if args.json:
-        from data_pipelines.paths import write_json_atomic
-
-        write_json_atomic(args.json, out)
-        print(f"json: {args.json}")
+        write_json(args.json, out)
     return 0
 
 

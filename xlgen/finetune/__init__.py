@@ -28,11 +28,9 @@ The package, one job per module:
     init_from.py   pretrained parameters and the partial restore by name and shape
     evaluation.py  the jitted predictor, the task's official metrics per dev split
     outputs.py     eval_results.json, prediction files, GLUE submissions
-    run.py         finetune(config, workdir) and evaluate(config, workdir)
-    cli.py         `xlgen finetune` (main)
+    run.py         `xlgen finetune` (main), finetune(config, workdir) and evaluate(config, workdir)
 """
 
-from xlgen.finetune.cli import main
 from xlgen.finetune.config import (
     is_finetune_workdir,
     load_finetune_config,
@@ -44,7 +42,7 @@ from xlgen.finetune.data import load_tokenizer, localize_data_dir, split_example
 from xlgen.finetune.evaluation import Predictor, evaluate_split, run_evaluation
 from xlgen.finetune.init_from import load_pretrained_into, match_pretrained, pretrained_params
 from xlgen.finetune.outputs import EVAL_RESULTS, write_artefacts, write_test_predictions
-from xlgen.finetune.run import evaluate, finetune
+from xlgen.finetune.run import evaluate, finetune, main
 
 __all__ = [
     "EVAL_RESULTS",

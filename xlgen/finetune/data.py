@@ -12,11 +12,12 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from data_pipelines import paths
+
 
 def _local_tokenizer_file(path: str) -> str:
     """A remote tokenizer file or model directory (gs://) -> a local cached copy of its tokenizer file."""
-    from data_pipelines import paths
-    from xlgen.finetune.readers.tokenization import TOKENIZER_FILES
+    from data_pipelines.vocab import TOKENIZER_FILES
 
     p = paths.as_path(path)
     if not paths.is_remote(p):
@@ -36,7 +37,10 @@ def _local_tokenizer_file(path: str) -> str:
 
 
 def load_tokenizer(config):
-    from xlgen.finetune.readers.tokenization import load_task_tokenizer
+    """The task tokenizer (`data_pipelines.vocab`): `config.tokenizer`, else the one stored in (or found in) `init_from`,
+    framing inputs in the model family's layout."""
+    from data_pipelines.vocab import load_tokenizer_file
+    from xlgen import registry
 
     path = config.tokenizer or (config.init_from if config.init_from else "")
     if config.init_from:  # an xlgen pretraining workdir carries its tokenizer (xlgen/train/tokenizer_store.py)
@@ -50,10 +54,9 @@ def load_tokenizer(config):
     if not path:
         raise ValueError("config.tokenizer is empty and there is no init_from to find spiece.model / vocab.txt in")
     lower = None if config.data.lower is None else bool(config.data.lower)
-    tok = load_task_tokenizer(_local_tokenizer_file(path), lower=lower)
+    tok = load_tokenizer_file(_local_tokenizer_file(path), lower=lower)
+    tok.check_task_input(path)
     # The input layout follows the model: XLNet (<cls> last, left padding) or Funnel/BERT (<cls> first).
-    from xlgen import registry
-
     tok.style = registry.get(config.model.family).input_style
     if tok.vocab_size > int(config.model.vocab_size):
         raise ValueError(f"tokenizer {path} has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}")
@@ -75,7 +78,6 @@ def _files_fingerprint(data_dir: str) -> str:
 def localize_data_dir(config):
     """A copy of `config` whose `data_dir` is local: a gs:// data_dir is mirrored into the local cache
     (task readers read plain files; GLUE/SQuAD/RACE directories are small)."""
-    from data_pipelines import paths
 
     if not config.get("data_dir") or str(config.data_dir).startswith("tfds:") or not paths.is_remote(config.data_dir):
         return config
@@ -86,7 +88,6 @@ def localize_data_dir(config):
 
 
 def _load_npz(path: str) -> Optional[Dict[str, np.ndarray]]:
-    from data_pipelines import paths
 
     p = paths.as_path(path)
     if not p.exists():
@@ -96,7 +97,6 @@ def _load_npz(path: str) -> Optional[Dict[str, np.ndarray]]:
 
 
 def _save_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
-    from data_pipelines import paths
 
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -124,7 +124,7 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
                 config.tokenizer or config.init_from,
                 tokenizer.vocab_size,
                 tokenizer.style,
-                getattr(tokenizer, "lower", None),
+                tokenizer.settings(),
                 "features-v2",  # XLNet "<digits>," split as pretraining, Funnel RACE qa first: older caches are stale
             ],
             "data": {k: d[k] for k in ("max_seq_length", "doc_stride", "max_query_length", "max_qa_length")},
@@ -133,8 +133,6 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
     )
     cache = None
     if workdir and d.cache:
-        from data_pipelines import paths
-
         cache = paths.join(workdir, "cache", f"{split}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz")
         cached = _load_npz(cache)
         if cached is not None:

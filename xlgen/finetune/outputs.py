@@ -8,13 +8,13 @@ import json
 import os
 from typing import Any, Dict, List
 
+from data_pipelines import paths
 from xlgen.finetune.data import split_examples_and_features
 
 EVAL_RESULTS = "eval_results.json"
 
 
 def _write_text(path: str, text: str) -> None:
-    from data_pipelines import paths
 
     paths.atomic_write_text(path, text)
 
@@ -28,7 +28,6 @@ def _write_tsv(path: str, header: List[str], rows: List[List[Any]]) -> None:
 
 
 def write_artefacts(workdir: str, results: Dict[str, Any], artefacts: Dict[str, Any]) -> None:
-    from data_pipelines import paths
 
     for name, a in artefacts.items():
         path = paths.join(workdir, name)
@@ -43,7 +42,6 @@ def write_artefacts(workdir: str, results: Dict[str, Any], artefacts: Dict[str, 
 
 def write_test_predictions(config, predictor, params, tokenizer, workdir: str) -> List[str]:
     """GLUE submission files from the test split(s), when the test files exist."""
-    from data_pipelines import paths
     from xlgen.finetune.submission import glue_submission_text
     from xlgen.finetune.tasks import get_task
 

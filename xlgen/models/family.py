@@ -23,8 +23,9 @@ entry; the data pipeline follows from the objective.
                        objective's names (training: start/end logits, cls_logits; inference: the family's
                        beam arrays or logits)
     finetune_overrides num_labels -> {config field: value} applied to `config_class` for finetuning
-    input_style        task-input convention of the family's tokenizer ("cls_last": XLNet's <cls> last, left padding;
-                       "cls_first": BERT's <cls> first, Funnel); None for language models
+    input_style        task-input layout of the family's finetuning inputs (`xlgen.finetune.readers.features`):
+                       "cls_last" (XLNet: <cls> last, left padding) or "cls_first" (BERT, Funnel: <cls> first);
+                       None for a family without finetuning heads
     from_hf            (hf_config, state_dict, kwargs) -> HF-convention callable (`xlgen.from_pretrained`)
     to_hf              module -> (hf_config, state_dict): the inverse of `from_hf` (`xlgen export --to-hf`); None
                        while a family has no writer

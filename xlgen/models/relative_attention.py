@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from xlgen.models import xla_cpu
+from xlgen.models import operands
 from xlgen.models.layers import ATTENTION_OUT, QKV_PROJ, Dense, Dropout, LayerNorm, named, normal, param
-from xlgen.models.xla_cpu import (  # operand layouts for the products (same math; see xla_cpu)
+from xlgen.models.operands import (  # operand layouts for the products (same math; see operands)
     ContentKeyOperand,
     PositionKeyOperand,
     ValueOperand,
@@ -123,8 +123,8 @@ def relative_shift(x: jax.Array, *, klen: int, offset: int, stride: int = 1) -> 
     Implementation (`_skew`): pad the r axis on the right to a row width w, flatten (q, w) row-major, drop the
     first `offset` elements, and read rows of length w - stride: element (i, j) of the result is then flat element
     i*(w-stride) + j + offset = i*w + (offset - stride*i + j), i.e. row i, column offset - stride*i + j. The
-    result's derivative is the same map applied to the tangent, on XLA:CPU built with its own row width
-    (`_cpu_tangent_width`), because the speed of its transpose there depends on w.
+    result's derivative is the same map applied to the tangent (`operands.linear_skew`: its row width is the
+    compiler's choice per backend, since the speed of its transpose depends on w).
     """
     q = x.shape[-2]
     if offset - stride * (q - 1) < 0:
@@ -150,9 +150,9 @@ def _skew_width(r: int, klen: int, offset: int, stride: int) -> int:
     return max(r, offset + klen, stride + klen)
 
 
-# The shift is linear: its derivative is the same map on the tangent. `xla_cpu.linear_skew` defines it once, with
+# The shift is linear: its derivative is the same map on the tangent. `operands.linear_skew` defines it once, with
 # the tangent's row width chosen per backend (the primal uses the smallest).
-_relative_shift = xla_cpu.linear_skew(_skew, _skew_width)
+_relative_shift = operands.linear_skew(_skew, _skew_width)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ class RelativeMultiHeadAttention(nnx.Module):
 
     def content_keys(self, k_head):
         """The key heads as the content product's operand: in training the `[b,n,d,k]` layout of
-        `xla_cpu.content_key_operand`; in evaluation (no backward pass) the keys as they are. Idempotent."""
+        `operands.content_key_operand`; in evaluation (no backward pass) the keys as they are. Idempotent."""
         if isinstance(k_head, ContentKeyOperand) or self.dropatt.deterministic:
             return k_head
         return content_key_operand(k_head)

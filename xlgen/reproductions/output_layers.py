@@ -79,18 +79,17 @@ def run(workdir: str, overrides: Dict[str, str]) -> Dict:
 
 
 def n_params(overrides: Dict[str, str]) -> int:
+    """Parameters of the language model a run with `overrides` trains (abstract: nothing allocated)."""
     import jax
     from flax import nnx
 
     from xlgen import config as config_lib
-    from xlgen.models.transformer_xl import model as txl
-    from xlgen.registry import model_config
+    from xlgen import registry
 
     config = config_lib.load_config(CONFIG, {**COMMON, **overrides})
-    cfg = model_config(config)
-    abstract = nnx.eval_shape(lambda: txl.TransformerXLLM(cfg, rngs=nnx.Rngs(0)))
-    del jax
-    return txl.count_params(abstract)
+    make = registry.get(config.model.family).models["lm"]
+    abstract = nnx.eval_shape(lambda: make(registry.model_config(config), rngs=nnx.Rngs(0)))
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))))
 
 
 def _save(out: str, name: str, obj) -> str:

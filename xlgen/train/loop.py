@@ -554,8 +554,6 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None, restart: bool 
     t_begin = time.time()
     wd = Workdir(workdir)
     wd.require_kind("pretrain")
-    from data_pipelines import paths
-
     cleanup = paths.removed_on_failure(wd.path, keep=("checkpoints", "metrics.jsonl"))
     with cleanup if jax.process_index() == 0 else contextlib.nullcontext():
         with guards.WorkdirLock(wd.path, enabled=jax.process_index() == 0):

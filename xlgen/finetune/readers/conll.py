@@ -19,7 +19,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from xlgen.finetune.readers.examples import TaskDataError, TokenExample, where
-from xlgen.finetune.readers.features import pack
+from xlgen.finetune.readers.features import cls_last, pack
 
 SPLIT_FILES = {"train": ("train.txt",), "dev": ("valid.txt", "dev.txt", "testa.txt"), "test": ("test.txt", "testb.txt")}
 
@@ -94,7 +94,7 @@ def token_features(
             first.append((len(pieces), w))
             pieces.extend(ids)
         i, s, m = pack(tokenizer, pieces, None, L)
-        offset = L - (len(pieces) + 2) if tokenizer.style == "cls_last" else 1  # where piece 0 sits
+        offset = L - (len(pieces) + 2) if cls_last(tokenizer) else 1  # where piece 0 sits
         lab, mask, widx = np.zeros(L, np.int32), np.zeros(L, np.float32), np.full(L, -1, np.int32)
         for p, w in first:
             if ex.tags is not None:

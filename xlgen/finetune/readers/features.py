@@ -22,6 +22,17 @@ import numpy as np
 from xlgen.finetune.readers.examples import ChoiceExample, TextExample
 
 SEG_A, SEG_B, SEG_CLS, SEG_SEP, SEG_PAD = 0, 1, 2, 3, 4
+INPUT_STYLES = ("cls_last", "cls_first")  # `Family.input_style`: XLNet's layout, BERT's (Funnel)
+
+
+def cls_last(tokenizer) -> bool:
+    """Whether `tokenizer.style` (the model family's `input_style`) puts `<cls>` last (XLNet) or first (BERT)."""
+    if tokenizer.style not in INPUT_STYLES:
+        raise ValueError(
+            f"task input style {tokenizer.style!r}: not one of {INPUT_STYLES} (a model family without "
+            "`input_style` has no finetuning inputs)"
+        )
+    return tokenizer.style == "cls_last"
 
 
 def truncate_pair(a: List[int], b: List[int], max_total: int) -> Tuple[List[int], List[int]]:
@@ -37,7 +48,7 @@ def pack(
 ) -> Tuple[List[int], List[int], List[int]]:
     """(input_ids, token_type_ids, attention_mask) of one already-truncated input, length `max_seq_length`."""
     ids_a = list(ids_a)
-    if tokenizer.style == "cls_last":
+    if cls_last(tokenizer):
         body = ids_a + [tokenizer.sep_id]
         seg = [SEG_A] * (len(ids_a) + 1)
         if ids_b is not None:
@@ -97,7 +108,7 @@ def choice_features(
             qa = tokenizer.encode(ending)[-max_qa_length:]
             c = ctx[: max_seq_length - 3 - len(qa)]
             # XLNet run_race.py: article <sep> qa <sep> <cls>; Funnel race.py: [CLS] qa [SEP] article [SEP]
-            first, second = (c, qa) if tokenizer.style == "cls_last" else (qa, c)
+            first, second = (c, qa) if cls_last(tokenizer) else (qa, c)
             for lst, v in zip(per, pack(tokenizer, first, second, max_seq_length)):
                 lst.append(v)
         for k, v in zip(("input_ids", "token_type_ids", "attention_mask"), per):

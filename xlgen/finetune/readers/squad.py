@@ -5,7 +5,7 @@ Feature layout (XLNet, `squad_utils.py`; P before Q because in pretraining B is 
     [<pad> ...] P-window <sep> Q <sep> <cls>        (style "cls_last": LEFT padding, <cls> last)
     [<cls>] Q [<sep>] P-window [<sep>] [<pad> ...]  (style "cls_first": BERT layout, right padding)
 
-* pieces with exact character offsets (`tokenization.py`), question truncated to `max_query_length` pieces,
+* pieces with exact character offsets (`encode_with_offsets`, `data_pipelines.vocab`), question truncated to `max_query_length` pieces,
   windows of at most `max_seq_length - |Q| - 3` paragraph pieces every `doc_stride` pieces;
 * segment ids (xlnet): P and its <sep> 0, Q and its <sep> 1, <cls> 2, padding 4 (A=0 B=1 CLS=2 SEP=3 PAD=4);
   left padding instead of the original's right padding + `cls_index` is equivalent for a relative-position model
@@ -21,14 +21,24 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from xlgen.finetune.readers.examples import SquadExample, TaskDataError, json_error, where
-from xlgen.finetune.readers.tokenization import cover_span
+from xlgen.finetune.readers.features import cls_last
 
 SEG_P, SEG_Q, SEG_CLS, SEG_PAD = 0, 1, 2, 4
+
+
+def cover_span(starts: Sequence[int], ends: Sequence[int], char_start: int, char_end: int) -> Tuple[int, int]:
+    """Smallest piece span [i, j] (inclusive) whose characters cover [char_start, char_end). Pieces of zero width
+    are never chosen as span ends. Raises ValueError if no piece overlaps the span."""
+    i = next((k for k in range(len(starts)) if ends[k] > char_start and ends[k] > starts[k]), None)
+    j = next((k for k in range(len(starts) - 1, -1, -1) if starts[k] < char_end and ends[k] > starts[k]), None)
+    if i is None or j is None or j < i:
+        raise ValueError(f"no piece covers characters [{char_start}, {char_end})")
+    return i, j
 
 
 def read_squad(path: str, *, version: str, require_answers: bool) -> List[SquadExample]:
@@ -103,7 +113,7 @@ def squad_features(
     cls_index, start_positions, end_positions, is_impossible. Metadata: example_index, tok_start_char,
     tok_end_char (original character span of each position, -1 off-paragraph), tok_doc_index (piece index in the
     paragraph, -1 off-paragraph), max_context."""
-    style = tokenizer.style
+    xlnet_layout = cls_last(tokenizer)
     L = max_seq_length
     out: Dict[str, list] = {
         k: []
@@ -142,7 +152,7 @@ def squad_features(
             tok_answer = cover_span(d_starts, d_ends, char_start, char_start + len(text))
         for span_index, (s0, n) in enumerate(spans):
             window = list(range(s0, s0 + n))
-            if style == "cls_last":
+            if xlnet_layout:
                 body = [d_ids[i] for i in window] + [tokenizer.sep_id] + q_ids + [tokenizer.sep_id, tokenizer.cls_id]
                 seg = [SEG_P] * (n + 1) + [SEG_Q] * (len(q_ids) + 1) + [SEG_CLS]
                 pad = L - len(body)

@@ -21,6 +21,8 @@ from typing import Iterable, List
 
 import numpy as np
 
+from data_pipelines.vocab import XLNET_CONTROL_SYMBOLS, XLNET_USER_SYMBOLS
+
 FILLER = (
     "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud paper garden "
     "window yellow silent market"
@@ -282,8 +284,8 @@ def train_sentencepiece(texts: Iterable[str], path: str | None = None, *, vocab_
         vocab_size=vocab_size,
         model_type="unigram",
         character_coverage=1.0,
-        control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>"],
-        user_defined_symbols=["<eop>", ".", "(", ")", '"', "-", "–", "£", "€", ","],
+        control_symbols=list(XLNET_CONTROL_SYMBOLS),
+        user_defined_symbols=[*XLNET_USER_SYMBOLS, ","],  # XLNet's, and the comma as a piece of its own
         hard_vocab_limit=False,
         minloglevel=2,
     )

@@ -1,6 +1,6 @@
 """A trained Transformer-XL called like Hugging Face's `TransfoXLLMHeadModel` (`xlgen.from_pretrained`, loading HF
 checkpoints through `xlgen.models.transformer_xl.hf`), with its evaluation cache: per-length position keys formed
-once, and the memory's key/value heads kept in the layout of the attention products (`xlgen.models.xla_cpu`)."""
+once, and the memory's key/value heads kept in the layout of the attention products (`xlgen.models.operands`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from xlgen import platforms
+from xlgen.models.operands import PositionKeyOperand, position_key_operand
 from xlgen.models.params import FrozenCall
 from xlgen.models.relative_attention import advance_memory_validity
 from xlgen.models.transformer_xl.model import TransformerXLLM
-from xlgen.models.xla_cpu import PositionKeyOperand, position_key_operand
 
 
 @dataclasses.dataclass

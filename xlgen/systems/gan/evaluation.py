@@ -20,6 +20,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 from scipy.special import logsumexp
 
+from data_pipelines import paths
+
 GRID = 100
 KL_EPS = 1e-10
 
@@ -95,8 +97,6 @@ def plot_energies(path: str, train: np.ndarray, generated: np.ndarray, dists: Di
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from data_pipelines import paths
-
     xs, ys = canvas(train)
     panels = [("disc", "learned energy")] + ([("data", "true energy")] if "data" in dists else [])
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 4.6))
@@ -145,8 +145,6 @@ def save_gray(path: str, canvas_: np.ndarray, title: str = "") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from data_pipelines import paths
 
     fig = plt.figure(figsize=(canvas_.shape[1] / 40 + 1, canvas_.shape[0] / 40 + 1))
     plt.imshow(canvas_, cmap="gray", vmin=0, vmax=1)

@@ -1,5 +1,7 @@
-"""XLA:CPU tuning of the relative-attention core, in one place: the forms below compute the same values as the plain
-ones (bitwise on XLA:CPU), and differ only in the layouts XLA:CPU gives the products and their transposes.
+"""Operand layouts of the relative-attention products and the shift's derivative: the compiler tuning of the
+relative-attention core, in one place, so that `relative_attention.py` states only the papers' terms. The forms
+below compute the same values as the plain ones (bitwise on XLA:CPU) and differ only in the layouts the compiler
+gives the products and their transposes; they were chosen and measured on XLA:CPU (docs/performance.md).
 
 * `linear_skew`: the shift's derivative is the shift itself; on XLA:CPU its tangent is built with a row width
   whose transpose (the backward pass) is vectorised, elsewhere with the primal's (smallest) width. Selected per
@@ -8,9 +10,9 @@ ones (bitwise on XLA:CPU), and differ only in the layouts XLA:CPU gives the prod
 * Operand layouts for the attention products (`content_key_operand`, `position_key_operand`, `ValueOperand`):
   keys as `[b, n, d, k]` behind an optimization barrier, so the key gradients are formed as `(q+u)^T dS` with
   `[d, k]` outputs; the shared position keys broadcast over the batch as a product, so the batch sum of their
-  gradient is a matrix-vector product. Measured on this project's CPU benchmarks (docs/performance.md).
+  gradient is a matrix-vector product.
 
-The relative-attention core (`relative_attention.py`) calls these by name.
+The relative-attention core (`relative_attention.py`) and Transformer-XL's cached evaluation call these by name.
 """
 
 from __future__ import annotations
