@@ -230,6 +230,11 @@ def load(d) -> Dataset:
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"config.data.{key}={v}: expected a fraction in [0, 1]")
     tp, tq, max_answer = int(d.paragraph_len), int(d.question_len), int(d.max_answer_words)
+    if not 0 < max_answer <= tp or tq < 2:
+        raise ValueError(
+            f"config.data: need 0 < max_answer_words <= paragraph_len and question_len >= 2 (got "
+            f"{max_answer}, {tp}, {tq})"
+        )
     examples, art, titles = read_articles(d.labeled)
     order = np.random.default_rng(int(d.split_seed)).permutation(len(titles))
     n_test = int(round(float(d.test_fraction) * len(titles)))
@@ -239,7 +244,11 @@ def load(d) -> Dataset:
     need = float(d.labeling_rate) * per_article[train_a].sum()
     take = int(np.searchsorted(np.cumsum(per_article[train_a]), need - 1e-9) + 1) if need > 0 else 0
     lab_a = train_a[: min(take, len(train_a))]
-    pick = lambda arts: [ex for ex, a in zip(examples, art) if a in set(arts.tolist())]  # noqa: E731
+
+    def pick(arts):
+        keep = set(arts.tolist())
+        return [ex for ex, a in zip(examples, art) if a in keep]
+
     lab, dev, test = pick(lab_a), pick(dev_a), pick(test_a)
     if not lab:
         raise ValueError(f"{d.labeled}: labeling_rate={d.labeling_rate} leaves no labeled question")
@@ -268,7 +277,12 @@ def load(d) -> Dataset:
         if d.unlabeled
         else None,
         "articles": {k: [titles[i] for i in v] for k, v in (("labeled", lab_a), ("dev", dev_a), ("test", test_a))},
-        "num_questions": {"labeled": len(lab), "dev": len(dev), "test": len(test), "train_split": int(need)},
+        "num_questions": {
+            "labeled": len(lab),
+            "dev": len(dev),
+            "test": len(test),
+            "train_split": int(per_article[train_a].sum()),
+        },
         "num_instances": {"labeled": len(labeled), "unlabeled": len(unlabeled), "paragraphs": len(paragraphs)},
         "vocab_size": len(vocab),
     }

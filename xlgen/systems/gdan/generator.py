@@ -71,7 +71,7 @@ def _run(cell: GRU, x: jax.Array, mask: jax.Array, reverse: bool) -> jax.Array:
     """States [B, T, H] of `cell` over x [B, T, D]; a masked position keeps the previous state (padding at the end:
     the backward pass starts from zeros at the last real word)."""
     b = x.shape[0]
-    h0 = jnp.zeros((b, cell.wh.kernel.shape[0]), x.dtype)
+    h0 = jnp.zeros((b, cell.wh.kernel[...].shape[0]), x.dtype)
 
     def step(h, inp):
         xt, mt = inp
@@ -99,21 +99,21 @@ class Generator(nnx.Module):
         self.gate = _dense(h, 1, "mlp", None, rngs)
 
     def encode(self, p, plen, start, end):
-        """p [B, Tp], plen / start / end [B] -> (H [B, Tp, 2H], mask [B, Tp], s_0 [B, H])."""
+        """p [B, Tp], plen / start / end [B] -> ((H [B, Tp, 2H], mask [B, Tp], H W_a [B, Tp, H]), s_0 [B, H])."""
         pos = jnp.arange(p.shape[1])[None]
         mask = pos < plen[:, None]
         feat = ((pos >= start[:, None]) & (pos <= end[:, None])).astype(jnp.float32)
         x = jnp.concatenate([self.embed[...][p], feat[..., None]], -1)
         hs = jnp.concatenate([_run(self.enc_fwd, x, mask, False), _run(self.enc_bwd, x, mask, True)], -1)
         mean = (hs * mask[..., None]).sum(1) / jnp.maximum(mask.sum(1), 1)[:, None]
-        return hs, mask, jnp.tanh(self.init(mean))
+        return (hs, mask, self.attn(hs)), jnp.tanh(self.init(mean))
 
     def step(self, enc, p, carry, y_prev):
         """One decoder step: (carry (s, c), y_{t-1} [B]) -> (new carry, log p_overall [B, V])."""
-        hs, mask = enc
+        hs, mask, keys = enc
         s, c = carry
         s = self.dec(jnp.concatenate([self.embed[...][y_prev], c], -1), s)
-        scores = jnp.einsum("bth,bh->bt", self.attn(hs), s)
+        scores = jnp.einsum("bth,bh->bt", keys, s)
         alpha = jax.nn.softmax(jnp.where(mask, scores, -1e30), -1)
         c = jnp.einsum("bt,btd->bd", alpha, hs)
         logits = self.vocab_proj(jnp.tanh(self.out(jnp.concatenate([s, c], -1))))
@@ -125,12 +125,13 @@ class Generator(nnx.Module):
 
     def log_prob(self, p, plen, start, end, q) -> Tuple[jax.Array, jax.Array]:
         """(log P_G(q | p, a) [B], token mask [B, Tq]) of questions q [B, Tq] (words, <eos>, padding)."""
-        hs, mask, s0 = self.encode(p, plen, start, end)
+        enc, s0 = self.encode(p, plen, start, end)
+        hs = enc[0]
         y_prev = jnp.concatenate([jnp.full((q.shape[0], 1), T.BOS, q.dtype), q[:, :-1]], 1)
         c0 = jnp.zeros((q.shape[0], hs.shape[-1]), hs.dtype)
 
         def body(carry, y):
-            carry, logp = self.step((hs, mask), p, carry, y)
+            carry, logp = self.step(enc, p, carry, y)
             return carry, logp
 
         _, logps = jax.lax.scan(body, (s0, c0), jnp.swapaxes(y_prev, 0, 1))
@@ -140,14 +141,15 @@ class Generator(nnx.Module):
 
     def sample(self, p, plen, start, end, key, greedy: bool = False) -> Tuple[jax.Array, jax.Array]:
         """(questions [B, Tq]: words, then <eos>, then padding; log P_G of each [B])."""
-        hs, mask, s0 = self.encode(p, plen, start, end)
+        enc, s0 = self.encode(p, plen, start, end)
+        hs = enc[0]
         b = p.shape[0]
         c0 = jnp.zeros((b, hs.shape[-1]), hs.dtype)
         keys = jax.random.split(key, self.cfg.question_len)
 
         def body(state, k):
             carry, y_prev, done = state
-            carry, logp = self.step((hs, mask), p, carry, y_prev)
+            carry, logp = self.step(enc, p, carry, y_prev)
             y = jnp.argmax(logp, -1) if greedy else jax.random.categorical(k, logp)
             y = jnp.where(done, T.PAD, y).astype(jnp.int32)
             lp = jnp.where(done, 0.0, jnp.take_along_axis(logp, y[:, None], -1)[:, 0])
