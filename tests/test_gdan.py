@@ -216,6 +216,7 @@ def _over(fixture_dir, **extra):
         "data.labeled_batch_size": 4,
         "data.unlabeled_batch_size": 4,
         "data.eval_batch_size": 16,
+        "data.vocab_size": 400,
         "model.embed_dim": 8,
         "model.hidden": 8,
         **{f"model.reader.{k}": v for k, v in TINY_XLNET.items()},
@@ -267,6 +268,8 @@ def test_disc_loss_reads_d_gen_for_generated_questions(fixture_dir):
         ds = gdata.dataset(c.data)
         game = system.gdan_game(c, ds)
         models = {p.name: p.make(nnx.Rngs(i)) for i, p in enumerate(game.players)}
+        emb = models["disc"].transformer.word_embedding  # make the two tags far apart: the loss tells them apart
+        emb[...] = emb[...].at[T.D_GEN].set(3.0)
         batch = {k: jnp.asarray(v) for k, v in gdata.Pipeline(c.data).batch(0).items()}
         key, step = jax.random.key(3), jnp.asarray(10)
         d_loss = dict(game.order)["disc"]
@@ -282,7 +285,7 @@ def test_disc_loss_reads_d_gen_for_generated_questions(fixture_dir):
         lab = -jnp.mean(lp("l_", batch["l_q"], batch["l_qlen"], T.D_TRUE))
         for t in (T.D_TRUE, T.D_GEN):
             want = lab - jnp.mean(lp("u_", q, ql, t))
-            assert (abs(float(loss) - float(want)) < 1e-5) == (t == tag)
+            assert (abs(float(loss) - float(want)) < 1e-4) == (t == tag), (t, float(loss), float(want))
         assert system.unlabeled_tag(c) == tag
 
 

@@ -45,7 +45,7 @@ def get_config():
             paragraph_len=64,  # words per window (training: centred on the answer; eval: every Tp/2 words)
             question_len=16,  # question words + <eos>
             max_answer_words=12,
-            vocab_size=8000,  # cap; the words of L's questions and paragraphs and of U, by count
+            vocab_size=4000,  # the models' vocabulary: specials, then the words of L (questions, paragraphs) and U by count
             extractor="rules",  # answer candidates on U: xlgen.systems.gdan.text.EXTRACTORS or "module:function"
             answers_per_paragraph=5,  # §3.2.5: five answers per paragraph
             context_window=5,  # the context baseline's W

@@ -116,9 +116,9 @@ def main(argv=None) -> int:
     if args.steps:
         extra["total_steps"] = str(args.steps)
     rates = args.rates.split(",")
-    for r in rates:
-        for m in args.methods.split(","):
-            for s in args.seeds.split(","):
+    for s in args.seeds.split(","):  # seed outermost: an interrupted run has every row of the first seeds
+        for r in rates:
+            for m in args.methods.split(","):
                 over = {
                     "method": m,
                     "data.labeled": os.path.join(data, "squad.json"),

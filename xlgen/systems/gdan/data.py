@@ -196,7 +196,7 @@ def eval_split(examples: Sequence[SquadExample], vocab, tp: int, tq: int) -> Eva
             cols["tsc"].append(_pad([c + 1 for c in ss[s0 : s0 + n]], tp))  # +1 / -1 below: -1 = padding
             cols["tec"].append(_pad([c + 1 for c in es[s0 : s0 + n]], tp))
             cols["mc"].append(_pad([_most_context(spans, k, s0 + j) for j in range(n)], tp))
-    i32 = lambda k, shape=(0,): np.asarray(cols[k], np.int32).reshape((-1,) + shape)  # noqa: E731
+    i32 = lambda k, shape=(): np.asarray(cols[k], np.int32).reshape((-1,) + shape)  # noqa: E731
     return EvalSplit(
         list(examples),
         i32("p", (tp,)),
@@ -337,7 +337,7 @@ class Pipeline:
         self.ds = dataset(data_config)
         self.seed = int(data_config.seed)
         self.bl, self.bu = int(data_config.labeled_batch_size), int(data_config.unlabeled_batch_size)
-        self.global_batch_size = self.local_batch_size = self.bl + self.bu
+        self.global_batch_size = self.local_batch_size = self.bl  # rows of the batch's first key (the loop's check)
 
     def batch(self, step: int) -> Dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, int(step)])

@@ -125,7 +125,7 @@ def gdan_game(config, ds: gdata.Dataset) -> Game:
     greedy = str(g.generation) == "greedy"
     if str(g.generation) not in ("sample", "greedy"):
         raise ValueError(f"config.gdan.generation={g.generation!r}: expected sample or greedy")
-    mc, V = config.model, len(ds.vocab)
+    mc, V = config.model, int(config.data.vocab_size)  # fixed by the config: shapes do not depend on the data
     tag_u = unlabeled_tag(config)
 
     def d_log_prob(D, batch, prefix, q, qlen, tag):
@@ -164,8 +164,8 @@ def gdan_game(config, ds: gdata.Dataset) -> Game:
         aux.update(reward=jnp.mean(r), question_len=jnp.mean(ql.astype(jnp.float32)))
         return jnp.where(step < pre, mle, rl), aux
 
-    def make_d(rngs):
-        return reader.make(mc, V, rngs)
+    def make_d(rngs):  # the finetuning heads also ask for a dropout stream (unused: the reader runs without dropout)
+        return reader.make(mc, V, nnx.Rngs(params=rngs.params(), dropout=0))
 
     def make_g(rngs):
         return Generator(
@@ -208,15 +208,16 @@ def predict(config, D, split: gdata.EvalSplit, batch_size: int) -> Dict[str, str
     beam = {name: np.concatenate([o[name] for o in outs]) for name in outs[0]}
     off = np.concatenate(offs)
     L = split.p.shape[1] + split.q.shape[1] + 5
-    cols = off[:, None] + np.arange(split.p.shape[1])[None]
-    rows = np.arange(n)[:, None]
+    words = np.arange(split.p.shape[1])[None] < split.plen[:, None]  # the windows' words -> sequence positions
+    rows, cols = np.nonzero(words)
+    pos = off[rows] + cols
     feats = {"example_index": split.example_index}
-    for name, src, fill in (("tok_start_char", split.tok_start_char, -1), ("tok_end_char", split.tok_end_char, -1)):
-        a = np.full((n, L), fill, np.int64)
-        a[rows, cols] = src
+    for name, src in (("tok_start_char", split.tok_start_char), ("tok_end_char", split.tok_end_char)):
+        a = np.full((n, L), -1, np.int64)
+        a[rows, pos] = src[rows, cols]
         feats[name] = a
     mc = np.zeros((n, L), bool)
-    mc[rows, cols] = split.max_context
+    mc[rows, pos] = split.max_context[rows, cols]
     feats["max_context"] = mc
     max_answer = int(config.data.max_answer_words)
     preds, _, _ = squad_decode.decode(split.examples, feats, beam, max_answer_length=max_answer)
