@@ -104,6 +104,16 @@ def _masked_log_softmax(logits, p_mask):
     return jax.nn.log_softmax(jnp.where(p_mask > 0, NEG, logits.astype(jnp.float32)), axis=-1)
 
 
+def answer_log_prob(outputs: Dict[str, jax.Array], batch) -> jax.Array:
+    """log P(a | p, q) = log P(start) + log P(end | start) [b] of the batch's answer span, both softmaxes over the
+    positions with p_mask = 0 (XLNet's end logits are conditioned on the gold start). SQuAD's loss is -1/2 of it."""
+    p_mask = batch["p_mask"]
+    s_lp = _masked_log_softmax(outputs["start_logits"], p_mask)
+    e_lp = _masked_log_softmax(outputs["end_logits"], p_mask)
+    take = lambda lp, pos: jnp.take_along_axis(lp, jnp.asarray(pos, jnp.int32)[:, None], axis=-1)[:, 0]
+    return take(s_lp, batch["start_positions"]) + take(e_lp, batch["end_positions"])
+
+
 def task_loss(outputs: Dict[str, jax.Array], batch, config) -> jax.Array:
     """Per-example loss [b]."""
     task = get_task(config.task)
@@ -117,11 +127,7 @@ def task_loss(outputs: Dict[str, jax.Array], batch, config) -> jax.Array:
         w = batch["label_mask"]
         ce = optax.softmax_cross_entropy_with_integer_labels(outputs["logits"], batch["labels"]) * w
         return ce.sum(-1) * (w.shape[0] / jnp.maximum(w.sum(), 1.0))
-    p_mask = batch["p_mask"]
-    s_lp = _masked_log_softmax(outputs["start_logits"], p_mask)
-    e_lp = _masked_log_softmax(outputs["end_logits"], p_mask)
-    take = lambda lp, pos: jnp.take_along_axis(lp, pos[:, None], axis=-1)[:, 0]
-    loss = -(take(s_lp, batch["start_positions"]) + take(e_lp, batch["end_positions"])) / 2
+    loss = -answer_log_prob(outputs, batch) / 2
     if "cls_logits" in outputs:
         loss = loss + 0.5 * optax.sigmoid_binary_cross_entropy(outputs["cls_logits"], batch["is_impossible"])
     return loss

@@ -50,6 +50,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from xlgen import sharding
+from xlgen.models.family import Objective
 from xlgen.models.params import concrete_rest, path_name
 
 # loss_fn(models, batch, key, step, ctx) -> (loss, aux); ctx = {player: aux of its latest update in this step}
@@ -72,6 +73,35 @@ class Game:
     order: Sequence[Tuple[str, LossFn]]
     batch_shapes: Dict[str, Tuple[Tuple[int, ...], Any]]  # train batch {key: (global shape, dtype)}
     examples_per_step: int
+
+
+class Players(nnx.Module):
+    """Every player's module under its name: a game objective's `make_model` (parameter shapes for workdir checks)."""
+
+    def __init__(self, game: Game, rngs: nnx.Rngs):
+        for p in game.players:
+            setattr(self, p.name, p.make(rngs))
+
+
+def _game_only(*args, **kwargs):
+    raise ValueError("a multi-player objective trains through its game (Objective.game), not a single loss")
+
+
+def game_objective(name: str, game: Callable[[Any], Game], pipeline, evaluate) -> Objective:
+    """The `Objective` of a game: `game(config) -> Game`, the data `pipeline` (as `Objective.pipeline`) and the
+    system's `evaluate(config, program, state, out_dir, full)`."""
+    return Objective(
+        name=name,
+        make_model=lambda config, rngs, train: Players(game(config), rngs),
+        batch_shapes=lambda config, split: game(config).batch_shapes,
+        loss=_game_only,
+        eval_loss=_game_only,
+        pipeline=pipeline,
+        tokens_per_step=lambda config: game(config).examples_per_step,
+        eval_metrics=lambda loss, config: {},
+        game=game,
+        evaluate=evaluate,
+    )
 
 
 class _Layout:
