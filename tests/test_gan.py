@@ -114,7 +114,7 @@ def test_pixel_density_is_autoregressive_and_normalised():
     # fewer hidden units than pixels (28x28 images with 256 units): degrees spread over 1..D-1, so the last
     # pixel's conditional sees every earlier pixel, and the products stay strictly lower-triangular
     wide = gm.PixelDensity(10, 4, rngs=nnx.Rngs(2))
-    assert wide.l1.deg_out == (1, 3, 5, 7)
+    assert wide.l1.deg_out == (1, 4, 6, 9)
     mask = wide.l1.mask() @ wide.l2.mask() @ wide.mu.mask()
     assert np.all(np.tril(mask) == 0) and np.all(mask[:-1, -1] > 0)
 

@@ -181,7 +181,7 @@ class PixelDensity(nnx.Module):
         if hidden >= d - 1:  # every degree 1..D-1 at least once (cyclic)
             deg_h = tuple(int(i % max(d - 1, 1)) + 1 for i in range(hidden))
         else:  # fewer units than pixels: spread over 1..D-1 (cyclic would leave pixels > `hidden` unseen)
-            deg_h = tuple(1 + (i * (d - 1)) // hidden for i in range(hidden))
+            deg_h = tuple(int(v) for v in np.rint(np.linspace(1, d - 1, hidden)))
         self.l1 = MaskedLinear(deg_in, deg_h, strict=False, rngs=rngs)
         self.l2 = MaskedLinear(deg_h, deg_h, strict=False, rngs=rngs)
         self.mu = MaskedLinear(deg_h, deg_in, strict=True, rngs=rngs)
