@@ -198,9 +198,14 @@ PAIRS = (
 
 
 def run_one(config_file: str, over: Dict, workdir: str) -> Dict:
-    """Train (resuming if the workdir has checkpoints) and evaluate; returns eval_results."""
+    """Train (resuming if the workdir has checkpoints) and evaluate; returns eval_results (a finished run's
+    eval_results.json at its total_steps is reused as it is)."""
     from xlgen import config as config_lib
     from xlgen.train import loop
+
+    done = os.path.join(workdir, "eval_results.json")
+    if os.path.exists(done) and json.load(open(done)).get("step") == int(over.get("total_steps", -1)):
+        return json.load(open(done))
 
     c = config_lib.load_config(os.path.join(REPO, config_file), {k: str(v) for k, v in {**COMMON, **over}.items()})
     t = time.time()
@@ -338,7 +343,10 @@ def probe(out: str, seeds: List[int], steps: int, data_dir: str, extra: Optional
         for s in seeds:
             wd = os.path.join(out, "probe", f"{variant}_s{s}_{steps}")
             over = {**base, "model.variant": "gan" if variant == "random" else variant, "seed": s, "data.seed": s}
-            if variant == "random":
+            done = os.path.join(wd, "eval_results.json")
+            if variant == "random" and os.path.exists(done):
+                rec = json.load(open(done))
+            elif variant == "random":
                 c = config_lib.load_config(
                     os.path.join(REPO, "configs/gan/cegan.py"), {k: str(v) for k, v in {**COMMON, **over}.items()}
                 )
@@ -347,6 +355,8 @@ def probe(out: str, seeds: List[int], steps: int, data_dir: str, extra: Optional
                 with jax.set_mesh(program.mesh):
                     state, _ = program.init_state()
                     rec = system.cegan_evaluate(c, program, state, system.dataset(c.data), os.path.join(wd, "eval"))
+                with open(os.path.join(wd, "eval_results.json"), "w") as f:
+                    json.dump({"step": 0, **rec}, f)
                 print(f"{wd}: {json.dumps(rec)}", flush=True)
             else:
                 rec = run_one("configs/gan/cegan.py", over, wd)
@@ -380,7 +390,9 @@ CASES = {
 }
 
 
-def casestudy(out: str, seeds: List[int], steps: int, figures: str, names=tuple(CASES)) -> Dict:
+def casestudy(
+    out: str, seeds: List[int], steps: int, figures: str, names=tuple(CASES), extra: Optional[Dict] = None, tag=""
+) -> Dict:
     res = {}
     cases = {k: CASES[k] for k in names}
     small = {
@@ -392,16 +404,18 @@ def casestudy(out: str, seeds: List[int], steps: int, figures: str, names=tuple(
         "data.batch_size": 200,
     }
     for name, over in cases.items():
-        wd = os.path.join(out, "casestudy", name)
+        wd = os.path.join(out, "casestudy", name + tag)
         rec = run_one(
-            "configs/gan/badgan.py", {**small, **over, "total_steps": steps, "checkpoint.every_steps": steps}, wd
+            "configs/gan/badgan.py",
+            {**small, **over, "total_steps": steps, "checkpoint.every_steps": steps, **(extra or {})},
+            wd,
         )
         if name.startswith("two_circles"):
             rec["diagnostics"] = circles_diagnostics(wd)
         res[name] = rec
         src = os.path.join(wd, "eval", "case_study.png")
         if os.path.exists(src):
-            shutil.copy(src, os.path.join(figures, f"case_{name}.png"))
+            shutil.copy(src, os.path.join(figures, f"case_{name}{tag}.png"))
     return res
 
 
@@ -635,7 +649,7 @@ def main(argv=None) -> int:
         for wd, r in res.items():
             print(wd, json.dumps(r), flush=True)
     else:
-        res = casestudy(a.out, seeds, a.steps or 2000, a.figures, tuple(a.cases.split(",")))
+        res = casestudy(a.out, seeds, a.steps or 2000, a.figures, tuple(a.cases.split(",")), extra, a.tag)
     path = os.path.join(a.figures, f"{a.experiment}{a.tag}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
