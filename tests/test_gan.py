@@ -111,6 +111,12 @@ def test_pixel_density_is_autoregressive_and_normalised():
     # mask strictness: the mean/std layers see only earlier pixels (strictly lower-triangular products)
     mask = m.l1.mask() @ m.l2.mask() @ m.mu.mask()
     assert np.all(np.tril(mask) == 0)  # [input pixel j, output i]: only j < i
+    # fewer hidden units than pixels (28x28 images with 256 units): degrees spread over 1..D-1, so the last
+    # pixel's conditional sees every earlier pixel, and the products stay strictly lower-triangular
+    wide = gm.PixelDensity(10, 4, rngs=nnx.Rngs(2))
+    assert wide.l1.deg_out == (1, 4, 6, 9)
+    mask = wide.l1.mask() @ wide.l2.mask() @ wide.mu.mask()
+    assert np.all(np.tril(mask) == 0) and np.all(mask[:-1, -1] > 0)
 
 
 def test_networks_shapes_and_batch_stats_are_state():

@@ -28,6 +28,7 @@ def get_config():
             knn_k=20,  # EGAN-Ent-NN: neighbours (eq. B.10)
             knn_alpha=0.5,  # EGAN-Ent-NN: alpha (eq. B.11)
             vi_weight=1.0,  # EGAN-Ent-VI: weight of U(q)
+            vi_noise=0.0,  # EGAN-Ent-VI: std of p_gen(x|z) = N(G(z), s² I) (eq. B.13); 0: q sees G(z) itself
         )
     )
     c.objective = "cegan"

@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -198,9 +198,14 @@ PAIRS = (
 
 
 def run_one(config_file: str, over: Dict, workdir: str) -> Dict:
-    """Train (resuming if the workdir has checkpoints) and evaluate; returns eval_results."""
+    """Train (resuming if the workdir has checkpoints) and evaluate; returns eval_results (a finished run's
+    eval_results.json at its total_steps is reused as it is)."""
     from xlgen import config as config_lib
     from xlgen.train import loop
+
+    done = os.path.join(workdir, "eval_results.json")
+    if os.path.exists(done) and json.load(open(done)).get("step") == int(over.get("total_steps", -1)):
+        return json.load(open(done))
 
     c = config_lib.load_config(os.path.join(REPO, config_file), {k: str(v) for k, v in {**COMMON, **over}.items()})
     t = time.time()
@@ -216,12 +221,23 @@ def mean_std(vals: List[float]):
     return [float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0]
 
 
-def cegan(out: str, seeds: List[int], steps: int, sets=("mog4", "biased_mog2", "spirals")) -> Dict:
+CEGAN_VARIANTS = ("gan", "egan_const", "egan_ent_vi", "egan_ent_nn")
+
+
+def cegan(
+    out: str,
+    seeds: List[int],
+    steps: int,
+    sets=("mog4", "biased_mog2", "spirals"),
+    variants=CEGAN_VARIANTS,
+    extra: Optional[Dict] = None,
+    tag: str = "",
+) -> Dict:
     runs, table = {}, {}
     for data in sets:
-        for variant in ("gan", "egan_const", "egan_ent_vi", "egan_ent_nn"):
+        for variant in variants:
             for s in seeds:
-                wd = os.path.join(out, "cegan", f"{data}_{variant}_s{s}_{steps}")
+                wd = os.path.join(out, "cegan", f"{data}_{variant}_s{s}_{steps}{tag}")
                 over = {
                     "model.variant": variant,
                     "data.name": data,
@@ -229,13 +245,24 @@ def cegan(out: str, seeds: List[int], steps: int, sets=("mog4", "biased_mog2", "
                     "data.seed": s,
                     "total_steps": steps,
                     "checkpoint.every_steps": steps,
+                    **(extra or {}),
                 }
                 runs[f"{data}/{variant}/{s}"] = run_one("configs/gan/cegan.py", over, wd)
             table.setdefault(data, {})[variant] = {
                 p: mean_std([runs[f"{data}/{variant}/{s}"][f"kl_{p}"] for s in seeds]) for p in PAIRS
             }
-    return {"steps": steps, "seeds": seeds, "runs": runs, "table": table, "paper": PAPER_B2}
+    return {"steps": steps, "seeds": seeds, "overrides": extra or {}, "runs": runs, "table": table, "paper": PAPER_B2}
 
+
+# Table B.3 of seed 000 (MNIST, 10 runs): linear-probe test error (%) on the discriminator's last-layer features
+PAPER_B3 = {
+    "egan_ent_nn": {"min": 1.160, "mean": 1.190, "std": 0.024},
+    "egan_const": {"min": 1.280, "mean": 1.338, "std": 0.044},
+    "gan": {"min": 1.220, "mean": 1.259, "std": 0.032},
+    "random": {"min": 3.260, "mean": 3.409, "std": 0.124},
+}
+# the probe runs' DCGAN size (a deviation from §B.8.1's width 1.0, for this CPU; docs/reproductions.md)
+PROBE_DEFAULTS = {"model.width": 0.25, "model.noise_dim": 10, "data.batch_size": 64, "eval.probe_train": 10_000}
 
 BADGAN_ROWS = {
     "supervised": {"model.variant": "supervised"},
@@ -247,43 +274,127 @@ BADGAN_ROWS = {
 }
 
 
-def badgan(out: str, seeds: List[int], steps: int) -> Dict:
+def badgan(
+    out: str,
+    seeds: List[int],
+    steps: int,
+    data: str = "digits",
+    data_dir: str = "",
+    rows=tuple(BADGAN_ROWS),
+    extra: Optional[Dict] = None,
+) -> Dict:
+    """100 labels: the rows of BADGAN_ROWS x seeds on scikit-learn's digits or an IDX directory (Fashion-MNIST)."""
     runs, table = {}, {}
-    for row, over in BADGAN_ROWS.items():
+    prefix = "digits" if data == "digits" else os.path.basename(os.path.normpath(data_dir))
+    for row in rows:
         errs = []
         for s in seeds:
             tag = row.replace("+", "_").replace(" ", "").replace("(", "").replace(")", "")
-            wd = os.path.join(out, "badgan", f"digits_{tag}_s{s}")
+            wd = os.path.join(out, "badgan", f"{prefix}_{tag}_s{s}_{steps}")
             o = {
-                **over,
-                "data.name": "digits",
+                **BADGAN_ROWS[row],
+                "data.name": data,
+                "data.dir": data_dir,
                 "data.num_labeled": 100,
                 "seed": s,
                 "data.seed": s,
                 "total_steps": steps,
                 "checkpoint.every_steps": steps,
+                **(extra or {}),
             }
             rec = run_one("configs/gan/badgan.py", o, wd)
             runs[f"{row}/{s}"] = rec
             errs.append(rec["test_error"])
         table[row] = mean_std(errs)
+    first = next(iter(runs.values()))
+    test_size = round(first["test_errors"] / first["test_error"]) if first["test_error"] else None
+    if data == "digits":
+        name = "sklearn digits 8x8 (1,300 train / 497 test), 100 labels"
+    else:
+        name = f"IDX {data_dir} (28x28), 100 labels"
     return {
         "steps": steps,
         "seeds": seeds,
-        "dataset": "sklearn digits 8x8 (1,300 train / 497 test), 100 labels",
+        "dataset": name,
+        "test_size": test_size,
+        "overrides": extra or {},
         "runs": runs,
         "test_error": table,
     }
 
 
-def casestudy(out: str, seeds: List[int], steps: int, figures: str) -> Dict:
-    res = {}
-    cases = {
-        "four_spins_complement": {"data.name": "four_spins", "model.generator": "complement", "data.num_labeled": 8},
-        "four_spins_fm": {"data.name": "four_spins", "model.variant": "fm", "data.num_labeled": 8},
-        "two_circles_fm": {"data.name": "two_circles", "model.variant": "fm", "data.num_labeled": 4},
-        "four_spins_supervised": {"data.name": "four_spins", "model.variant": "supervised", "data.num_labeled": 8},
+def probe(out: str, seeds: List[int], steps: int, data_dir: str, extra: Optional[Dict] = None) -> Dict:
+    """Table B.3's proxy on an IDX directory: EGAN-Ent-NN, EGAN-Const, GAN trained on all classes, then a linear
+    classifier on the discriminator's last hidden layer (`probe_test_error` of `xlgen eval`); `random`: the same
+    evaluation of an untrained discriminator (the seed's initialisation)."""
+    import jax
+
+    from xlgen import config as config_lib
+    from xlgen import sharding
+    from xlgen.systems.gan import system
+    from xlgen.train.program import build_program
+
+    base = {"data.name": "idx", "data.dir": data_dir, "total_steps": steps, "checkpoint.every_steps": steps}
+    base.update(PROBE_DEFAULTS)
+    base.update(extra or {})
+    runs, table = {}, {}
+    for variant in ("egan_ent_nn", "egan_const", "gan", "random"):
+        errs = []
+        for s in seeds:
+            wd = os.path.join(out, "probe", f"{variant}_s{s}_{steps}")
+            over = {**base, "model.variant": "gan" if variant == "random" else variant, "seed": s, "data.seed": s}
+            done = os.path.join(wd, "eval_results.json")
+            if variant == "random" and os.path.exists(done):
+                rec = json.load(open(done))
+            elif variant == "random":
+                c = config_lib.load_config(
+                    os.path.join(REPO, "configs/gan/cegan.py"), {k: str(v) for k, v in {**COMMON, **over}.items()}
+                )
+                program = build_program(c, sharding.make_mesh(c.mesh))
+                os.makedirs(os.path.join(wd, "eval"), exist_ok=True)
+                with jax.set_mesh(program.mesh):
+                    state, _ = program.init_state()
+                    rec = system.cegan_evaluate(c, program, state, system.dataset(c.data), os.path.join(wd, "eval"))
+                with open(os.path.join(wd, "eval_results.json"), "w") as f:
+                    json.dump({"step": 0, **rec}, f)
+                print(f"{wd}: {json.dumps(rec)}", flush=True)
+            else:
+                rec = run_one("configs/gan/cegan.py", over, wd)
+            runs[f"{variant}/{s}"] = rec
+            errs.append(rec["probe_test_error"])
+        table[variant] = {"min": float(np.min(errs)), "mean_std": mean_std(errs)}
+    return {
+        "steps": steps,
+        "seeds": seeds,
+        "settings": base,
+        "runs": runs,
+        "probe_test_error": table,
+        "paper": PAPER_B3,
     }
+
+
+CASES = {
+    "four_spins_complement": {"data.name": "four_spins", "model.generator": "complement", "data.num_labeled": 8},
+    "four_spins_fm": {"data.name": "four_spins", "model.variant": "fm", "data.num_labeled": 8},
+    "two_circles_fm": {"data.name": "two_circles", "model.variant": "fm", "data.num_labeled": 4},
+    "four_spins_supervised": {"data.name": "four_spins", "model.variant": "supervised", "data.num_labeled": 8},
+    # two circles: the controls and Fig. 3.4's 2-d feature layer
+    "two_circles_supervised": {"data.name": "two_circles", "model.variant": "supervised", "data.num_labeled": 4},
+    "two_circles_complement": {"data.name": "two_circles", "model.generator": "complement", "data.num_labeled": 4},
+    "two_circles_fm_feat2": {
+        "data.name": "two_circles",
+        "model.variant": "fm",
+        "data.num_labeled": 4,
+        "model.disc_hidden": (128, 2),
+    },
+}
+
+
+def casestudy(
+    out: str, seeds: List[int], steps: int, figures: str, names=tuple(CASES), extra: Optional[Dict] = None, tag=""
+) -> Dict:
+    res = {}
+    cases = {k: CASES[k] for k in names}
     small = {
         "model.disc_hidden": (128, 128),
         "model.gen_hidden": (128, 128),
@@ -293,15 +404,127 @@ def casestudy(out: str, seeds: List[int], steps: int, figures: str) -> Dict:
         "data.batch_size": 200,
     }
     for name, over in cases.items():
-        wd = os.path.join(out, "casestudy", name)
+        wd = os.path.join(out, "casestudy", name + tag)
         rec = run_one(
-            "configs/gan/badgan.py", {**small, **over, "total_steps": steps, "checkpoint.every_steps": steps}, wd
+            "configs/gan/badgan.py",
+            {**small, **over, "total_steps": steps, "checkpoint.every_steps": steps, **(extra or {})},
+            wd,
         )
+        if name.startswith("two_circles"):
+            rec["diagnostics"] = circles_diagnostics(wd)
         res[name] = rec
         src = os.path.join(wd, "eval", "case_study.png")
         if os.path.exists(src):
-            shutil.copy(src, os.path.join(figures, f"case_{name}.png"))
+            shutil.copy(src, os.path.join(figures, f"case_{name}{tag}.png"))
     return res
+
+
+# --- diagnostics (what the findings of docs/reproductions.md rest on) ----------------------------------------------
+
+
+def _pure(module):
+    """A module as a pure function (split once, merged inside the traced function)."""
+    from flax import nnx
+
+    gd, st = nnx.split(module)
+    return lambda *a: nnx.merge(gd, st)(*a)
+
+
+def cegan_diagnostics(workdir: str, n: int = 10_000) -> Dict:
+    """A trained 2-D CEGAN run (eval-mode networks): Fig. B.8's per-sample gradient magnitudes on generated points
+    (the energy term ‖∇_x c‖ and the entropy term: VI ‖w ∇_x(-log q(z|x))‖, NN its constant α), the inference
+    net's log σ and U(q), and where the discriminator puts its mass: p_disc (and p_gen) outside the empirical
+    support (grid cells no training point falls in), the learned energy on the data vs its grid minimum."""
+    import jax
+    import jax.numpy as jnp
+
+    from xlgen.systems.gan import evaluation as geval
+    from xlgen.systems.gan import losses, system
+    from xlgen.train.workdir import Workdir
+
+    config, program, restored = Workdir(workdir).open()
+    mods = program.modules(restored.state)
+    ds = system.dataset(config.data)
+    variant, m = str(config.model.variant), config.model
+    disc, gen = _pure(mods["disc"]), _pure(mods["gen"])
+    sign = -1.0 if variant == "gan" else 1.0
+    z = jax.random.normal(jax.random.key(0), (n, int(m.noise_dim)))
+    x = gen(z)
+    cost = lambda x: sign * disc(x)[0][:, 0]  # noqa: E731
+    g_c = jax.grad(lambda x: jnp.sum(cost(x)))(x)  # per-row: c(x_i) depends on x_i only (no batch norm)
+    out = {"energy_grad_norm": float(jnp.mean(jnp.linalg.norm(g_c, axis=-1)))}
+    if variant == "egan_ent_vi":
+        infer, w = _pure(mods["infer"]), float(m.vi_weight)
+        nll = lambda x: -losses.gaussian_log_prob(z, *infer(x))  # noqa: E731
+        g_u = w * jax.grad(lambda x: jnp.sum(nll(x)))(x)
+        mu, ls = infer(x)
+        out.update(
+            entropy_grad_norm=float(jnp.mean(jnp.linalg.norm(g_u, axis=-1))),
+            u_q=float(jnp.mean(nll(x))),
+            infer_log_sigma=[float(v) for v in jnp.mean(ls, 0)],
+            entropy_over_energy=float(jnp.mean(jnp.linalg.norm(g_u, axis=-1) / jnp.linalg.norm(g_c, axis=-1))),
+            cos_entropy_energy=float(
+                jnp.mean(
+                    jnp.sum(g_u * g_c, -1) / (jnp.linalg.norm(g_u, axis=-1) * jnp.linalg.norm(g_c, axis=-1) + 1e-12)
+                )
+            ),
+        )
+    elif variant == "egan_ent_nn":
+        out["entropy_grad_norm"] = float(m.knn_alpha)
+        out["entropy_over_energy"] = float(jnp.mean(float(m.knn_alpha) / jnp.linalg.norm(g_c, axis=-1)))
+    gen_np = np.asarray(system.generate(config, program, restored.state, 100_000))
+    energy = system.cegan_energy(config, program, restored.state)
+    d = geval.grid_distributions(ds.train_x, gen_np, energy, ds.mixture.log_density)
+    off = d["emp"] == 0
+    xs, ys = geval.canvas(ds.train_x)
+    pts = geval.grid_points(xs, ys)
+    c_grid = energy(pts)
+    c_data = energy(ds.train_x[:10_000])
+    out.update(
+        disc_mass_off_support=float(d["disc"][off].sum()),
+        gen_mass_off_support=float(d["gen"][off].sum()),
+        energy_data_mean=float(np.mean(c_data)),
+        energy_grid_min=float(np.min(c_grid)),
+        energy_grid_min_at=[float(v) for v in pts[int(np.argmin(c_grid))]],
+        energy_grid_max=float(np.max(c_grid)),
+        kl_disc_data=geval.kl(d["disc"], d["data"]),
+    )
+    return out
+
+
+def circles_diagnostics(workdir: str) -> Dict:
+    """A trained two_circles run: where the generated points lie (radius bands: inside the inner circle, on it, in
+    the gap, on the outer one, outside), which test and gap points the discriminator calls fake
+    (P(K+1|x) > 1/2 <=> logsumexp(l) < 0), and the error per class."""
+    import jax
+
+    from xlgen.systems.gan import system
+    from xlgen.train.workdir import Workdir
+
+    config, program, restored = Workdir(workdir).open()
+    ds = system.dataset(config.data)
+    mods = program.modules(restored.state)
+    disc = _pure(mods["disc"])
+    logits = lambda x: np.asarray(disc(jax.numpy.asarray(x, np.float32))[0])  # noqa: E731
+    out = {}
+    r = None
+    if "gen" in mods:
+        r = np.linalg.norm(system.generate(config, program, restored.state, 5000), axis=-1)
+    elif str(config.model.generator) == "complement":
+        r = np.linalg.norm(ds.complement[:5000], axis=-1)
+    bands = {"inside": (0, 0.35), "inner": (0.35, 0.65), "gap": (0.65, 0.85), "outer": (0.85, 1.15), "out": (1.15, 9e9)}
+    if r is not None:
+        out["generated_radius_fraction"] = {k: float(np.mean((r >= a) & (r < b))) for k, (a, b) in bands.items()}
+    lt = logits(ds.test_x)
+    fake = jax.nn.logsumexp(lt, -1) < 0
+    out["test_called_fake"] = float(np.mean(fake))
+    rng = np.random.default_rng(0)
+    a, rad = rng.uniform(0, 2 * np.pi, 2000), rng.uniform(0.65, 0.85, 2000)
+    gap = np.stack([rad * np.cos(a), rad * np.sin(a)], 1)
+    out["gap_called_fake"] = float(np.mean(jax.nn.logsumexp(logits(gap), -1) < 0))
+    pred = np.argmax(lt, -1)
+    out["error_per_class"] = [float(np.mean(pred[ds.test_y == k] != k)) for k in range(ds.num_classes)]
+    return out
 
 
 def markdown(figures: str) -> str:
@@ -318,52 +541,115 @@ def markdown(figures: str) -> str:
                 paper = r["paper"][data][v]
                 cells = [f"{row[c][0]:.3f} ± {row[c][1]:.3f} / {paper[c]:.3f}" for c in cols]
                 out.append(f"| {v} | " + " | ".join(cells) + " |")
-    path = os.path.join(figures, "badgan.json")
-    if os.path.exists(path):
-        r = json.load(open(path))
+    for path in sorted(p for p in os.listdir(figures) if p.startswith("badgan") and p.endswith(".json")):
+        r = json.load(open(os.path.join(figures, path)))
+        n = r.get("test_size") or 497
         out.append(f"\n**{r['dataset']}** ({len(r['seeds'])} seeds, {r['steps']} steps)\n")
-        out.append("| setting | test error (%) mean ± std | errors of 497 |")
+        out.append(f"| setting | test error (%) mean ± std | errors of {n} |")
         out.append("|---|---|---|")
         for row in [k for k in BADGAN_ROWS if k in r["test_error"]]:
             m, sd = r["test_error"][row]
-            out.append(f"| {row} | {100 * m:.2f} ± {100 * sd:.2f} | {m * 497:.1f} |")
-    path = os.path.join(figures, "casestudy.json")
-    if os.path.exists(path):
-        r = json.load(open(path))
-        out.append("\n| 2-D case | test error (%) |\n|---|---|")
+            out.append(f"| {row} | {100 * m:.2f} ± {100 * sd:.2f} | {m * n:.1f} |")
+    for path in sorted(p for p in os.listdir(figures) if p.startswith("probe") and p.endswith(".json")):
+        r = json.load(open(os.path.join(figures, path)))
+        out.append(f"\n**Table B.3 probe** ({len(r['seeds'])} seeds, {r['steps']} steps; ours / paper on MNIST)\n")
+        out.append("| discriminator | min (%) | mean ± std (%) | paper min | paper mean ± std |")
+        out.append("|---|---|---|---|---|")
+        for v, row in r["probe_test_error"].items():
+            pp = r["paper"][v]
+            m, sd = row["mean_std"]
+            out.append(
+                f"| {v} | {100 * row['min']:.2f} | {100 * m:.2f} ± {100 * sd:.2f} | {pp['min']:.2f} "
+                f"| {pp['mean']:.3f} ± {pp['std']:.3f} |"
+            )
+    for path in sorted(p for p in os.listdir(figures) if p.startswith("casestudy") and p.endswith(".json")):
+        r = json.load(open(os.path.join(figures, path)))
+        out.append(
+            "\n| 2-D case | test error (%) | test called fake | gap called fake | generated: inner / gap / outer / out |"
+        )
+        out.append("|---|---|---|---|---|")
         for k, v in r.items():
-            out.append(f"| {k} | {100 * v['test_error']:.2f} |")
+            d = v.get("diagnostics", {})
+            g = d.get("generated_radius_fraction")
+            cells = [
+                f"{100 * v['test_error']:.2f}",
+                f"{d['test_called_fake']:.2f}" if d else "",
+                f"{d['gap_called_fake']:.2f}" if d else "",
+                " / ".join(f"{g[b]:.2f}" for b in ("inner", "gap", "outer", "out")) if g else "",
+            ]
+            out.append(f"| {k} | " + " | ".join(cells) + " |")
+    for path in sorted(p for p in os.listdir(figures) if p.startswith("diagnose") and p.endswith(".json")):
+        r = json.load(open(os.path.join(figures, path)))
+        keys = (
+            "kl_disc_data",
+            "disc_mass_off_support",
+            "gen_mass_off_support",
+            "energy_grad_norm",
+            "entropy_grad_norm",
+        )
+        out.append(f"\n**{path}**\n\n| run | " + " | ".join(keys) + " | log σ of q |")
+        out.append("|---" * (len(keys) + 2) + "|")
+        for wd, d in r.items():
+            ls = d.get("infer_log_sigma")
+            cells = [f"{d[k]:.3g}" if k in d else "" for k in keys] + [", ".join(f"{v:.2f}" for v in ls) if ls else ""]
+            out.append(f"| {os.path.basename(wd)} | " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def _overrides(items: List[str]) -> Dict:
+    out = {}
+    for it in items:
+        k, _, v = it.partition("=")
+        if not _ or not k:
+            raise SystemExit(f"--set {it!r}: expected KEY=VALUE")
+        out[k] = v
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m xlgen.reproductions.gan")
-    p.add_argument("experiment", choices=("cegan", "badgan", "casestudy", "tables"))
+    p.add_argument("experiment", choices=("cegan", "badgan", "casestudy", "probe", "diagnose", "tables"))
     p.add_argument("--out", default="workdirs/reproductions")
     p.add_argument("--figures", default=os.path.join(REPO, "docs", "reproductions", "gan"))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=0)
-    p.add_argument("--data", default="mog4,biased_mog2,spirals", help="cegan: the 2-D sets")
-    p.add_argument("--tag", default="", help="suffix of the JSON file name")
+    p.add_argument("--data", default="", help="cegan: the 2-D sets (default all three); badgan: digits | idx")
+    p.add_argument("--dir", default="/usr/share/datasets/fashion-mnist", help="badgan/probe: the IDX directory")
+    p.add_argument("--variants", default=",".join(CEGAN_VARIANTS), help="cegan: the models")
+    p.add_argument("--rows", default=",".join(BADGAN_ROWS), help="badgan: the rows")
+    p.add_argument("--cases", default=",".join(CASES), help="casestudy: the cases")
+    p.add_argument("--set", action="append", default=[], help="a config override KEY=VALUE (repeatable)")
+    p.add_argument("--workdirs", default="", help="diagnose: comma-separated CEGAN 2-D workdirs")
+    p.add_argument("--tag", default="", help="suffix of the JSON (and workdir) names")
     a = p.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]
+    extra = _overrides(a.set)
     os.makedirs(a.figures, exist_ok=True)
     if a.experiment == "tables":
         print(markdown(a.figures))
         return 0
     if a.experiment == "cegan":
-        sets = tuple(a.data.split(","))
+        sets = tuple((a.data or "mog4,biased_mog2,spirals").split(","))
+        variants = tuple(a.variants.split(","))
         steps = a.steps or 2000
-        res = cegan(a.out, seeds, steps, sets)
+        res = cegan(a.out, seeds, steps, sets, variants, extra, a.tag)
         for data in sets:
-            for v in ("gan", "egan_const", "egan_ent_vi", "egan_ent_nn"):
-                src = os.path.join(a.out, "cegan", f"{data}_{v}_s{seeds[0]}_{steps}", "eval", "energies.png")
+            for v in variants:
+                src = os.path.join(a.out, "cegan", f"{data}_{v}_s{seeds[0]}_{steps}{a.tag}", "eval", "energies.png")
                 if os.path.exists(src):
                     shutil.copy(src, os.path.join(a.figures, f"cegan_{data}_{v}{a.tag}.png"))
     elif a.experiment == "badgan":
-        res = badgan(a.out, seeds, a.steps or 1500)
+        data = a.data or "digits"
+        rows = tuple(r for r in BADGAN_ROWS if r in a.rows.split(","))
+        res = badgan(a.out, seeds, a.steps or 1500, data, a.dir if data == "idx" else "", rows, extra)
+    elif a.experiment == "probe":
+        res = probe(a.out, seeds, a.steps or 1000, a.dir, extra)
+    elif a.experiment == "diagnose":
+        res = {wd: cegan_diagnostics(wd) for wd in a.workdirs.split(",") if wd}
+        for wd, r in res.items():
+            print(wd, json.dumps(r), flush=True)
     else:
-        res = casestudy(a.out, seeds, a.steps or 2000, a.figures)
+        res = casestudy(a.out, seeds, a.steps or 2000, a.figures, tuple(a.cases.split(",")), extra, a.tag)
     path = os.path.join(a.figures, f"{a.experiment}{a.tag}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)

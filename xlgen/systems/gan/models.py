@@ -172,12 +172,16 @@ class MaskedLinear(nnx.Module):
 
 class PixelDensity(nnx.Module):
     """A small autoregressive density over D pixels in [0, 1] (MADE, Germain et al. 2015, with Gaussian
-    conditionals): log p(x) = Σ_i log N(x_i; µ_i(x_<i), σ_i(x_<i)²), σ_i ≥ `min_std`. Pixels are ordered raster-wise.
+    conditionals): log p(x) = Σ_i log N(x_i; µ_i(x_<i), σ_i(x_<i)²), σ_i ≥ `min_std`. Pixels are ordered raster-wise;
+    the hidden units' degrees cover 1..D-1 (cyclically; spread evenly when there are fewer units than D-1).
     x [B, ...] -> log p(x) [B] (in nats, of the flattened image)."""
 
     def __init__(self, d: int, hidden: int = 256, *, rngs: nnx.Rngs, min_std: float = 0.05):
         deg_in = tuple(range(1, d + 1))
-        deg_h = tuple(int(i % max(d - 1, 1)) + 1 for i in range(hidden))
+        if hidden >= d - 1:  # every degree 1..D-1 at least once (cyclic)
+            deg_h = tuple(int(i % max(d - 1, 1)) + 1 for i in range(hidden))
+        else:  # fewer units than pixels: spread over 1..D-1 (cyclic would leave pixels > `hidden` unseen)
+            deg_h = tuple(int(v) for v in np.rint(np.linspace(1, d - 1, hidden)))
         self.l1 = MaskedLinear(deg_in, deg_h, strict=False, rngs=rngs)
         self.l2 = MaskedLinear(deg_h, deg_h, strict=False, rngs=rngs)
         self.mu = MaskedLinear(deg_h, deg_in, strict=True, rngs=rngs)

@@ -92,11 +92,18 @@ def cegan_game(config, ds: gdata.Dataset) -> Game:
     make_d, make_g, make_i = _cegan_nets(config, ds)
     bsz, dz = int(config.data.batch_size), int(m.noise_dim)
     margin, alpha, w_vi = float(m.margin), float(m.knn_alpha), float(m.vi_weight)
+    vi_noise = float(m.get("vi_noise", 0.0))
     k = min(int(m.knn_k), bsz - 1)  # neighbours within the batch
     gap_lo, gap_hi = (float(v) for v in m.gap_bounds)
 
     def noise(key):
         return jax.random.normal(key, (bsz, dz))
+
+    def observed(x, key):
+        """x ~ p_gen(x|z) = N(G(z), vi_noise² I), the peaked Gaussian of eq. B.13 (vi_noise 0: x = G(z))"""
+        if vi_noise <= 0:
+            return x
+        return x + vi_noise * jax.random.normal(jax.random.fold_in(key, 1), x.shape)
 
     def d_loss(models, batch, key, step, ctx):
         x_fake = jax.lax.stop_gradient(models["gen"](noise(key)))
@@ -125,7 +132,7 @@ def cegan_game(config, ds: gdata.Dataset) -> Game:
             ent = losses.knn_entropy_surrogate(x.reshape(bsz, -1), k, alpha)
             loss = loss + ent
         elif variant == "egan_ent_vi":
-            mu, ls = models["infer"](x)
+            mu, ls = models["infer"](observed(x, key))
             ent = w_vi * losses.vi_entropy_bound(z, mu, ls)
             loss = loss + ent
             aux["vi_bound"] = ent / w_vi
@@ -133,7 +140,7 @@ def cegan_game(config, ds: gdata.Dataset) -> Game:
 
     def i_loss(models, batch, key, step, ctx):
         z = noise(key)
-        mu, ls = models["infer"](jax.lax.stop_gradient(models["gen"](z)))
+        mu, ls = models["infer"](observed(jax.lax.stop_gradient(models["gen"](z)), key))
         return losses.vi_entropy_bound(z, mu, ls), {}
 
     players = [_player("disc", make_d, config), _player("gen", make_g, config)]
@@ -398,6 +405,7 @@ class CeganConfig:
     knn_k: int = 20
     knn_alpha: float = 0.5
     vi_weight: float = 1.0
+    vi_noise: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
