@@ -9,6 +9,10 @@ comparable quantity, not the absolute figures.
         [--json=FILE] -- --config=configs/pretrain/funnel_tiny.py --config.model.d_model=256 ...
     --arm=NAME:TREE:MODULE:FUNC     call MODULE.FUNC() in the child before the program is built (e.g. a variant
                                     of a layer, for measuring alternatives of one code path in one tree)
+    --same-process                  arms of this tree only (variants by setup hooks): one process compiles a
+                                    program per arm and alternates single steps on the same batches, `--rounds`
+                                    steps per arm; ratios are of step times paired within a round (tighter pairs on
+                                    a busy machine, at the cost of sharing one process's heap and thread pool)
 """
 
 from __future__ import annotations
@@ -62,6 +66,57 @@ def child(argv: List[str]) -> int:
     return 0
 
 
+def same_process(arms: List[Dict[str, str]], rounds: int, config_argv: List[str]) -> Dict[str, Any]:
+    """Every arm's train step compiled in this process (its setup hook active while the step is traced, the
+    modules' previous attributes restored after), then single steps alternated arm by arm (order reversed every
+    other round) on two fixed batches. -> {arm: {"step_s": [...], "first_step_s": compile + first step,
+    "tokens_per_step"}}."""
+    import importlib
+    import time
+
+    import jax
+
+    from xlgen import config as config_lib
+    from xlgen import sharding
+    from xlgen.train import loop
+    from xlgen.train import program as program_lib
+
+    overrides, rest = config_lib.parse_overrides(config_argv)
+    path = next(a.split("=", 1)[1] for a in rest if a.startswith("--config="))
+    runs: Dict[str, list] = {}
+    for arm in arms:
+        config = config_lib.load_config(path, overrides)
+        saved = {n: dict(vars(m)) for n, m in list(sys.modules.items()) if n.startswith("xlgen") and m is not None}
+        if arm["setup"]:
+            module, func = arm["setup"].rsplit(":", 1)
+            getattr(importlib.import_module(module), func)()
+        program = program_lib._build_program(config, sharding.make_mesh(config.mesh))
+        spec = program.objective.batch_shapes(config, "train")
+        pipeline = loop.make_pipeline(config, "train")
+        batches = [loop.global_batch(pipeline.batch(s), program.batch_shardings, spec) for s in range(2)]
+        state, mems = program.init_state()
+        t = time.perf_counter()
+        state, mems, _ = program.train_step(state, batches[0], mems)  # traced (with the hook) and compiled here
+        jax.block_until_ready(state)
+        first = time.perf_counter() - t
+        for n, d in saved.items():  # undo the hook for the next arm's trace
+            vars(sys.modules[n]).update(d)
+        runs[arm["name"]] = [program, state, mems, batches, [], first]
+        print(f"[ab] {arm['name']}: compile and first step {first:.1f} s", flush=True)
+    for r in range(rounds):
+        for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+            program, state, mems, batches, times, _ = runs[name]
+            t = time.perf_counter()
+            state, mems, _ = program.train_step(state, batches[r % 2], mems)
+            jax.block_until_ready(state)
+            times.append(time.perf_counter() - t)
+            runs[name][1:3] = [state, mems]
+    return {
+        name: {"step_s": run[4], "first_step_s": run[5], "tokens_per_step": run[0].tokens_per_step}
+        for name, run in runs.items()
+    }
+
+
 def _arm(spec: str) -> Dict[str, str]:
     parts = spec.split(":")
     if len(parts) not in (2, 4) or not parts[0] or not os.path.isdir(parts[1]):
@@ -110,10 +165,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=4, help="train steps per block (the first of each not counted)")
     p.add_argument("--blocks", type=int, default=2, help="measured blocks per process (after the compile block)")
+    p.add_argument("--same-process", "--same_process", dest="same_process", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(own)
     arms = [_arm(a) for a in args.arm]
     names = [a["name"] for a in arms]
+    if args.same_process:
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        if any(a["tree"] != here for a in arms):
+            raise SystemExit(f"xlgen.bench.ab: error: --same-process measures this tree ({here}) only")
+        res = same_process(arms, args.rounds, config_argv)
+        rounds = [
+            {n: {"tokens_per_sec": res[n]["tokens_per_step"] / res[n]["step_s"][r]} for n in names}
+            for r in range(args.rounds)
+        ]
+        summary = summarize(names, rounds)
+        for n in names:
+            s = summary[n]
+            print(
+                f"[ab] {n}: median step {statistics.median(res[n]['step_s']):.3f} s; speed / {names[0]}: "
+                f"{s['speed_ratio_to_' + names[0]]:.3f} (range {s['ratio_range'][0]:.3f}-{s['ratio_range'][1]:.3f})"
+            )
+        if args.json:
+            from data_pipelines import paths
+
+            out = {"arms": arms, "config": config_argv, "same_process": res, "summary": summary}
+            paths.atomic_write_text(args.json, json.dumps(out, indent=1))
+        return 0
     rounds: List[Dict[str, Dict[str, Any]]] = []
     for r in range(args.rounds):
         rec = {}
