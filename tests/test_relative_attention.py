@@ -152,9 +152,6 @@ def test_shared_position_key_gradient_is_a_product_over_the_batch():
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
     hlo = grad.lower(q, keys, False).as_text()
     assert "stablehlo.reduce" not in hlo and "dot_general" in hlo
-    # the forward broadcasts the keys (no product with a ones vector): its only product is the position product
-    forward = jax.jit(loss, static_argnums=2).lower(q, keys, False).as_text()
-    assert forward.count("stablehlo.dot_general") == 1 and "broadcast_in_dim" in forward
     for ours, ref in zip(grad(q, keys, False), grad(q, keys, True)):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-6, atol=1e-5)
 

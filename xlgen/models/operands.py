@@ -60,19 +60,6 @@ def linear_skew(skew: Callable, min_width: Callable[[int, int, int, int], int]):
     return shift
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def batch_broadcast(x: jax.Array, batch: int) -> jax.Array:
-    """`x` repeated over a new leading axis of size `batch`, whose transpose (the backward pass: the sum over that
-    axis) is a matrix-vector product with a ones vector rather than a `reduce` (see `position_key_operand`)."""
-    return jnp.broadcast_to(x, (batch,) + x.shape)
-
-
-@batch_broadcast.defjvp
-def _batch_broadcast_jvp(batch, primals, tangents):
-    (x,), (t,) = primals, tangents
-    return batch_broadcast(x, batch), jnp.einsum("b,...->b...", jnp.ones((batch,), t.dtype), t)
-
-
 class ContentKeyOperand(NamedTuple):
     """Key heads laid out for the content product: `keys [b, n, d, k]`, behind an optimization barrier
     (`content_key_operand`); formed once per layer when several products use the keys (XLNet's two streams)."""
@@ -115,16 +102,15 @@ def position_key_operand(k_head_r: jax.Array, batch: int, direction: Optional[ja
       outputs) rather than `dS^T · (q+v)` (`[r, d]`), which XLA:CPU ran 2.8x slower for `[512,1024]`
       cotangents (29.6 vs 10.7 ms for Funnel's 16 heads x batch). One layer's attention core at seq 512, forward
       and backward: 78 -> 69 ms;
-    * the key gradient's sum over the batch (the transpose of the broadcast, and of XLNet's direction select) is
-      a matrix-vector product: as a `reduce` over the short leading axis, YNNPACK took 6 ms for `[4,1024,4,64]`
-      (0.15 ms as a product). The shared keys' broadcast itself stays a broadcast (`batch_broadcast`): formed as
-      a product with a ones vector (a contraction of size 1) it took ~4% of a Funnel seq-512 step;
+    * the broadcast over the batch (and XLNet's direction select) is a product, so its transpose -- the key
+      gradient's sum over the batch -- is a matrix-vector product: as a `reduce` over the short leading axis,
+      YNNPACK took 6 ms for `[4,1024,4,64]` (0.15 ms as a product);
     * the barrier's transpose is a barrier on the key cotangent, so XLA does not fold that batch sum back into the
       product as a contracting dimension (which transposes the `[b,n,q,r]` cotangent again)."""
     if direction is not None:
         keys = jnp.einsum("bs,sndr->bndr", direction.astype(k_head_r.dtype), jnp.transpose(k_head_r, (0, 2, 3, 1)))
     elif k_head_r.ndim == 3:
-        keys = batch_broadcast(jnp.transpose(k_head_r, (1, 2, 0)), batch)
+        keys = jnp.einsum("b,ndr->bndr", jnp.ones((batch,), k_head_r.dtype), jnp.transpose(k_head_r, (1, 2, 0)))
     else:
         keys = jnp.transpose(k_head_r, (0, 2, 3, 1))
     return PositionKeyOperand(jax.lax.optimization_barrier(keys))
