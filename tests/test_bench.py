@@ -189,3 +189,18 @@ def test_command_reexecutes_itself_with_the_malloc_policy():
     ]
     assert _python(code, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == ["glibc.malloc.arena_max=2"]
     assert _python(code, {"XLGEN_HOST_MALLOC": "default"}) == ["-"]
+
+
+def test_ab_summary_pairs_each_round_with_the_first_arm():
+    from xlgen.bench import ab
+
+    rounds = [
+        {"before": {"tokens_per_sec": 100.0}, "after": {"tokens_per_sec": 120.0}},
+        {"before": {"tokens_per_sec": 50.0}, "after": {"tokens_per_sec": 55.0}},  # a slow round: ratio 1.1
+        {"before": {"tokens_per_sec": 80.0}, "after": None},  # a failed process: no pair
+    ]
+    s = ab.summarize(["before", "after"], rounds)
+    assert s["before"]["speed_ratio_to_before"] == 1.0 and s["before"]["tokens_per_sec"] == 80.0
+    assert s["after"]["ratios"] == pytest.approx([1.2, 1.1])
+    assert s["after"]["speed_ratio_to_before"] == pytest.approx(1.15)
+    assert s["after"]["range"] == [55.0, 120.0]

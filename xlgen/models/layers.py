@@ -129,10 +129,23 @@ def hashed_bits(seed: jax.Array, shape: Sequence[int]) -> jax.Array:
     return _fmix32(_fmix32(idx ^ seed[0]) + seed[1])
 
 
+def keep_mask(key: jax.Array, shape: Sequence[int], keep_prob: float) -> jax.Array:
+    """bool `shape`, True with probability `keep_prob` (up to 2^-32): `hashed_bits` seeded by two words drawn from
+    `key` (the dropout stream's threefry key), compared with a threshold.
+
+    Why not `jax.random` with another `jax_default_prng_impl`: on XLA:CPU (jax 0.10.2) the same keep mask and
+    select over `[4,4,512,512]` costs ~0.8 ns per element this way, ~6 with philox4x32 and ~20 with threefry2x32,
+    rbg or unsafe_rbg, which at a dropout mask per attention layer is a large share of a train step
+    (docs/performance.md, "Tried and not kept"). The hash is as reproducible: a pure function of (key, position),
+    the same under any sharding, so resume is exact."""
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    threshold = jnp.uint32(min(int(round(keep_prob * 2.0**32)), 2**32 - 1))
+    return hashed_bits(seed, shape) < threshold
+
+
 class Dropout(nnx.Dropout):
     """`nnx.Dropout` (same RNG stream, same `rate` / `deterministic` / `broadcast_dims` semantics) whose keep mask
-    comes from `hashed_bits` seeded by two words drawn from the stream's threefry key: P(keep) = 1 - rate up to
-    2^-32, masks a pure function of (key, position), so resume and sharding equality hold as before."""
+    is `keep_mask`: masks a pure function of (key, position), so resume and sharding equality hold as before."""
 
     def __call__(self, inputs, *, deterministic: Optional[bool] = None, rngs=None) -> jax.Array:
         det = self.deterministic if deterministic is None else deterministic
@@ -150,9 +163,7 @@ class Dropout(nnx.Dropout):
         shape = list(inputs.shape)
         for dim in self.broadcast_dims:
             shape[dim] = 1
-        seed = jax.random.bits(key, (2,), jnp.uint32)
-        threshold = jnp.uint32(min(int(round(keep_prob * 2.0**32)), 2**32 - 1))
-        mask = jnp.broadcast_to(hashed_bits(seed, shape) < threshold, inputs.shape)
+        mask = jnp.broadcast_to(keep_mask(key, shape, keep_prob), inputs.shape)
         return jax.lax.select(mask, inputs / jnp.asarray(keep_prob, inputs.dtype), jnp.zeros_like(inputs))
 
 
