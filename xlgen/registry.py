@@ -27,6 +27,7 @@ SYSTEMS: Dict[str, str] = {
     "cegan": "xlgen.systems.gan.system:CEGAN",
     "badgan": "xlgen.systems.gan.system:BADGAN",
     "planetoid": "xlgen.systems.planetoid.system:FAMILY",
+    "initialgan": "xlgen.systems.initialgan.system:FAMILY",
 }
 
 # config.objective -> "module:attribute" of an Objective that works with any family's finetuning heads

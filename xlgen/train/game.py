@@ -36,6 +36,9 @@ The program reuses the single-player program's pieces: parameter shardings from 
 (`xlgen.sharding`), batches sharded over the data axes, state created directly sharded by a jitted init, the step
 jitted with in/out shardings and the state donated. It duck-types `xlgen.train.program.Program` for the loop
 (`init_state`, `train_step`, `abstract_state`, `batch_shardings`, `mems_shape=None`, ...).
+
+A system's registry entry holds a game as an `Objective` (`game_objective(name, make_game, pipeline, evaluate)`):
+`xlgen train` builds this program from `Objective.game(config)`, `Objective.evaluate` is its evaluation.
 """
 
 from __future__ import annotations
@@ -155,6 +158,37 @@ class GameProgram:
     def modules(self, state, train: bool = False) -> Dict[str, nnx.Module]:
         """Every player's module from a state (eval mode: batch norm uses the running statistics)."""
         return {n: lay.merge(state["params"][n], state["stats"][n], train) for n, lay in self.layouts.items()}
+
+
+class Players(nnx.Module):
+    """Every player's module under its name (an objective's `make_model`: parameter shapes for workdir checks)."""
+
+    def __init__(self, game: Game, rngs: nnx.Rngs):
+        for p in game.players:
+            setattr(self, p.name, p.make(rngs))
+
+
+def _game_only(*args, **kwargs):
+    raise ValueError("a multi-player objective trains through its game (Objective.game), not a single loss")
+
+
+def game_objective(name: str, make_game: Callable[[Any], Game], pipeline, evaluate=None):
+    """The registry `Objective` of a game: `make_game(config) -> Game`, the data `pipeline` (a class taking
+    (data_config, split, process_index, process_count)), `evaluate(config, program, state, out_dir, full)`."""
+    from xlgen.models.family import Objective
+
+    return Objective(
+        name=name,
+        make_model=lambda config, rngs, train: Players(make_game(config), rngs),
+        batch_shapes=lambda config, split: make_game(config).batch_shapes,
+        loss=_game_only,
+        eval_loss=_game_only,
+        pipeline=pipeline,
+        tokens_per_step=lambda config: make_game(config).examples_per_step,
+        eval_metrics=lambda loss, config: {},
+        game=make_game,
+        evaluate=evaluate,
+    )
 
 
 def build_game_program(config, mesh: Mesh, game: Game, name: str) -> GameProgram:

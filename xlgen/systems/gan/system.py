@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from flax import nnx
 
 from data_pipelines import paths
 from xlgen.models.family import Family, Objective
@@ -40,7 +39,7 @@ from xlgen.systems.gan import data as gdata
 from xlgen.systems.gan import evaluation as geval
 from xlgen.systems.gan import losses
 from xlgen.systems.gan import models as gm
-from xlgen.train.game import Game, GameProgram, Player
+from xlgen.train.game import Game, GameProgram, Player, game_objective
 
 CEGAN_VARIANTS = ("gan", "egan_const", "egan_ent_nn", "egan_ent_vi")
 BADGAN_VARIANTS = ("supervised", "fm", "badgan")
@@ -467,18 +466,6 @@ def labeled_batch_size(data_config, ds: gdata.Dataset) -> int:
     return min(int(data_config.get("labeled_batch_size", 0)) or len(ds.labeled), len(ds.labeled))
 
 
-class Players(nnx.Module):
-    """Every player's module under its name (the objective's `make_model`: parameter shapes for workdir checks)."""
-
-    def __init__(self, game: Game, rngs: nnx.Rngs):
-        for p in game.players:
-            setattr(self, p.name, p.make(rngs))
-
-
-def _game_only(*args, **kwargs):
-    raise ValueError("a multi-player objective trains through its game (Objective.game), not a single loss")
-
-
 def _objective(name: str, make_game, evaluate) -> Objective:
     def game(config) -> Game:
         return make_game(config, dataset(config.data))
@@ -486,18 +473,7 @@ def _objective(name: str, make_game, evaluate) -> Objective:
     def ev(config, program, state, out_dir, full):
         return evaluate(config, program, state, dataset(config.data), out_dir, full)
 
-    return Objective(
-        name=name,
-        make_model=lambda config, rngs, train: Players(game(config), rngs),
-        batch_shapes=lambda config, split: game(config).batch_shapes,
-        loss=_game_only,
-        eval_loss=_game_only,
-        pipeline=Pipeline,
-        tokens_per_step=lambda config: game(config).examples_per_step,
-        eval_metrics=lambda loss, config: {},
-        game=game,
-        evaluate=ev,
-    )
+    return game_objective(name, game, Pipeline, ev)
 
 
 CEGAN = Family(
