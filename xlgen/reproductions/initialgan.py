@@ -282,7 +282,8 @@ def reference_row(out: str) -> Dict:
     """The metrics of held-out real sentences (training sentences within 19 words) against the reference."""
     files = split(out)
     train = [s for s in open(files["train"]).read().splitlines() if s and len(s.split()) <= MAX_WORDS]
-    return _score(train[:NUM_SAMPLES], files["reference"], 0)
+    sents = train[:NUM_SAMPLES]
+    return {"mean_words": float(np.mean([len(x.split()) for x in sents])), **_score(sents, files["reference"], 0)}
 
 
 def _save(out: str, name: str, obj) -> None:
@@ -321,27 +322,43 @@ def main(argv=None) -> int:
     return 0
 
 
-def table(out: str) -> str:
-    rows = {}
+LABELS = {
+    "training data": "training sentences (<= 19 words; real data)",
+    "mle": "Transformer-XL MLE (temperature 1)",
+    "initialgan": "InitialGAN (FN-LSTM, dropout sampling)",
+    "no_ds": "InitialGAN without dropout sampling",
+    "ln": "InitialGAN with LN-LSTM",
+}
+
+
+def rows(out: str) -> Dict[str, List[Dict]]:
+    """{model: [result per seed]} of real.json, mle.json and gan.json."""
+    out_rows: Dict[str, List[Dict]] = {}
     for name in ("real.json", "mle.json", "gan.json"):
-        path = os.path.join(out, name)
-        if not os.path.exists(path):
-            continue
-        data = json.load(open(path))
-        if name == "real.json":
+        data = _load(out, name)
+        if name == "real.json" and data:
             data = {"training data/0": data}
         for key, r in data.items():
-            rows.setdefault(key.split("/")[0], []).append(r)
+            out_rows.setdefault(key.split("/")[0], []).append(r)
+    return out_rows
+
+
+def table(out: str) -> str:
+    """The markdown table of docs/reproductions.md: mean ± std over seeds (population std), BLEU scores x 100."""
     keys = [("bleu", 100), ("self_bleu", 100), ("inverse_bleu", 100), ("fed", 1), ("lcr", 1)]
-    lines = ["| model | n | BLEU-5 | Self-BLEU-5 | Inverse BLEU-5 | FED | LCR(0.65) | LCR(0.5) |", "|" + "---|" * 8]
-    for model, rs in rows.items():
+    head = "| model | seeds | BLEU-5 | Self-BLEU-5 | Inverse BLEU-5 | FED | LCR(0.65) | LCR(0.5) | LCR(0.4) | words |"
+    lines = [head, "|" + "---|" * 10]
+    for model, rs in rows(out).items():
         cells = []
         for k, scale in keys:
             v = np.array([r[k] for r in rs]) * scale
-            cells.append(f"{v.mean():.2f} ± {v.std():.2f}" if scale == 100 else f"{v.mean():.4f} ± {v.std():.4f}")
-        v = np.array([r["lcr_by_tau"]["0.5"] for r in rs])
-        cells.append(f"{v.mean():.4f} ± {v.std():.4f}")
-        lines.append(f"| {model} | {len(rs)} | " + " | ".join(cells) + " |")
+            cells.append(f"{v.mean():.2f} ± {v.std():.2f}" if scale == 100 else f"{v.mean():.3f} ± {v.std():.3f}")
+        for t in ("0.5", "0.4"):
+            v = np.array([r["lcr_by_tau"][t] for r in rs])
+            cells.append(f"{v.mean():.3f} ± {v.std():.3f}")
+        words = [r["mean_words"] for r in rs if "mean_words" in r]
+        cells.append(f"{np.mean(words):.1f}" if words else "")
+        lines.append(f"| {LABELS.get(model, model)} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

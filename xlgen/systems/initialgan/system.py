@@ -209,9 +209,8 @@ class Pipeline:
 def sample_ids(program, state, max_len: int, num: int, seed: int, chunk: int = 256) -> np.ndarray:
     """Word ids `[num, max_len]` (dropout sampling on, as in training); chunk c of `chunk` rows depends only on
     (seed, c), so the same seed gives the same sentences."""
-    models = program.modules(state)
-    fn = jax.jit(lambda key: generate(models, key, chunk, max_len)[1])
-    out = [np.asarray(fn(jax.random.fold_in(jax.random.key(seed), c))) for c in range(math.ceil(num / chunk))]
+    fn = jax.jit(lambda state, key: generate(program.modules(state), key, chunk, max_len)[1])
+    out = [np.asarray(fn(state, jax.random.fold_in(jax.random.key(seed), c))) for c in range(math.ceil(num / chunk))]
     return np.concatenate(out)[:num]
 
 
