@@ -294,12 +294,13 @@ def _save(out: str, name: str, obj) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m xlgen.reproductions.initialgan")
-    p.add_argument("what", choices=("split", "replace", "gan", "mle", "real", "table"))
+    p.add_argument("what", choices=("split", "replace", "gan", "mle", "real", "table", "compare"))
     p.add_argument("--out", default=os.path.join(REPO, "workdirs", "reproductions", "initialgan"))
     p.add_argument("--figures", default=os.path.join(REPO, "docs"))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--platform", default="cpu")
+    p.add_argument("--mle_steps", type=int, default=1500)
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -314,9 +315,11 @@ def main(argv=None) -> int:
     elif args.what == "gan":
         gan_runs(args.out, seeds, args.variants.split(","), args.platform)
     elif args.what == "mle":
-        mle_runs(args.out, seeds, args.platform)
+        mle_runs(args.out, seeds, args.platform, steps=args.mle_steps)
     elif args.what == "real":
         _save(args.out, "real.json", reference_row(args.out))
+    elif args.what == "compare":
+        print(compare(args.out))
     else:
         print(table(args.out))
     return 0
@@ -359,6 +362,35 @@ def table(out: str) -> str:
         words = [r["mean_words"] for r in rs if "mean_words" in r]
         cells.append(f"{np.mean(words):.1f}" if words else "")
         lines.append(f"| {LABELS.get(model, model)} | {len(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+PAIRS = (("initialgan", "mle"), ("initialgan", "no_ds"), ("initialgan", "ln"))
+METRICS = ("bleu", "self_bleu", "inverse_bleu", "fed", "lcr", "lcr@0.5", "mean_words")
+
+
+def _metric(r: Dict, k: str) -> float:
+    return float(r["lcr_by_tau"][k.split("@")[1]]) if "@" in k else float(r[k])
+
+
+def compare(out: str) -> str:
+    """Per pair of the paper's claims and metric: the two means, their difference, the seeds' std of each, and
+    whether the difference exceeds twice the larger std (a crude separation test at 3 seeds)."""
+    rs = rows(out)
+    lines = []
+    for a, b in PAIRS:
+        if a not in rs or b not in rs:
+            continue
+        for k in METRICS:
+            va, vb = (np.array([_metric(r, k) for r in rs[m] if k in r or "@" in k]) for m in (a, b))
+            if not len(va) or not len(vb):
+                continue
+            d = va.mean() - vb.mean()
+            sep = abs(d) > 2 * max(va.std(), vb.std())
+            lines.append(
+                f"{a} vs {b}  {k:12s} {va.mean():.4f} ± {va.std():.4f}  vs  {vb.mean():.4f} ± {vb.std():.4f}"
+                f"  diff {d:+.4f}  {'separated' if sep else 'within noise'}"
+            )
     return "\n".join(lines)
 
 
