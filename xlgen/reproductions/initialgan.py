@@ -156,7 +156,6 @@ def _score(generated: List[str], ref_file: str, seed: int) -> Dict:
 def gan_runs(out: str, seeds: List[int], variants: List[str], platform: str) -> Dict:
     """Each (variant, seed): `xlgen train` of the small config (resumed if its workdir exists), 1,000 sentences from
     the final checkpoint, scored; runs already in gan.json are kept."""
-    from xlgen import cli
     from xlgen.systems.initialgan import system
     from xlgen.train.workdir import Workdir
 
@@ -178,10 +177,7 @@ def gan_runs(out: str, seeds: List[int], variants: List[str], platform: str) -> 
                 f"--platform={platform}",
                 *VARIANTS[v],
             ]
-            t0 = time.time()
-            if cli.main(argv) != 0:
-                raise SystemExit(f"training {wd} failed")
-            train_s = time.time() - t0
+            train_s = _train(argv, wd)
             config, program, restored = Workdir(wd).open(sub="checkpoints")
             gen = system.sample_sentences(config, program, restored.state, NUM_SAMPLES, seed=1000 + seed)
             _write_lines(os.path.join(wd, "samples.txt"), gen)
@@ -196,6 +192,16 @@ def gan_runs(out: str, seeds: List[int], variants: List[str], platform: str) -> 
             }
             _save(out, "gan.json", results)
     return results
+
+
+def _train(argv: List[str], wd: str) -> float:
+    """`xlgen train ARGV` in-process; its wall time in seconds."""
+    from xlgen import cli
+
+    t0 = time.time()
+    if cli.main(argv) != 0:
+        raise SystemExit(f"training {wd} failed")
+    return time.time() - t0
 
 
 def _last_train_record(wd: str) -> Dict:
@@ -214,7 +220,6 @@ def _load(out: str, name: str) -> Dict:
 
 
 def mle_runs(out: str, seeds: List[int], platform: str, steps: int = 1500) -> Dict:
-    from xlgen import cli
     from xlgen.generate import decoder_for, load_for_generation
 
     files = split(out)
@@ -241,10 +246,7 @@ def mle_runs(out: str, seeds: List[int], platform: str, steps: int = 1500) -> Di
             f"--workdir={wd}",
             f"--platform={platform}",
         ]
-        t0 = time.time()
-        if cli.main(argv) != 0:
-            raise SystemExit(f"training {wd} failed")
-        train_s = time.time() - t0
+        train_s = _train(argv, wd)
         module, tok = load_for_generation(wd, None)
         dec = decoder_for(module, None)
         sents: List[str] = []
