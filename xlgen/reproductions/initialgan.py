@@ -129,12 +129,13 @@ def _plot_replace(res: Dict, path: str) -> None:
     rates = res["rates"]
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
     fed = np.array([res["fed"][f"{r:g}"]["mean"] for r in rates])
-    ax[0].plot(rates, fed / fed[-1], "k-o", label="FED / FED(50%)")
+    ax[0].plot(rates, fed / fed[0], "k-o", label="FED / FED(0%)")
     for t in (0.5, 0.65, 0.7):
         lcr = np.array([res["lcr"][f"{r:g}"][f"{t:g}"]["mean"] for r in rates])
         ax[0].plot(rates, lcr / lcr[0], "-o", label=f"LCR(τ={t:g}) / LCR(0%)")
     ax[0].set_xlabel("share of words replaced")
-    ax[0].set_title("relative change")
+    ax[0].axhline(1.0, color="0.7", lw=0.8)
+    ax[0].set_title("relative to the unchanged sentences")
     ax[0].legend(fontsize=7)
     ax[1].plot(rates, fed, "k-o")
     ax[1].set_xlabel("share of words replaced")
@@ -296,7 +297,7 @@ def _save(out: str, name: str, obj) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m xlgen.reproductions.initialgan")
-    p.add_argument("what", choices=("split", "replace", "gan", "mle", "real", "table", "compare"))
+    p.add_argument("what", choices=("split", "replace", "plot", "gan", "mle", "real", "table", "compare"))
     p.add_argument("--out", default=os.path.join(REPO, "workdirs", "reproductions", "initialgan"))
     p.add_argument("--figures", default=os.path.join(REPO, "docs"))
     p.add_argument("--seeds", default="0,1,2")
@@ -314,6 +315,8 @@ def main(argv=None) -> int:
             print(
                 f"p={r:.2f}  FED {res['fed'][f'{r:g}']['mean']:.4f}  LCR(0.65) {res['lcr'][f'{r:g}']['0.65']['mean']:.4f}"
             )
+    elif args.what == "plot":  # the replacement figure again from replace.json
+        _plot_replace(_load(args.out, "replace.json"), os.path.join(args.figures, "repro_initialgan_replace.png"))
     elif args.what == "gan":
         gan_runs(args.out, seeds, args.variants.split(","), args.platform)
     elif args.what == "mle":
@@ -336,6 +339,30 @@ LABELS = {
 }
 
 
+def _samples_file(out: str, key: str) -> str:
+    model, seed = key.split("/")
+    return os.path.join(out, f"mle_s{seed}" if model == "mle" else f"gan_{model}_s{seed}", "samples.txt")
+
+
+def add_diversity(out: str) -> None:
+    """Adds `distinct_sentences` (share of the samples that occur once or more, i.e. unique / total) and
+    `top_sentence_share` (the most frequent sample's share) to each run of gan.json / mle.json from its samples."""
+    for name in ("gan.json", "mle.json"):
+        data = _load(out, name)
+        for key, r in data.items():
+            path = _samples_file(out, key)
+            if not os.path.exists(path):
+                continue
+            lines = open(path, encoding="utf-8").read().split("\n")[:-1]
+            counts: Dict[str, int] = {}
+            for line in lines:
+                counts[line] = counts.get(line, 0) + 1
+            r["distinct_sentences"] = len(counts) / len(lines)
+            r["top_sentence_share"] = max(counts.values()) / len(lines)
+        if data:
+            _save(out, name, data)
+
+
 def rows(out: str) -> Dict[str, List[Dict]]:
     """{model: [result per seed]} of real.json, mle.json and gan.json."""
     out_rows: Dict[str, List[Dict]] = {}
@@ -351,8 +378,10 @@ def rows(out: str) -> Dict[str, List[Dict]]:
 def table(out: str) -> str:
     """The markdown table of docs/reproductions.md: mean ± std over seeds (population std), BLEU scores x 100."""
     keys = [("bleu", 100), ("self_bleu", 100), ("inverse_bleu", 100), ("fed", 1), ("lcr", 1)]
+    add_diversity(out)
     head = "| model | seeds | BLEU-5 | Self-BLEU-5 | Inverse BLEU-5 | FED | LCR(0.65) | LCR(0.5) | LCR(0.4) | words |"
-    lines = [head, "|" + "---|" * 10]
+    head += " distinct | empty |"
+    lines = [head, "|" + "---|" * 12]
     for model, rs in rows(out).items():
         cells = []
         for k, scale in keys:
@@ -361,14 +390,15 @@ def table(out: str) -> str:
         for t in ("0.5", "0.4"):
             v = np.array([r["lcr_by_tau"][t] for r in rs])
             cells.append(f"{v.mean():.3f} ± {v.std():.3f}")
-        words = [r["mean_words"] for r in rs if "mean_words" in r]
-        cells.append(f"{np.mean(words):.1f}" if words else "")
+        for k, fmt in (("mean_words", "{:.1f}"), ("distinct_sentences", "{:.2f}"), ("empty_fraction", "{:.2f}")):
+            v = [r[k] for r in rs if k in r]
+            cells.append(fmt.format(np.mean(v)) if v else "")
         lines.append(f"| {LABELS.get(model, model)} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 PAIRS = (("initialgan", "mle"), ("initialgan", "no_ds"), ("initialgan", "ln"))
-METRICS = ("bleu", "self_bleu", "inverse_bleu", "fed", "lcr", "lcr@0.5", "mean_words")
+METRICS = ("bleu", "self_bleu", "inverse_bleu", "fed", "lcr", "lcr@0.5", "mean_words", "distinct_sentences")
 
 
 def _metric(r: Dict, k: str) -> float:
@@ -378,6 +408,7 @@ def _metric(r: Dict, k: str) -> float:
 def compare(out: str) -> str:
     """Per pair of the paper's claims and metric: the two means, their difference, the seeds' std of each, and
     whether the difference exceeds twice the larger std (a crude separation test at 3 seeds)."""
+    add_diversity(out)
     rs = rows(out)
     lines = []
     for a, b in PAIRS:
