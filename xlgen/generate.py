@@ -2,6 +2,8 @@
 
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT [--max_new_tokens=200 --top_k=40 --top_p=1.0
                    --temperature=1.0 --seed=0 --num_samples=1 --mem_len=M --prefix=TEXT]
+    xlgen generate --workdir=DIR [--num_samples=N --seed=S]     a system that samples unconditionally (a text GAN,
+                   `Family.sample`): N sentences, one per line, the same for the same seed
 
 Decoding follows Transformer-XL's recurrence (Dai thesis §3.2, the original PyTorch repository's evaluation with
 memory): the prompt runs as one segment against an empty memory, then every new token is one segment of length 1.
@@ -319,12 +321,30 @@ def load_for_generation(workdir: Optional[str] = None, model: Optional[str] = No
     return module, tokenizer
 
 
+def _system_sampler(workdir: Optional[str]):
+    """(num_samples, seed) -> sentences when `workdir` is a run of a system whose registry record samples by itself
+    (`Family.sample`, e.g. InitialGAN), else None (the language-model path)."""
+    if workdir is None:
+        return None
+    from xlgen import config as config_lib
+    from xlgen import registry
+
+    config = config_lib.read_workdir_config(workdir)
+    family = config.model.get("family") if config is not None else None
+    if family not in registry.names() or registry.get(family).sample is None:
+        return None
+    from xlgen.train.workdir import Workdir
+
+    config, program, restored = Workdir(workdir).open()
+    return lambda num, seed: registry.get(family).sample(config, program, restored.state, workdir, num, seed)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="xlgen generate", description="Sample text from a Transformer-XL LM")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workdir", help="xlgen pretraining workdir (latest checkpoint)")
     src.add_argument("--model", help="Hugging Face TransfoXL directory (e.g. one written by xlgen export)")
-    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--prompt", default=None, help="text to continue (language models; required there)")
     p.add_argument("--prefix", default="", help="text fed before the prompt and not printed (XLNet: padding text)")
     p.add_argument("--max_new_tokens", type=int, default=200)
     p.add_argument("--top_k", type=int, default=40, help="sample among the k most likely tokens (0: all)")
@@ -339,6 +359,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
     try:
+        hook = _system_sampler(args.workdir)
+        if hook is not None:
+            if args.prompt:
+                raise ValueError(f"{args.workdir}: this system samples unconditionally; it takes no --prompt")
+            for line in hook(args.num_samples, args.seed):
+                print(line, flush=True)
+            return 0
+        if args.prompt is None:
+            raise ValueError("--prompt is required to sample from a language model")
         module, tokenizer = load_for_generation(args.workdir, args.model)
         prompt_ids = list(tokenizer.encode(args.prefix + args.prompt))
         decoder = decoder_for(module, args.mem_len)

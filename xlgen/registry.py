@@ -28,6 +28,7 @@ SYSTEMS: Dict[str, str] = {
     "badgan": "xlgen.systems.gan.system:BADGAN",
     "planetoid": "xlgen.systems.planetoid.system:FAMILY",
     "gdan": "xlgen.systems.gdan.system:FAMILY",
+    "initialgan": "xlgen.systems.initialgan.system:FAMILY",
 }
 
 # config.objective -> "module:attribute" of an Objective that works with any family's finetuning heads

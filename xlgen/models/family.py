@@ -39,12 +39,16 @@ entry; the data pipeline follows from the objective.
                        counted (no MFU)
     hf_bench           `HFBench`: how `xlgen bench --compare-hf` builds the Hugging Face PyTorch counterpart of a
                        config's model (in the family's own `hf_bench.py`); None = not compared
+    sample             (config, program, state, workdir, num_samples, seed) -> [sentence]: `xlgen generate
+                       --workdir=W` for a system that generates text unconditionally (a text GAN) from the workdir's
+                       restored state, the same sentences for the same seed; None = the language-model decoders of
+                       `xlgen.generate` (a prompt, memory)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -139,6 +143,7 @@ class Family:
     to_hf: Optional[Callable[[Any], Tuple[Dict[str, Any], Dict[str, np.ndarray]]]] = None
     hf_wordpiece: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"tokenizer_class": "BertTokenizer"})
     hf_bench: Optional[HFBench] = None
+    sample: Optional[Callable[..., List[str]]] = None
 
     def model_config(self, model_section: Mapping[str, Any], **overrides):
         """`config_class` from a `config.model` mapping (its `family` key ignored), lists as tuples; an unknown key

@@ -183,12 +183,13 @@ ones = nnx.initializers.ones_init()
 
 
 class LayerNorm(nnx.Module):
-    """LayerNorm over the last axis (width `embed`), computed in float32. Post-LN everywhere in the XL family."""
+    """LayerNorm over the last axis (logical name `axis`, default `embed`), computed in float32. Post-LN everywhere in
+    the XL family."""
 
-    def __init__(self, dim: int, *, eps: float = 1e-12, rngs: nnx.Rngs):
+    def __init__(self, dim: int, *, eps: float = 1e-12, axis: str = "embed", rngs: nnx.Rngs):
         self.eps = eps
-        self.scale = param(rngs, ones, (dim,), ("embed",))
-        self.bias = param(rngs, zeros, (dim,), ("embed",))
+        self.scale = param(rngs, ones, (dim,), (axis,))
+        self.bias = param(rngs, zeros, (dim,), (axis,))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         xf = x.astype(jnp.float32)

@@ -36,6 +36,9 @@ The program reuses the single-player program's pieces: parameter shardings from 
 (`xlgen.sharding`), batches sharded over the data axes, state created directly sharded by a jitted init, the step
 jitted with in/out shardings and the state donated. It duck-types `xlgen.train.program.Program` for the loop
 (`init_state`, `train_step`, `abstract_state`, `batch_shardings`, `mems_shape=None`, ...).
+
+A system's registry entry holds a game as an `Objective` (`game_objective(name, make_game, pipeline, evaluate)`):
+`xlgen train` builds this program from `Objective.game(config)`, `Objective.evaluate` is its evaluation.
 """
 
 from __future__ import annotations
@@ -87,19 +90,19 @@ def _game_only(*args, **kwargs):
     raise ValueError("a multi-player objective trains through its game (Objective.game), not a single loss")
 
 
-def game_objective(name: str, game: Callable[[Any], Game], pipeline, evaluate) -> Objective:
-    """The `Objective` of a game: `game(config) -> Game`, the data `pipeline` (as `Objective.pipeline`) and the
+def game_objective(name: str, make_game: Callable[[Any], Game], pipeline, evaluate=None) -> Objective:
+    """The `Objective` of a game: `make_game(config) -> Game`, the data `pipeline` (as `Objective.pipeline`) and the
     system's `evaluate(config, program, state, out_dir, full)`."""
     return Objective(
         name=name,
-        make_model=lambda config, rngs, train: Players(game(config), rngs),
-        batch_shapes=lambda config, split: game(config).batch_shapes,
+        make_model=lambda config, rngs, train: Players(make_game(config), rngs),
+        batch_shapes=lambda config, split: make_game(config).batch_shapes,
         loss=_game_only,
         eval_loss=_game_only,
         pipeline=pipeline,
-        tokens_per_step=lambda config: game(config).examples_per_step,
+        tokens_per_step=lambda config: make_game(config).examples_per_step,
         eval_metrics=lambda loss, config: {},
-        game=game,
+        game=make_game,
         evaluate=evaluate,
     )
 
