@@ -216,11 +216,14 @@ class Dense(nnx.Module):
         kernel_init: Optional[Callable] = None,
         rngs: nnx.Rngs,
     ):
-        self.n_in = len(in_shape)
+        self.n_in, self.n_out = len(in_shape), len(out_shape)
         self.kernel = param(
             rngs, kernel_init or normal(init_std), tuple(in_shape) + tuple(out_shape), tuple(in_axes) + tuple(out_axes)
         )
         self.bias = param(rngs, zeros, tuple(out_shape), tuple(out_axes)) if use_bias else None
+        # low-rank adapter (LoRA, `xlgen.models.lora.attach`): y += lora_scale * (x A) B, off while None
+        self.lora_a = self.lora_b = None
+        self.lora_scale = 0.0
 
     def __call__(self, x: jax.Array, *, gather_input_dims: bool = False) -> jax.Array:
         """`gather_input_dims`: the kernel's input dimensions are gathered (replicated) before the product, the
@@ -231,7 +234,11 @@ class Dense(nnx.Module):
         if gather_input_dims:
             k = constrain(k, (None,) * self.n_in + (UNCONSTRAINED,) * (k.ndim - self.n_in))
         k = k.astype(x.dtype)
-        y = jnp.tensordot(x, k, axes=(tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))))
+        x_axes = tuple(range(x.ndim - self.n_in, x.ndim))
+        y = jnp.tensordot(x, k, axes=(x_axes, tuple(range(self.n_in))))
+        if self.lora_a is not None:  # (x A) B: the adapter's product never forms a kernel-sized matrix
+            xa = jnp.tensordot(x, self.lora_a[...].astype(x.dtype), axes=(x_axes, tuple(range(self.n_in))))
+            y = y + self.lora_scale * jnp.tensordot(xa, self.lora_b[...].astype(x.dtype), axes=1)
         if self.bias is not None:
             y = y + self.bias[...].astype(y.dtype)
         return y
