@@ -159,3 +159,30 @@ def test_bad_patterns_are_clear_errors(data, tmp_path):
     with pytest.raises(ValueError, match="finetune.freeze='nothing_here': matches no parameter"):
         cfg = _config(data, str(tmp_path), **{"finetune.freeze": "nothing_here"})
         build_program(cfg, sharding.make_mesh(cfg.mesh))
+
+
+CONFIGS = sorted(
+    os.path.join(ROOT, "configs", "finetune", f)
+    for f in os.listdir(os.path.join(ROOT, "configs", "finetune"))
+    if f.endswith(".py") and f not in ("__init__.py", "common.py")
+)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
+def test_every_finetune_config_takes_the_new_keys(path):
+    """`xlgen finetune --config=configs/finetune/<x>.py --config.max_segments=N --config.finetune.lora.rank=R ...`"""
+    from xlgen import config as config_lib
+
+    over = {
+        "max_segments": "4",
+        "finetune.mem_len": "256",
+        "finetune.segment_pool": "mean",
+        "finetune.freeze": "^transformer[.]word_embedding",
+        "finetune.lora.rank": "8",
+        "finetune.lora.alpha": "32",
+    }
+    c = config_lib.load_config(path, over)
+    assert (c.max_segments, c.finetune.mem_len, c.finetune.segment_pool) == (4, 256, "mean")
+    assert (c.finetune.freeze, c.finetune.lora.rank, c.finetune.lora.alpha) == (over["finetune.freeze"], 8, 32.0)
+    defaults = config_lib.load_config(path, {})
+    assert defaults.max_segments == 0 and defaults.finetune.lora.rank == 0 and defaults.finetune.freeze == ""

@@ -202,6 +202,8 @@ class Dense(nnx.Module):
     """y = x @ kernel (+ bias); kernel shape `in_shape + out_shape` with logical names `in_axes + out_axes`.
 
     E.g. a head projection d_model -> (n_head, d_head): `Dense((d,), (n, dh), ("embed",), ("heads", "kv"))`.
+    `xlgen.models.lora.attach` may give it a low-rank adapter (`lora_a`, `lora_b`, `lora_scale`):
+    y = x @ kernel + lora_scale * (x @ lora_a) @ lora_b (+ bias).
     """
 
     def __init__(
@@ -221,9 +223,6 @@ class Dense(nnx.Module):
             rngs, kernel_init or normal(init_std), tuple(in_shape) + tuple(out_shape), tuple(in_axes) + tuple(out_axes)
         )
         self.bias = param(rngs, zeros, tuple(out_shape), tuple(out_axes)) if use_bias else None
-        # low-rank adapter (LoRA, `xlgen.models.lora.attach`): y += lora_scale * (x A) B, off while None
-        self.lora_a = self.lora_b = None
-        self.lora_scale = 0.0
 
     def __call__(self, x: jax.Array, *, gather_input_dims: bool = False) -> jax.Array:
         """`gather_input_dims`: the kernel's input dimensions are gathered (replicated) before the product, the
@@ -236,8 +235,9 @@ class Dense(nnx.Module):
         k = k.astype(x.dtype)
         x_axes = tuple(range(x.ndim - self.n_in, x.ndim))
         y = jnp.tensordot(x, k, axes=(x_axes, tuple(range(self.n_in))))
-        if self.lora_a is not None:  # (x A) B: the adapter's product never forms a kernel-sized matrix
-            xa = jnp.tensordot(x, self.lora_a[...].astype(x.dtype), axes=(x_axes, tuple(range(self.n_in))))
+        lora_a = getattr(self, "lora_a", None)  # a low-rank adapter, `xlgen.models.lora.attach`
+        if lora_a is not None:  # y += lora_scale * (x A) B: the adapter never forms a kernel-sized matrix
+            xa = jnp.tensordot(x, lora_a[...].astype(x.dtype), axes=(x_axes, tuple(range(self.n_in))))
             y = y + self.lora_scale * jnp.tensordot(xa, self.lora_b[...].astype(x.dtype), axes=1)
         if self.bias is not None:
             y = y + self.bias[...].astype(y.dtype)
