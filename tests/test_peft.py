@@ -129,8 +129,8 @@ def test_merge_folds_adapters_on_scanned_and_multi_axis_kernels():
         0.5,
     )
     assert set(merged) == {"l.q.kernel", "o.kernel"}
-    np.testing.assert_allclose(merged["l.q.kernel"], w_q + 0.5 * np.einsum("ldr,lrhk->ldhk", a_q, b_q), rtol=1e-5)
-    np.testing.assert_allclose(merged["o.kernel"], w_o + 0.5 * np.einsum("hkr,rd->hkd", a_o, b_o), rtol=1e-5)
+    np.testing.assert_allclose(merged["l.q.kernel"], w_q + 0.5 * np.einsum("ldr,lrhk->ldhk", a_q, b_q), atol=1e-5)
+    np.testing.assert_allclose(merged["o.kernel"], w_o + 0.5 * np.einsum("hkr,rd->hkd", a_o, b_o), atol=1e-5)
 
 
 def test_freeze_regex_keeps_embeddings_and_first_layer_bitwise(data, tmp_path):
