@@ -73,8 +73,9 @@ def encode_segments(
         jnp.zeros((B,), jnp.float32),
     )
     xs = (seg_major(input_ids), seg_major(attention_mask)) + (() if types is None else (types,))
-    (rest, mems, _, h_last, pooled, count), _ = jax.lax.scan(body, carry, xs)
-    nnx.update(transformer, rest)
+    # the advanced dropout streams are not written back: nothing after the scan draws from the encoder's streams,
+    # and the module's own RNG variables may belong to an outer trace (the predictor's)
+    (_, mems, _, h_last, pooled, count), _ = jax.lax.scan(body, carry, xs)
     if pool == "mean":
         return (pooled / jnp.maximum(count, 1.0)[:, None])[:, None].astype(h_last.dtype), mems
     return h_last, mems
