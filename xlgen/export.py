@@ -215,7 +215,10 @@ def export_workdir(workdir: str, out_dir: str, step: Optional[int] = None, with_
     from xlgen.train.workdir_model import restore_params
 
     config, program, params, _ = restore_params(workdir, step)
-    module = program.make_model(params, train=False)
+    from xlgen.finetune.peft import lora_rank, merged_model
+
+    # a LoRA finetune: the adapters folded into the weights, so transformers loads a plain model
+    module = merged_model(config, program, params) if lora_rank(config) else program.make_model(params, train=False)
     if type(module).__name__ == "FunnelElectra":  # the discriminator is the model users finetune
         module = module.discriminator
     tokenizer = workdir_tokenizer(config, workdir) if with_tokenizer else None

@@ -312,6 +312,38 @@ def param_group_scales(
     return scales, frozen_mask, matched
 
 
+def frozen_parameters(config, names: Sequence[str]) -> Optional[frozenset]:
+    """The parameters that leave the optimizer entirely (no gradient computed, no optimizer state, carried in the
+    train state's `frozen` subtree), or None: `finetune.freeze` (a regex, matched like an
+    `optimizer.param_groups` pattern with `frozen=True`) and, with `finetune.lora.rank > 0`, every non-adapter
+    parameter except those matching `finetune.lora.trainable` (default: the task head). A frozen
+    `optimizer.param_groups` entry keeps its own semantics (zero gradient and update, moments kept)."""
+    ft = config.get("finetune", None)
+    if ft is None:
+        return None
+    frozen = set()
+    regex = str(ft.get("freeze", "") or "")
+    if regex:
+        try:
+            _, mask, _ = param_group_scales(list(names), ({"pattern": regex, "frozen": True},), 1.0)
+        except ValueError as e:  # the group's message, under the key the user set
+            raise ValueError(f"finetune.freeze={regex!r}: {str(e).split(': ', 1)[1]}") from None
+        frozen |= {n for n, f in mask.items() if f}
+    lora = ft.get("lora", None)
+    if lora is not None and int(lora.get("rank", 0) or 0) > 0:
+        from xlgen.models.lora import TRAINABLE, is_adapter
+
+        keep = str(lora.get("trainable", TRAINABLE) or "")
+        try:
+            keep_re = re.compile(keep) if keep else None
+        except re.error as e:
+            raise ValueError(f"finetune.lora.trainable={keep!r}: not a regex ({e})") from None
+        frozen |= {n for n in names if not is_adapter(n) and not (keep_re and keep_re.search(n))}
+    if regex and len(frozen) == len(names):
+        raise ValueError(f"finetune.freeze={regex!r}: freezes every parameter, nothing would train")
+    return frozenset(frozen) or None
+
+
 def make_optimizer(
     opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str] = None
 ) -> Tuple[optax.GradientTransformation, optax.Schedule]:

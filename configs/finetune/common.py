@@ -9,6 +9,7 @@ from ml_collections import ConfigDict
 
 from configs.pretrain import xlnet
 from xlgen.config import base_config
+from xlgen.models import lora
 
 # XLNet-Large (cased_L-24_H-1024_A-16) as finetuned: no memory, one direction, the heads' settings; used only when
 # init_from is empty.
@@ -67,6 +68,27 @@ def finetune_config(
         )
     )  # derived (FLOPs accounting); do not set
     c.squad = ConfigDict(dict(max_answer_length=64, start_n_top=5, end_n_top=5, n_best_size=5))
+    # Long documents (classification, regression, multiple choice; XLNet): up to max_segments consecutive segments of
+    # data.max_seq_length per document, the memory carried across them; 0 = truncate to one window (docs/finetuning.md)
+    c.max_segments = 0
+    # Parameter-efficient finetuning (xlgen/finetune/peft.py): freeze = regex over parameter names (frozen ones leave
+    # the optimizer); lora.rank > 0 = low-rank adapters on the Dense projections matching lora.targets, scaled by
+    # alpha / rank, with every other parameter frozen except those matching lora.trainable (the task head)
+    c.finetune = ConfigDict(
+        dict(
+            mem_len=0,  # memory length with max_segments > 0 (0 = data.max_seq_length)
+            segment_pool="last",  # the head reads the last segment's <cls>, or "mean": the mean state of the document
+            freeze="",
+            lora=ConfigDict(
+                dict(
+                    rank=0,
+                    alpha=16.0,
+                    targets=lora.TARGETS,  # regex over Dense module paths: the attention projections
+                    trainable=lora.TRAINABLE,  # non-adapter parameters that still train: the task head
+                )
+            ),
+        )
+    )
     # XLNet finetuning as the original scripts ran it (run_classifier.py / run_squad.py / run_race.py with
     # weight_decay 0 -> tf.train.AdamOptimizer; model_utils.get_train_op): linear decay to 0, clip 1.0, no weight
     # decay, TF's Adam update (update_rule="original": eps outside the bias correction), layer-wise decay by

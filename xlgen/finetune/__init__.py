@@ -12,7 +12,8 @@
    cached as `.npz` under `DIR/cache/` keyed by everything that affects them.
 3. Training reuses the trainer's program (`build_program`: sharding, jitted/donated step, optimizer with warmup,
    decay, clipping and layer-wise LR decay), checkpoints (`DIR/checkpoints/`, resumable by re-running) and
-   metrics writer (`DIR/metrics.jsonl`, TensorBoard).
+   metrics writer (`DIR/metrics.jsonl`, TensorBoard). Long documents: `max_segments` segments per document with
+   XLNet's memory carried across them; `finetune.freeze` / `finetune.lora.*` train a part of the model only.
 4. Every `eval_every_steps` and at the end the dev split(s) are evaluated with the task's official metrics. The best
    checkpoint by the task's primary metric is kept in `DIR/best/`, and for it `DIR/eval_results.json` and the
    prediction files are written (temp file + rename): GLUE `dev_predictions*.tsv` and submission TSVs
@@ -26,6 +27,7 @@ The package, one job per module:
     config.py      the architecture resolved from `init_from`, overrides, the workdir's stored config.json
     data.py        tokenizer, task examples and features (cached under `workdir/cache/`)
     init_from.py   pretrained parameters and the partial restore by name and shape
+    peft.py        parameter-efficient finetuning: LoRA adapters from the config, merged weights for export
     evaluation.py  the jitted predictor, the task's official metrics per dev split
     outputs.py     eval_results.json, prediction files, GLUE submissions
     run.py         `xlgen finetune` (main), finetune(config, workdir) and evaluate(config, workdir)

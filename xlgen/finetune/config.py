@@ -51,9 +51,12 @@ def resolve_config(config, model_overrides: Dict[str, str] = ()):
             config.model = ConfigDict(config_lib._tuplify(section), type_safe=True)
     for k, v in dict(model_overrides).items():
         config_lib.apply_override(config, f"model.{k}", v)
+    from xlgen.finetune.objective import max_segments
+
+    n_seg = max(max_segments(config), 1)  # an unsupported task / family is an error naming max_segments
     with config.unlocked():
         config.objective = "finetune"
-        L = int(config.data.max_seq_length)
+        L = int(config.data.max_seq_length) * n_seg
         config.data.seq_len = L * (task.num_labels if task.kind == "multiple_choice" else 1)  # FLOPs accounting
         config.data.num_predict = 0
     return config

@@ -106,12 +106,14 @@ def _save_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
 
 def split_examples_and_features(config, tokenizer, split: str, workdir: Optional[str]):
     """(examples, features) of `split`, features cached in `workdir/cache/`."""
+    from xlgen.finetune.objective import max_segments
     from xlgen.finetune.readers.features import choice_features, text_features
     from xlgen.finetune.readers.squad import squad_features
     from xlgen.finetune.tasks import get_task
 
     task = get_task(config.task)
     d = config.data
+    n_seg = max_segments(config)
     examples = task.read(config.data_dir, split, skip_malformed=bool(d.skip_malformed))
     if not examples:
         raise ValueError(f"{config.data_dir}: split {split!r} of {task.name} has no examples")
@@ -128,6 +130,7 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
                 "features-v2",  # XLNet "<digits>," split as pretraining, Funnel RACE qa first: older caches are stale
             ],
             "data": {k: d[k] for k in ("max_seq_length", "doc_stride", "max_query_length", "max_qa_length")},
+            **({"max_segments": n_seg} if n_seg else {}),
         },
         sort_keys=True,
     )
@@ -152,15 +155,34 @@ def split_examples_and_features(config, tokenizer, split: str, workdir: Optional
         feats = token_features(examples, tokenizer, task.label_names, max_seq_length=int(d.max_seq_length))
     elif task.kind == "multiple_choice":
         feats = choice_features(
-            examples, tokenizer, max_seq_length=int(d.max_seq_length), max_qa_length=int(d.max_qa_length)
+            examples,
+            tokenizer,
+            max_seq_length=max(n_seg, 1) * int(d.max_seq_length),
+            max_qa_length=int(d.max_qa_length),
         )
     else:
         feats = text_features(
-            examples, tokenizer, max_seq_length=int(d.max_seq_length), regression=task.kind == "regression"
+            examples,
+            tokenizer,
+            max_seq_length=max(n_seg, 1) * int(d.max_seq_length),
+            regression=task.kind == "regression",
         )
+    if n_seg:
+        feats = segmented(feats, n_seg, int(d.max_seq_length))
     if cache and _is_main():
         _save_npz(cache, feats)
     return examples, feats
+
+
+def segmented(feats: Dict[str, np.ndarray], n_seg: int, seq_len: int) -> Dict[str, np.ndarray]:
+    """Features packed to n_seg * seq_len pieces -> `[..., n_seg, seq_len]`: consecutive segments of the document.
+    In the XLNet layout (left padding, `<cls>` last) a short document's leading segments are all padding (the
+    bucket's unused slots) and the last segment always ends with `<cls>`; the recurrence skips empty slots."""
+    out = dict(feats)
+    for k in ("input_ids", "token_type_ids", "attention_mask"):
+        v = feats[k]
+        out[k] = v.reshape(v.shape[:-1] + (n_seg, seq_len))
+    return out
 
 
 def _is_main() -> bool:

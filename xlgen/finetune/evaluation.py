@@ -31,9 +31,7 @@ class Predictor:
             model = materialize(spec.abstract, params, rest=rest)
             return forward(model, batch, config, train=False)
 
-        self._predict = jax.jit(
-            predict, in_shardings=(program.state_shardings["params"], self.shardings), out_shardings=rep
-        )
+        self._predict = jax.jit(predict, in_shardings=(program.param_shardings, self.shardings), out_shardings=rep)
 
     def __call__(self, params, features: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """Outputs for every row of `features` (eval batches padded; padding rows dropped)."""

@@ -25,9 +25,11 @@ def pretrained_params(init_from: str) -> Dict[str, np.ndarray]:
     workdir, step, sub = Workdir.parse(init_from)
     if sub is None and step is not None:
         sub = "checkpoints"
-    _, _, restored = workdir.open(step=step, sub=sub)
-    state = restored.state
-    return {k: np.asarray(jax.device_get(v)) for k, v in state["params"].items()}
+    config, program, restored = workdir.open(step=step, sub=sub)
+    params = {k: np.asarray(jax.device_get(v)) for k, v in program.params_of(restored.state).items()}
+    from xlgen.finetune.peft import merged_params
+
+    return merged_params(config, params)  # a LoRA run: its adapters folded into the weights
 
 
 def match_pretrained(
@@ -77,11 +79,10 @@ def load_pretrained_into(state, program, source: Dict[str, np.ndarray], init_fro
             f"init_from={init_from}: no parameter matches the task model by name and shape "
             f"(pretrained has e.g. {sorted(source)[:5]}, the task model {sorted(shapes)[:5]})"
         )
-    shardings = program.state_shardings["params"]
-    params = dict(state["params"])
+    shardings = program.param_shardings
+    params = dict(program.params_of(state))
     for t, s in mapping.items():
         params[t] = jax.device_put(source[s].astype(np.dtype(program.train_spec.dtypes[t])), shardings[t])
-    state = dict(state)
-    state["params"] = params
+    state = program.with_params(state, params)
     report = {"loaded": len(mapping), "fresh": fresh, "unused": unused}
     return state, report

@@ -8,6 +8,14 @@ Models (heads owned by the model files; "<cls>" summary, fresh head parameters):
     xlnet    XLNetForSequenceClassification  XLNetForMultipleChoice    XLNetForQuestionAnswering (beam head)
     funnel   FunnelForSequenceClassification FunnelForMultipleChoice   FunnelForQuestionAnswering (decoder)
 
+Long documents (`max_segments` = N > 0; classification, regression, multiple choice on a family with
+`segment_heads`): inputs `[b, N, L]` (RACE `[b, 4, N, L]`), the N segments of `data.max_seq_length` encoded with
+the memory carried across them (`finetune.mem_len`, 0 = L), the head on the last segment or the pooled document
+(`finetune.segment_pool`); N = 0 is the one-window model, unchanged.
+
+Parameter-efficient finetuning: `finetune.lora.rank` > 0 attaches adapters to the head model
+(`xlgen.finetune.peft`); what is frozen leaves the optimizer (`xlgen.optim.frozen_parameters`).
+
 Losses (XLNet `function_builder.py`, Funnel `classifier.py`/`squad.py`):
     classification  mean cross-entropy;  regression  mean squared error of the single logit;
     multiple choice cross-entropy over the options;
@@ -44,12 +52,40 @@ def model_cfg(config):
 
 
 def make_model(config, rngs, train: bool):
-    """The family's head for the task's kind (`Family.heads`)."""
+    """The family's head for the task's kind (`Family.heads`), with the config's LoRA adapters."""
+    from xlgen.finetune.peft import attach_adapters
+
     task = get_task(config.task)
     family = registry.get(config.model.family)
-    return family.head(
+    model = family.head(
         task.kind, model_cfg(config), num_labels=num_labels(config), answerability=task.version == "v2.0", rngs=rngs
     )
+    return attach_adapters(model, config, rngs)
+
+
+def max_segments(config) -> int:
+    """Segments per document (`max_segments`; 0 = one truncated window). Errors name the key when the task or
+    the model family has no segment-recurrent head."""
+    n = int(config.get("max_segments", 0) or 0)
+    if n < 0:
+        raise ValueError(f"config.max_segments={n}: must be >= 0 (0 = truncate to one window)")
+    if n:
+        kind = get_task(config.task).kind
+        family = registry.get(config.model.family)
+        if kind not in family.segment_heads:
+            raise ValueError(
+                f"config.max_segments={n}: task {config.task} ({kind}) on model.family={family.name!r} has no "
+                f"segment-recurrent head (supported: {list(family.segment_heads) or 'none, no memory'})"
+            )
+    return n
+
+
+def segment_kwargs(config) -> Dict[str, object]:
+    """The head's keyword arguments for N segments: {} when `max_segments` is 0."""
+    if not max_segments(config):
+        return {}
+    ft = config.finetune
+    return {"mem_len": int(ft.mem_len) or int(config.data.max_seq_length), "segment_pool": str(ft.segment_pool)}
 
 
 def batch_shapes(config, split: str):
@@ -58,15 +94,16 @@ def batch_shapes(config, split: str):
     b = int(d.batch_size) if split == "train" else int(d.eval_batch_size)
     L = int(d.max_seq_length)
     i32, f32 = jnp.int32, jnp.float32
+    seq = (max_segments(config), L) if max_segments(config) else (L,)  # [N, L]: N segments with memory
     if task.kind == "multiple_choice":
         n = task.num_labels
         return {
-            "input_ids": ((b, n, L), i32),
-            "token_type_ids": ((b, n, L), i32),
-            "attention_mask": ((b, n, L), i32),
+            "input_ids": ((b, n) + seq, i32),
+            "token_type_ids": ((b, n) + seq, i32),
+            "attention_mask": ((b, n) + seq, i32),
             "labels": ((b,), i32),
         }
-    spec = {"input_ids": ((b, L), i32), "token_type_ids": ((b, L), i32), "attention_mask": ((b, L), i32)}
+    spec = {"input_ids": ((b,) + seq, i32), "token_type_ids": ((b,) + seq, i32), "attention_mask": ((b,) + seq, i32)}
     if task.kind == "squad":
         spec.update(
             {
@@ -91,7 +128,7 @@ def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
     fam = config.model.family
     common = dict(token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"])
     if task.kind != "squad":
-        out = model(batch["input_ids"], **common)
+        out = model(batch["input_ids"], **common, **segment_kwargs(config))
         logits = out[0] if isinstance(out, tuple) else out.logits  # XLNet: (logits, mems); Funnel: FunnelOutput
         return {"logits": logits.astype(jnp.float32)}
     family = registry.get(fam)

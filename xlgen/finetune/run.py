@@ -98,8 +98,9 @@ def command(
     return 0
 
 
-def finetune(config, workdir: str) -> Dict[str, Any]:
-    """Train (or resume) to config.total_steps with dev evaluation; returns the best eval results.
+def finetune(config, workdir: str, stop_at: Optional[int] = None) -> Dict[str, Any]:
+    """Train (or resume) to config.total_steps (or save and stop at `stop_at`, the schedule unchanged) with dev
+    evaluation; returns the best eval results.
 
     Finetuning supplies the pieces, the trainer's loop (`xlgen.train.loop.run`) runs them: the task objective
     (`build_program`), a pipeline of tokenized features, the initialisation from `init_from` (fresh runs only), and
@@ -114,10 +115,10 @@ def finetune(config, workdir: str) -> Dict[str, Any]:
     cleanup = paths.removed_on_failure(wd.path, keep=("checkpoints", "best")) if _is_main() else None
     with cleanup or contextlib.nullcontext():
         with guards.WorkdirLock(wd.path, enabled=_is_main()):  # a second live run on the workdir fails at once
-            return _finetune(config, wd, t_begin)
+            return _finetune(config, wd, t_begin, stop_at)
 
 
-def _finetune(config, wd: Workdir, t_begin: float) -> Dict[str, Any]:
+def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None) -> Dict[str, Any]:
     from xlgen import sharding
     from xlgen.finetune.readers.pipeline import FeaturePipeline
     from xlgen.finetune.tasks import get_task
@@ -166,7 +167,7 @@ def _finetune(config, wd: Workdir, t_begin: float) -> Dict[str, Any]:
     artefacts: Dict[str, Any] = {}
 
     def dev_eval(state, step):
-        res, arts = run_evaluation(config, predictor, state["params"], dev, step)
+        res, arts = run_evaluation(config, predictor, program.params_of(state), dev, step)
         artefacts.update(results=res, files=arts)
         return {k: v for k, v in res.items() if k != "step"}
 
@@ -174,7 +175,7 @@ def _finetune(config, wd: Workdir, t_begin: float) -> Dict[str, Any]:
         if is_main:
             write_artefacts(workdir, artefacts["results"], artefacts["files"])
             if bool(config.eval.predict_test):
-                write_test_predictions(config, predictor, state["params"], tokenizer, workdir)
+                write_test_predictions(config, predictor, program.params_of(state), tokenizer, workdir)
 
     best = loop.BestCheckpoint(wd, task.primary_metric, "max", on_new_best)
     evaluation = loop.Evaluation(
@@ -188,6 +189,7 @@ def _finetune(config, wd: Workdir, t_begin: float) -> Dict[str, Any]:
             pipe,
             evaluation=evaluation,
             initialize=initialize,
+            stop_at=stop_at,
             meta={"task": task.name},
             t_begin=t_begin,
         )
@@ -220,9 +222,9 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
             raise FileNotFoundError(f"{wd.checkpoint_dir(sub)}: no checkpoint to evaluate")
         state, _, _, step = restored
         predictor = Predictor(program)
-        res, arts = run_evaluation(config, predictor, state["params"], dev, step)
+        res, arts = run_evaluation(config, predictor, program.params_of(state), dev, step)
         if _is_main():
             write_artefacts(workdir, res, arts)
             if bool(config.eval.predict_test):
-                write_test_predictions(config, predictor, state["params"], tokenizer, workdir)
+                write_test_predictions(config, predictor, program.params_of(state), tokenizer, workdir)
     return res

@@ -23,6 +23,8 @@ entry; the data pipeline follows from the objective.
                        objective's names (training: start/end logits, cls_logits; inference: the family's
                        beam arrays or logits)
     finetune_overrides num_labels -> {config field: value} applied to `config_class` for finetuning
+    segment_heads      the task kinds whose heads take N segments `[b, (c,) N, l]` with the memory carried across
+                       them (`max_segments`, XLNet `recurrence.py`); empty = no segment-recurrent finetuning
     input_style        task-input layout of the family's finetuning inputs (`xlgen.finetune.readers.features`):
                        "cls_last" (XLNet: <cls> last, left padding) or "cls_first" (BERT, Funnel: <cls> first);
                        None for a family without finetuning heads
@@ -139,6 +141,7 @@ class Family:
     heads: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
     squad_outputs: Optional[Callable[..., Dict[str, Any]]] = None
     finetune_overrides: Callable[[int], Dict[str, Any]] = lambda num_labels: {}
+    segment_heads: Tuple[str, ...] = ()
     input_style: Optional[str] = None
     to_hf: Optional[Callable[[Any], Tuple[Dict[str, Any], Dict[str, np.ndarray]]]] = None
     hf_wordpiece: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"tokenizer_class": "BertTokenizer"})

@@ -203,6 +203,8 @@ class Dense(nnx.Module):
     """y = x @ kernel (+ bias); kernel shape `in_shape + out_shape` with logical names `in_axes + out_axes`.
 
     E.g. a head projection d_model -> (n_head, d_head): `Dense((d,), (n, dh), ("embed",), ("heads", "kv"))`.
+    `xlgen.models.lora.attach` may give it a low-rank adapter (`lora_a`, `lora_b`, `lora_scale`):
+    y = x @ kernel + lora_scale * (x @ lora_a) @ lora_b (+ bias).
     """
 
     def __init__(
@@ -217,7 +219,7 @@ class Dense(nnx.Module):
         kernel_init: Optional[Callable] = None,
         rngs: nnx.Rngs,
     ):
-        self.n_in = len(in_shape)
+        self.n_in, self.n_out = len(in_shape), len(out_shape)
         self.kernel = param(
             rngs, kernel_init or normal(init_std), tuple(in_shape) + tuple(out_shape), tuple(in_axes) + tuple(out_axes)
         )
@@ -232,7 +234,12 @@ class Dense(nnx.Module):
         if gather_input_dims:
             k = constrain(k, (None,) * self.n_in + (UNCONSTRAINED,) * (k.ndim - self.n_in))
         k = k.astype(x.dtype)
-        y = jnp.tensordot(x, k, axes=(tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))))
+        x_axes = tuple(range(x.ndim - self.n_in, x.ndim))
+        y = jnp.tensordot(x, k, axes=(x_axes, tuple(range(self.n_in))))
+        lora_a = getattr(self, "lora_a", None)  # a low-rank adapter, `xlgen.models.lora.attach`
+        if lora_a is not None:  # y += lora_scale * (x A) B: the adapter never forms a kernel-sized matrix
+            xa = jnp.tensordot(x, lora_a[...].astype(x.dtype), axes=(x_axes, tuple(range(self.n_in))))
+            y = y + self.lora_scale * jnp.tensordot(xa, self.lora_b[...].astype(x.dtype), axes=1)
         if self.bias is not None:
             y = y + self.bias[...].astype(y.dtype)
         return y

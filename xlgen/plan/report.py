@@ -71,7 +71,7 @@ def plan(
         breakdown["mems"] = _bytes_per_device(extra)
         breakdown["total"] = total + breakdown["mems"]
     report["num_params"] = (
-        sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"]))
+        sum(math.prod(x.shape) for x in jax.tree.leaves((state["params"], state.get("frozen", {}))))
         if isinstance(state, dict) and "params" in state
         else None
     )

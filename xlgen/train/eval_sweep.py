@@ -101,7 +101,7 @@ def run(config, workdir: str, mem_lens: List[int], json_path: Optional[str] = No
                 if restored is None:
                     raise FileNotFoundError(f"{ckpt_dir}: no checkpoint to evaluate")
                 state, _, _, step = restored
-                params = state["params"]
+                params = program.params_of(state)
             res = loop.run_eval(program, params, pipe, loop._eval_steps(cfg, pipe))
         log.info("eval mem_len %d: %s", m, "  ".join(f"{k} {v:.5g}" for k, v in res.items()))
         results.append({"mem_len": int(m), **res})

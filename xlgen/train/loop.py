@@ -648,7 +648,7 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float, resta
         def eval_fn(state, step):
             if not eval_pipe:
                 eval_pipe.append(make_pipeline(config, config.eval.split))
-            return run_eval(program, state["params"], eval_pipe[0], _eval_steps(config, eval_pipe[0]))
+            return run_eval(program, program.params_of(state), eval_pipe[0], _eval_steps(config, eval_pipe[0]))
 
     evaluation = Evaluation(eval_fn, split=config.eval.split, every=int(config.eval_every_steps))
     summary = run(
@@ -690,7 +690,7 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
             res = objective.evaluate(config, program, state, wd.join("eval"), True)
         else:
             pipe = make_pipeline(config, config.eval.split)
-            res = run_eval(program, state["params"], pipe, _eval_steps(config, pipe))
+            res = run_eval(program, program.params_of(state), pipe, _eval_steps(config, pipe))
     rec = {"step": step, "split": config.eval.split, **res, "source": "xlgen eval"}
     if jax.process_index() == 0:
         if objective.evaluate is not None:

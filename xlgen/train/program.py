@@ -10,6 +10,10 @@ The train state is a plain pytree (what Orbax saves):
      "opt_state": optax state,                 each moment sharded like its parameter
      "step":      int32 (completed updates),   replicated
      "rng":       uint32[2] base key data,     replicated}
+With frozen parameters (`xlgen.optim.frozen_parameters`: `finetune.freeze`, LoRA) "params" holds only the
+trainable ones (adapters, the task head, ...) and a fifth entry `"frozen": {dotted.name: array}` the rest: no
+gradient is formed for them, the optimizer state covers only "params", and checkpoints hold the two apart;
+`program.params_of(state)` is the whole model's dict.
 plus the recurrent memory `mems [n_layer, batch, mem_len, d]` (rows sharded like the batch), passed and donated
 separately so that it can be left out of checkpoints.
 
@@ -109,8 +113,14 @@ class Program:
     init_state: Any  # jitted () -> (state, mems)
     analytic_flops_per_step: float
     tokens_per_step: int
+    param_shardings: Dict[str, NamedSharding] = None  # every parameter's sharding (frozen ones included)
+    frozen: Optional[frozenset] = None  # names held in state["frozen"] (None: everything trains)
     _abstract_state: Any = None
     _eval: Any = None
+
+    def __post_init__(self):
+        if self.param_shardings is None:  # nothing frozen: the state's parameters are all of them
+            self.param_shardings = self.state_shardings["params"]
 
     def abstract_state(self):
         """ShapeDtypeStructs (with shardings) of the train state, e.g. an Orbax restore target."""
@@ -132,7 +142,18 @@ class Program:
         return self.abstract_state(), self.abstract_batch("train"), self.abstract_mems()
 
     def params_of(self, state) -> Dict[str, jax.Array]:
-        return state["params"]
+        """Every parameter of the model: the trainable ones and, when some are frozen, the frozen ones."""
+        return {**state["frozen"], **state["params"]} if "frozen" in state else state["params"]
+
+    def with_params(self, state, params: Dict[str, jax.Array]):
+        """`state` with its parameters replaced by the whole-model dict `params` (split as the state splits them)."""
+        state = dict(state)
+        if "frozen" not in state:
+            state["params"] = dict(params)
+            return state
+        state["params"] = {n: v for n, v in params.items() if n not in self.frozen}
+        state["frozen"] = {n: v for n, v in params.items() if n in self.frozen}
+        return state
 
     def make_model(self, params, train: bool = False) -> nnx.Module:
         spec = self.train_spec if train else self.eval_spec
@@ -152,20 +173,23 @@ class Step:
     accum: int
 
 
-def loss_fn(step: Step, params, batch, mems, key):
-    """(loss, (metrics, new_mems)) of the objective on `batch`, the model's dropout streams reseeded from `key`."""
+def loss_fn(step: Step, params, batch, mems, key, frozen=None):
+    """(loss, (metrics, new_mems)) of the objective on `batch`, the model's dropout streams reseeded from `key`;
+    `frozen`: the parameters outside `params` (not differentiated)."""
+    if frozen:
+        params = {**frozen, **params}
     model = materialize(step.spec.abstract, params, rest=seeded_rest(step.spec.rest, key))
     with sharding.activation_rules(step.config.mesh.rules):  # the models' activation constraints use these rules
         loss, aux, new_mems = step.objective.loss(model, batch, mems, key, step.config)
     return loss, (aux, new_mems)
 
 
-def accumulated_grads(step: Step, params, batch, mems, key):
+def accumulated_grads(step: Step, params, batch, mems, key, frozen=None):
     """((loss, (metrics, new_mems)), grads) over `step.accum` micro-batches: micro-batch a = rows a, a+A, a+2A, ...
     (strided, so each stays evenly sharded), weighted by the loss's normaliser (`Objective.loss_weight`, e.g.
     target tokens): the accumulated loss and gradient are those of the global batch, whatever the padding or target
     masks of each micro-batch."""
-    grad_fn = jax.value_and_grad(functools.partial(loss_fn, step), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p, b, m, k: loss_fn(step, p, b, m, k, frozen), has_aux=True)
     accum, weight_fn = step.accum, step.objective.loss_weight
     if accum == 1:
         return grad_fn(params, batch, mems, key)
@@ -214,7 +238,7 @@ def train_step(step: Step, state, batch, mems):
     t = state["step"]
     key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), t)
     params = state["params"]
-    (loss, (aux, new_mems)), grads = accumulated_grads(step, params, batch, mems, key)
+    (loss, (aux, new_mems)), grads = accumulated_grads(step, params, batch, mems, key, state.get("frozen"))
     updates, opt_state = step.tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
     grad_norm = optax.global_norm(grads)
@@ -223,6 +247,8 @@ def train_step(step: Step, state, batch, mems):
         lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
     )
     new_state = {"params": new_params, "opt_state": opt_state, "step": t + 1, "rng": state["rng"]}
+    if "frozen" in state:
+        new_state["frozen"] = state["frozen"]
     if mems is not None:
         new_mems = jnp.where(finite, new_mems.astype(mems.dtype), mems)
     metrics = {
@@ -299,13 +325,18 @@ def _build_program(config, mesh: Mesh) -> Program:
     param_specs = {
         n: sharding.logical_to_spec(train_spec.logical[n], train_spec.shapes[n], rules, mesh) for n in train_spec.shapes
     }
-    param_shardings = {n: NamedSharding(mesh, s) for n, s in param_specs.items()}
+    all_shardings = {n: NamedSharding(mesh, s) for n, s in param_specs.items()}
+    frozen = optim.frozen_parameters(config, list(train_spec.shapes))
+    trains = [n for n in train_spec.shapes if not frozen or n not in frozen]
+    param_shardings = {n: all_shardings[n] for n in trains}
+    meta = train_spec.meta()
     tx, schedule = optim.make_optimizer(
-        config.optimizer, int(config.total_steps), train_spec.meta(), family=config.model.get("family")
+        config.optimizer, int(config.total_steps), {n: meta[n] for n in trains}, family=config.model.get("family")
     )
     tx = optim.with_state_dtype(tx, config.optimizer.get("state_dtype", ""))
 
-    abstract_params = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
+    abstract_all = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
+    abstract_params = {n: abstract_all[n] for n in trains}
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
     rep = sharding.replicated(mesh)
     state_shardings = {
@@ -314,6 +345,8 @@ def _build_program(config, mesh: Mesh) -> Program:
         "step": rep,
         "rng": rep,
     }
+    if frozen:
+        state_shardings["frozen"] = {n: all_shardings[n] for n in train_spec.shapes if n in frozen}
     mems_shape = objective.mems_shape(config, "train")
     mems_dtype = objective.mems_dtype(config)
     mems_sharding = NamedSharding(mesh, sharding.mems_spec()) if mems_shape is not None else None
@@ -336,12 +369,15 @@ def _build_program(config, mesh: Mesh) -> Program:
             path_name(p): v.get_value() if hasattr(v, "get_value") else v.value for p, v in nnx.to_flat_state(params)
         }
         flat = {n: x.astype(train_spec.dtypes[n]) for n, x in flat.items()}
+        trainable = {n: flat[n] for n in trains}
         state = {
-            "params": flat,
-            "opt_state": tx.init(flat),
+            "params": trainable,
+            "opt_state": tx.init(trainable),
             "step": jnp.zeros((), jnp.int32),
             "rng": jax.random.key_data(jax.random.key(seed + 3)),
         }
+        if frozen:
+            state["frozen"] = {n: x for n, x in flat.items() if n in frozen}
         mems = jnp.zeros(mems_shape, mems_dtype) if mems_shape is not None else None
         return state, mems
 
@@ -373,15 +409,16 @@ def _build_program(config, mesh: Mesh) -> Program:
         donate_argnums=(0, 2),
     )
 
+    abstract_tree = {
+        "params": abstract_params,
+        "opt_state": abstract_opt,
+        "step": jax.ShapeDtypeStruct((), jnp.int32),
+        "rng": jax.ShapeDtypeStruct((2,), jnp.uint32),
+    }
+    if frozen:
+        abstract_tree["frozen"] = {n: abstract_all[n] for n in train_spec.shapes if n in frozen}
     abstract_state = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        {
-            "params": abstract_params,
-            "opt_state": abstract_opt,
-            "step": jax.ShapeDtypeStruct((), jnp.int32),
-            "rng": jax.ShapeDtypeStruct((2,), jnp.uint32),
-        },
-        state_shardings,
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract_tree, state_shardings
     )
 
     from xlgen import flops as flops_lib
@@ -404,6 +441,8 @@ def _build_program(config, mesh: Mesh) -> Program:
         init_state=init_state,
         analytic_flops_per_step=flops_lib.train_flops_per_step(config, train_spec.shapes),
         tokens_per_step=objective.tokens_per_step(config),
+        param_shardings=all_shardings,
+        frozen=frozen,
         _abstract_state=abstract_state,
     )
 
@@ -425,7 +464,7 @@ def _make_eval_step(program: Program):
 
     step = jax.jit(
         functools.partial(eval_step, config, objective, spec),
-        in_shardings=(program.state_shardings["params"], bsh, mems_sh),
+        in_shardings=(program.param_shardings, bsh, mems_sh),
         out_shardings=(rep, rep, mems_sh),
         donate_argnums=(2,),
     )

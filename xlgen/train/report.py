@@ -4,7 +4,8 @@
     Throughput                                                        steady-state tokens/s of this invocation
     write_summary(workdir, ...)                                       -> workdir/summary.json (atomic)
 
-summary.json: {"parameters", "steps", "start_step", "tokens_per_step", "tokens_seen", "wall_time_s",
+summary.json: {"parameters", "trainable_parameters" (those the optimizer updates: fewer than "parameters" when some
+are frozen, `finetune.freeze` / LoRA), "steps", "start_step", "tokens_per_step", "tokens_seen", "wall_time_s",
 "tokens_per_sec", "model_flops_per_sec", "mfu" (null unless config.peak_flops_per_device is set), "last_eval",
 "best_eval" (lowest eval loss over the whole metrics.jsonl), "last_train", "family", "objective"}.
 """
@@ -24,6 +25,11 @@ def parameter_count(program) -> int:
     return int(sum(math.prod(s) for s in program.train_spec.shapes.values()))
 
 
+def trainable_parameter_count(program) -> int:
+    frozen = getattr(program, "frozen", None) or ()
+    return int(sum(math.prod(s) for n, s in program.train_spec.shapes.items() if n not in frozen))
+
+
 def _dataset_tokens(pipeline) -> Optional[int]:
     corpus = getattr(pipeline, "corpus", None)
     n = getattr(corpus, "num_tokens", None)
@@ -39,6 +45,8 @@ def start_block(config, program, mesh, pipeline, workdir: str, start: int) -> st
     family = config.model.family
     objective = getattr(program.objective, "name", None) or config.get("objective") or "default"
     lines = [f"xlgen train: {family} ({objective} objective), {parameter_count(program):,} parameters"]
+    if getattr(program, "frozen", None):
+        lines[0] += f" ({trainable_parameter_count(program):,} trainable)"
     n_tok = _dataset_tokens(pipeline)
     data = f"{tps:,} tokens/step"
     if n_tok:
@@ -109,6 +117,7 @@ def write_summary(
         "family": config.model.family,
         "objective": getattr(program.objective, "name", None) or config.get("objective") or "",
         "parameters": parameter_count(program),
+        "trainable_parameters": trainable_parameter_count(program),
         "steps": int(step),
         "start_step": int(start),
         "total_steps": int(config.total_steps),

@@ -21,7 +21,7 @@ def restore_params(workdir: str, step: Optional[int] = None):
     config, program, restored = wd.open(
         step=step, sub=sub or "checkpoints", mesh_config=dict(data=1, fsdp=1, tensor=1, num_devices=1)
     )
-    return config, program, restored.state["params"], restored.step
+    return config, program, program.params_of(restored.state), restored.step
 
 
 def from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:

@@ -8,6 +8,9 @@
 * `write_conll(dir)`: CoNLL-2003 `train.txt` / `valid.txt` / `test.txt` with IOB1 tags (as the original release):
   entities are a first word and an optional continuation word from small lexicons per type, among filler words,
   sometimes adjacent to another entity of the same type (the IOB1 `B-` case).
+* `write_long_documents(dir)`: AG-News-format `train.csv` / `test.csv` (4 classes) of long documents whose label
+  needs both ends: class = 2 * (key word among the first words) + (query word among the last words), so a model
+  reading one head-truncated window sees at most the key (<= 1/2 accuracy) and one with memory can see both.
 * `train_sentencepiece(texts, path)`: a tiny XLNet-recipe SentencePiece model (control symbols <cls> <sep> <pad>
   <mask> <eod>, punctuation as user-defined symbols).
 """
@@ -257,6 +260,29 @@ def conll_sentences(rng, n: int) -> List[List[tuple]]:
             words[at:at] = [(w, (first if i == 0 else "I-") + kind) for i, w in enumerate(ent)]
         out.append(words)
     return out
+
+
+LONG_KEYS, LONG_QUERIES = ("apple", "berry"), ("north", "south")
+
+
+def write_long_documents(
+    data_dir: str, *, n_train: int = 256, n_dev: int = 64, n_words=(18, 24), seed: int = 0
+) -> None:
+    """`train.csv` / `test.csv` in the Zhang et al. CSV format (task `ag`, labels 1..4) of `n_words` filler words;
+    the key word sits among the first 3 words, the query word among the last 3; label = 2 * key + query + 1."""
+    import csv
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(data_dir, exist_ok=True)
+    for name, n in (("train.csv", n_train), ("test.csv", n_dev)):
+        with open(os.path.join(data_dir, name), "w", encoding="utf-8", newline="") as f:
+            w = csv.writer(f, quoting=csv.QUOTE_ALL)
+            for _ in range(n):
+                words = list(rng.choice(FILLER, size=int(rng.integers(n_words[0], n_words[1] + 1))))
+                key, query = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+                words[int(rng.integers(0, 3))] = LONG_KEYS[key]
+                words[-1 - int(rng.integers(0, 3))] = LONG_QUERIES[query]
+                w.writerow([str(2 * key + query + 1), " ".join(words)])
 
 
 def write_conll(data_dir: str, *, n_train: int = 200, n_dev: int = 50, n_test: int = 20, seed: int = 0) -> None:

@@ -72,6 +72,7 @@ FAMILY = Family(
     squad_outputs=_squad_outputs,
     # finetuning: one segment per example, no recurrence memory, no bidirectional pipeline
     finetune_overrides=lambda num_labels: dict(num_labels=num_labels, mem_len=None, reuse_len=None, bi_data=False),
+    segment_heads=("classification", "regression", "multiple_choice"),
     input_style="cls_last",
     from_hf=from_hf,
     to_hf=to_hf,

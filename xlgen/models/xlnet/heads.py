@@ -4,6 +4,9 @@
 * `XLNetForSequenceClassification`: summary -> `logits_proj` `[b, num_labels]` (num_labels=1: regression).
 * `XLNetForTokenClassification` (NER): a linear classifier on every position -> `[b, l, num_labels]`.
 * `XLNetForMultipleChoice` (RACE): options flattened to `[b*c, l]`, one logit each -> `[b, c]`.
+* Long inputs (`max_segments`): the sequence and multiple-choice heads also take `[b, N, l]` / `[b, c, N, l]`, N
+  consecutive segments encoded with the memory carried across them (`recurrence.encode_segments`); the summary
+  reads the last segment (or, `segment_pool="mean"`, the mean state of the whole document).
 * `XLNetForQuestionAnswering` (SQuAD 2.0 beam head, original `function_builder.get_qa_outputs`): start logits
   masked by `p_mask`; end logits conditioned on the gold start (training) or on each of the top `start_n_top`
   starts (inference, `end_n_top` ends each); an answerability logit from the `<cls>` state and the
@@ -23,6 +26,7 @@ from flax import nnx
 
 from xlgen.models.layers import Dense, LayerNorm
 from xlgen.models.xlnet.model import XLNetConfig, XLNetModel
+from xlgen.models.xlnet.recurrence import encode_segments
 
 P_MASK_VALUE = 1e30  # logits * (1 - p_mask) - 1e30 * p_mask, as the original and HF
 
@@ -79,8 +83,19 @@ class XLNetForSequenceClassification(nnx.Module):
         d_sum = self.sequence_summary.summary.kernel.shape[-1] if config.summary_use_proj else config.d_model
         self.logits_proj = _dense(config, d_sum, config.num_labels, rngs, out_axis=None)
 
-    def __call__(self, input_ids, token_type_ids=None, *, cls_index=None, **kwargs):
-        h, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
+    def __call__(self, input_ids, token_type_ids=None, *, cls_index=None, segment_pool="last", **kwargs):
+        """input_ids `[b, l]`, or `[b, N, l]`: N segments with memory (`mem_len`, `attention_mask` required)."""
+        if jnp.ndim(input_ids) == 3:
+            h, new_mems = encode_segments(
+                self.transformer,
+                input_ids,
+                token_type_ids,
+                kwargs.pop("attention_mask"),
+                mem_len=kwargs.pop("mem_len", None),
+                pool=segment_pool,
+            )
+        else:
+            h, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
         logits = self.logits_proj(self.sequence_summary(h, cls_index)).astype(jnp.float32)
         return logits, new_mems
 
@@ -109,20 +124,33 @@ class XLNetForMultipleChoice(nnx.Module):
         d_sum = self.sequence_summary.summary.kernel.shape[-1] if config.summary_use_proj else config.d_model
         self.logits_proj = _dense(config, d_sum, 1, rngs, out_axis=None)
 
-    def __call__(self, input_ids, token_type_ids=None, *, input_mask=None, attention_mask=None, **kwargs):
+    def __call__(
+        self, input_ids, token_type_ids=None, *, input_mask=None, attention_mask=None, segment_pool="last", **kwargs
+    ):
+        """input_ids `[b, c, l]`, or `[b, c, N, l]`: N segments per option with memory (`mem_len`)."""
         input_ids = jnp.asarray(input_ids)
-        b, c, l = input_ids.shape
+        b, c = input_ids.shape[:2]
 
         def flat(x):
-            return None if x is None else jnp.asarray(x).reshape(b * c, l)
+            return None if x is None else jnp.asarray(x).reshape((b * c,) + input_ids.shape[2:])
 
-        h, new_mems = self.transformer(
-            flat(input_ids),
-            flat(token_type_ids),
-            input_mask=flat(input_mask),
-            attention_mask=flat(attention_mask),
-            **kwargs,
-        )
+        if input_ids.ndim == 4:
+            h, new_mems = encode_segments(
+                self.transformer,
+                flat(input_ids),
+                flat(token_type_ids),
+                flat(attention_mask),
+                mem_len=kwargs.pop("mem_len", None),
+                pool=segment_pool,
+            )
+        else:
+            h, new_mems = self.transformer(
+                flat(input_ids),
+                flat(token_type_ids),
+                input_mask=flat(input_mask),
+                attention_mask=flat(attention_mask),
+                **kwargs,
+            )
         logits = self.logits_proj(self.sequence_summary(h)).astype(jnp.float32)
         return logits.reshape(b, c), new_mems
 
