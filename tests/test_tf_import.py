@@ -65,7 +65,9 @@ def run_convert(tmp_path, prefix, family, hf_config: dict, name="out"):
 def close(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert a.shape == b.shape, (a.shape, b.shape)
-    assert np.max(np.abs(a - b)) <= TOL, np.max(np.abs(a - b))
+    diff = float(np.max(np.abs(a - b)))
+    print(f"max abs diff {diff:.2e}")
+    assert diff <= TOL, diff
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ def _table(path: str) -> Iterator[Tuple[bytes, bytes]]:
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < _FOOTER_LEN or int.from_bytes(data[-8:], "little") != _TABLE_MAGIC:
-        raise CheckpointError(f"{path}: not a TensorFlow checkpoint index (no SSTable footer)")
+        raise CheckpointError("not a TensorFlow checkpoint index (no SSTable footer)")
     footer = data[-_FOOTER_LEN:]
     _, pos = _varint(footer, 0)  # metaindex handle (offset, size): unused
     _, pos = _varint(footer, pos)
@@ -183,16 +183,19 @@ class TFCheckpoint:
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
+    def _entry(self, name: str):
+        if name not in self._entries:
+            raise KeyError(f"{self.prefix}: no variable {name!r}")
+        return self._entries[name]
+
     def shape(self, name: str) -> Tuple[int, ...]:
-        return self._entries[name][1]
+        return self._entry(name)[1]
 
     def _data_path(self, shard: int) -> str:
         return f"{self.prefix}.data-{shard:05d}-of-{self.num_shards:05d}"
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._entries:
-            raise KeyError(f"{self.prefix}: no variable {name!r}")
-        dtype, shape, shard, offset, size, crc = self._entries[name]
+        dtype, shape, shard, offset, size, crc = self._entry(name)
         path = self._data_path(shard)
         if dtype == _DT_BFLOAT16:
             import ml_dtypes
