@@ -62,6 +62,22 @@ def run_convert(tmp_path, prefix, family, hf_config: dict, name="out"):
     return str(out)
 
 
+def hf_and_ours(tmp_path, prefix, family, hf_cfg, hf_model, tf_loader):
+    """(the HF model loaded by transformers' TF loader, xlgen.from_pretrained of `xlgen convert`'s output)."""
+    tf_loader(hf_model, hf_cfg, prefix)
+    return hf_model.eval(), xlgen.from_pretrained(run_convert(tmp_path, prefix, family, hf_cfg.to_dict()))
+
+
+def norms_and_ffn(rng, p, d, di, attn="rel_attn/LayerNorm", ff="ff/LayerNorm"):
+    """A layer's two LayerNorms and its FFN under the original names (`p` = the layer's scope)."""
+    v = {}
+    for norm in (attn, ff):
+        v[p + norm + "/gamma"], v[p + norm + "/beta"] = rand(rng, d, ln=True), rand(rng, d)
+    v[p + "ff/layer_1/kernel"], v[p + "ff/layer_1/bias"] = rand(rng, d, di), rand(rng, di)
+    v[p + "ff/layer_2/kernel"], v[p + "ff/layer_2/bias"] = rand(rng, di, d), rand(rng, d)
+    return v
+
+
 def close(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert a.shape == b.shape, (a.shape, b.shape)
@@ -146,11 +162,7 @@ def xlnet_tf_variables(rng, c=XLNET, shared_biases=False):
         p = f"{t}layer_{i}/"
         for name in "qkvro":
             v[p + f"rel_attn/{name}/kernel"] = rand(rng, d, n, dh)
-        for block in ("rel_attn", "ff"):
-            v[p + f"{block}/LayerNorm/gamma"] = rand(rng, d, ln=True)
-            v[p + f"{block}/LayerNorm/beta"] = rand(rng, d)
-        v[p + "ff/layer_1/kernel"], v[p + "ff/layer_1/bias"] = rand(rng, d, di), rand(rng, di)
-        v[p + "ff/layer_2/kernel"], v[p + "ff/layer_2/bias"] = rand(rng, di, d), rand(rng, d)
+        v.update(norms_and_ffn(rng, p, d, di))
     v["model/lm_loss/bias"] = rand(rng, V)
     return v
 
@@ -173,11 +185,8 @@ def test_xlnet_checkpoint_converts_like_hf(tmp_path):
     rng = np.random.default_rng(1)
     prefix = save_tf(tmp_path / "xlnet_model.ckpt", extras(rng, xlnet_tf_variables(rng)))
     hf_cfg = transformers.XLNetConfig(**XLNET)
-    hf = transformers.XLNetLMHeadModel(hf_cfg)
-    transformers.models.xlnet.modeling_xlnet.load_tf_weights_in_xlnet(hf, hf_cfg, prefix)
-    hf.eval()
-    out = run_convert(tmp_path, prefix, "xlnet", hf_cfg.to_dict())
-    ours = xlgen.from_pretrained(out)
+    load = transformers.models.xlnet.modeling_xlnet.load_tf_weights_in_xlnet
+    hf, ours = hf_and_ours(tmp_path, prefix, "xlnet", hf_cfg, transformers.XLNetLMHeadModel(hf_cfg), load)
     assert type(ours.model).__name__ == "XLNetLMHeadModel"
     kw = xlnet_inputs(rng)
     with torch.no_grad():
@@ -220,10 +229,7 @@ def funnel_layer(rng, p, d=16, n=2, dh=8, di=24):
     v.update({a + "o/kernel": rand(rng, n, dh, d), a + "o/bias": rand(rng, d)})
     v.update({a + x: rand(rng, n, dh) for x in ("r_w_bias", "r_r_bias", "r_s_bias")})
     v[a + "seg_embed"] = rand(rng, 2, n, dh)
-    v[p + "ff/layer_1/kernel"], v[p + "ff/layer_1/bias"] = rand(rng, d, di), rand(rng, di)
-    v[p + "ff/layer_2/kernel"], v[p + "ff/layer_2/bias"] = rand(rng, di, d), rand(rng, d)
-    for block in (a, p + "ff/"):
-        v[block + "layer_norm/gamma"], v[block + "layer_norm/beta"] = rand(rng, d, ln=True), rand(rng, d)
+    v.update(norms_and_ffn(rng, p, d, di, attn="rel_attn/layer_norm", ff="ff/layer_norm"))
     return v
 
 
@@ -320,11 +326,7 @@ def txl_tf_variables(rng, c=TXL):
         v[p + "rel_attn/qkv/kernel"] = rand(rng, d, 3 * n * dh)
         v[p + "rel_attn/r/kernel"] = rand(rng, d, n * dh)
         v[p + "rel_attn/o/kernel"] = rand(rng, n * dh, d)
-        for block in ("rel_attn", "ff"):
-            v[p + f"{block}/LayerNorm/gamma"] = rand(rng, d, ln=True)
-            v[p + f"{block}/LayerNorm/beta"] = rand(rng, d)
-        v[p + "ff/layer_1/kernel"], v[p + "ff/layer_1/bias"] = rand(rng, d, di), rand(rng, di)
-        v[p + "ff/layer_2/kernel"], v[p + "ff/layer_2/bias"] = rand(rng, di, d), rand(rng, d)
+        v.update(norms_and_ffn(rng, p, d, di))
     return v
 
 
@@ -332,11 +334,8 @@ def test_transformer_xl_checkpoint_converts_like_hf(tmp_path):
     rng = np.random.default_rng(4)
     prefix = save_tf(tmp_path / "model.ckpt-0", extras(rng, txl_tf_variables(rng)))
     hf_cfg = transformers.TransfoXLConfig(**TXL)
-    hf = transformers.TransfoXLLMHeadModel(hf_cfg)
-    transformers.models.transfo_xl.modeling_transfo_xl.load_tf_weights_in_transfo_xl(hf, hf_cfg, prefix)
-    hf.eval()
-    out = run_convert(tmp_path, prefix, "transformer_xl", hf_cfg.to_dict())
-    ours = xlgen.from_pretrained(out)
+    load = transformers.models.transfo_xl.modeling_transfo_xl.load_tf_weights_in_transfo_xl
+    hf, ours = hf_and_ours(tmp_path, prefix, "transformer_xl", hf_cfg, transformers.TransfoXLLMHeadModel(hf_cfg), load)
     ids = rng.integers(0, TXL["vocab_size"], (2, 12))
     mems_hf = mems_ours = None
     for seg in (ids[:, :6], ids[:, 6:]):  # two segments: the second attends to the first's memory
