@@ -11,10 +11,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Tests: xlgen (editable) with the test, parity, tpu (libtpu: `xlgen plan` tests) and tensorboard (the printed
+# Tests: xlgen (editable) with the test, parity, tpu (libtpu: `xlgen plan` tests), tf (TensorFlow writes the checkpoints
+# of tests/test_tf_import.py: +1.4 GB, ~25 s to install) and tensorboard (the printed
 # TensorBoard command is run by a test) extras, pinned by constraints.txt.
 $(STAMP): $(PY) setup.py constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tensorboard]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tf,tensorboard]"
 	touch $(STAMP)
 
 # Demo: only what it runs: xlgen itself (jax CPU, matplotlib for the plot) + the TensorBoard server it mentions.

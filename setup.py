@@ -49,7 +49,9 @@ setup(
         ],
         "parity": ["torch==2.13.0", "transformers==4.34.1"],
         "tpu": ["libtpu==0.0.42.1"],
-        "tf": ["tensorflow-cpu>=2.16"],
+        # xlgen convert --from-tf reads checkpoints without TensorFlow; the extra brings the crc32c check and the
+        # TensorFlow that tests/test_tf_import.py writes its checkpoints with (and HF's TF loaders import)
+        "tf": ["tensorflow-cpu==2.21.0", "google-crc32c==1.9.0"],
         # optional trackers (config.trackers=wandb,mlflow; xlgen/train/metrics.py): ~100 MB with their dependencies
         "wandb": ["wandb==0.31.0"],
         "mlflow": ["mlflow-skinny==3.17.2"],

@@ -11,6 +11,8 @@
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
     xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
+    xlgen convert  --from-tf=CKPT_PREFIX --family=xlnet|funnel|transformer_xl --config=CONFIG --out=DIR
+                          an original TensorFlow checkpoint as a from_pretrained directory (xlgen.convert:main)
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
     xlgen analyze  rank|spectrum|recl ... --workdir=DIR   log-prob rank, output-embedding spectrum, relative
                           effective context length (xlgen.analyze:main; `xlgen analyze --help`)
@@ -48,6 +50,7 @@ DELEGATED = {
     "plan": "xlgen.plan:main",
     "bench": "xlgen.bench:main",
     "export": "xlgen.export:main",
+    "convert": "xlgen.convert:main",
     "generate": "xlgen.generate:main",
     "plot": "xlgen.plot:main",
     "analyze": "xlgen.analyze:main",

@@ -45,6 +45,8 @@ entry; the data pipeline follows from the objective.
                        --workdir=W` for a system that generates text unconditionally (a text GAN) from the workdir's
                        restored state, the same sentences for the same seed; None = the language-model decoders of
                        `xlgen.generate` (a prompt, memory)
+    from_tf            `TFImport`: the original TensorFlow release's variable names -> the family's module
+                       (`xlgen convert --from-tf`, in the family's own `tf_import.py`); None = no importer
 """
 
 from __future__ import annotations
@@ -127,6 +129,22 @@ class HFBench:
 
 
 @dataclasses.dataclass(frozen=True)
+class TFImport:
+    """How `xlgen convert --from-tf` reads the family's original TensorFlow checkpoints (the family's own
+    `tf_import.py` holds its name map: original variable name -> xlgen parameter).
+
+        original_config  (the release's own config JSON as a dict, e.g. XLNet's xlnet_config.json, Funnel's
+                         net_config.json) -> config_class; None = only HF config.json / xlgen config files
+        load             (checkpoint: `xlgen.tf_checkpoint.TFCheckpoint` (names, `name in ckpt`, `ckpt[name]`),
+                         config_class instance) -> nnx.Module holding the checkpoint's weights (no random init);
+                         the module's class is the Hugging Face class `Family.to_hf` writes
+    """
+
+    load: Callable[[Any, Any], Any]
+    original_config: Optional[Callable[[Dict[str, Any]], Any]] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str
     config_class: type
@@ -147,6 +165,7 @@ class Family:
     hf_wordpiece: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"tokenizer_class": "BertTokenizer"})
     hf_bench: Optional[HFBench] = None
     sample: Optional[Callable[..., List[str]]] = None
+    from_tf: Optional[TFImport] = None
 
     def model_config(self, model_section: Mapping[str, Any], **overrides):
         """`config_class` from a `config.model` mapping (its `family` key ignored), lists as tuples; an unknown key

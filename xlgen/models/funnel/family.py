@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from xlgen.models.family import Family
+from xlgen.models.family import Family, TFImport
+from xlgen.models.funnel import tf_import
 from xlgen.models.funnel.cost import train_flops
 from xlgen.models.funnel.heads import (
     FunnelElectra,
@@ -75,4 +76,5 @@ FAMILY = Family(
     layer_ids=layer_ids,
     train_flops=train_flops,
     hf_bench=HF_BENCH,
+    from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
 )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from xlgen.models.family import Family
+from xlgen.models.family import Family, TFImport
 from xlgen.models.numbering import layer_stack_ids
+from xlgen.models.transformer_xl import tf_import
 from xlgen.models.transformer_xl.cost import train_flops
 from xlgen.models.transformer_xl.hf import from_hf
 from xlgen.models.transformer_xl.hf_bench import HF_BENCH
@@ -35,4 +36,5 @@ FAMILY = Family(
     layer_ids=layer_stack_ids,
     train_flops=train_flops,
     hf_bench=HF_BENCH,
+    from_tf=TFImport(load=tf_import.load),
 )

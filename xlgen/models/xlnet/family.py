@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from xlgen.models.family import Family
+from xlgen.models.family import Family, TFImport
 from xlgen.models.numbering import layer_stack_ids
+from xlgen.models.xlnet import tf_import
 from xlgen.models.xlnet.cost import train_flops
 from xlgen.models.xlnet.heads import (
     XLNetForMultipleChoice,
@@ -80,4 +81,5 @@ FAMILY = Family(
     layer_ids=layer_stack_ids,
     train_flops=train_flops,
     hf_bench=HF_BENCH,
+    from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
 )
