@@ -11,11 +11,12 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Tests: xlgen (editable) with the test, parity, tpu (libtpu: `xlgen plan` tests), tf (TensorFlow writes the checkpoints
-# of tests/test_tf_import.py: +1.4 GB, ~25 s to install) and tensorboard (the printed
-# TensorBoard command is run by a test) extras, pinned by constraints.txt.
+# Tests: xlgen (editable) with the test, parity, tpu (libtpu: `xlgen plan` tests) and tensorboard (the printed
+# TensorBoard command is run by a test) extras, pinned by constraints.txt. The tf extra is not installed here:
+# with TensorFlow present, etils routes gs:// through tf.io.gfile, which ignores the storage emulator of
+# tests/test_remote_paths.py; tests/test_tf_import.py runs where `pip install -e '.[tf]'` was done.
 $(STAMP): $(PY) setup.py constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tf,tensorboard]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tensorboard]"
 	touch $(STAMP)
 
 # Demo: only what it runs: xlgen itself (jax CPU, matplotlib for the plot) + the TensorBoard server it mentions.

@@ -185,6 +185,10 @@ class GameProgram:
     def abstract_args(self):
         return self.abstract_state(), self.abstract_batch(), None
 
+    def params_of(self, state) -> Dict[str, Dict[str, jax.Array]]:
+        """Every player's parameters, by player name (what `xlgen.train.workdir_model` restores)."""
+        return state["params"]
+
     def modules(self, state, train: bool = False) -> Dict[str, nnx.Module]:
         """Every player's module from a state (eval mode: batch norm uses the running statistics)."""
         return {n: lay.merge(state["params"][n], state["stats"][n], train) for n, lay in self.layouts.items()}
