@@ -35,11 +35,13 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# `--dist loadfile`: a file's tests run on one worker, so a module fixture (the TPU plan compiles of test_plan.py and
+# test_pod_comm.py, ...) is built once, not once per worker (with the default `load`, both workers built them).
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n 2 --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 # A small Transformer-XL character LM on the embedded tinyshakespeare corpus: a few minutes on 2 CPU cores, loss
 # falling, evaluations (bpc) at steps 200/400/600; prints where checkpoints/metrics are and the commands to resume,
