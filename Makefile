@@ -14,7 +14,7 @@ $(PY):
 # Tests: xlgen (editable) with the test, parity, tpu (libtpu: `xlgen plan` tests), tensorboard (the printed
 # TensorBoard command is run by a test) and tf (tests/test_tf_import.py writes the original TF checkpoints and runs
 # HF's TF loaders on them) extras, pinned by constraints.txt.
-$(STAMP): $(PY) setup.py constraints.txt
+$(STAMP): $(PY) setup.py constraints.txt Makefile
 	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tensorboard,tf]"
 	touch $(STAMP)
 
