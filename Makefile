@@ -11,12 +11,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Tests: xlgen (editable) with the test, parity, tpu (libtpu: `xlgen plan` tests) and tensorboard (the printed
-# TensorBoard command is run by a test) extras, pinned by constraints.txt. The tf extra is not installed here:
-# with TensorFlow present, etils routes gs:// through tf.io.gfile, which ignores the storage emulator of
-# tests/test_remote_paths.py; tests/test_tf_import.py runs where `pip install -e '.[tf]'` was done.
-$(STAMP): $(PY) setup.py constraints.txt
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tensorboard]"
+# Tests: xlgen (editable) with the test, parity, tpu (libtpu: `xlgen plan` tests), tensorboard (the printed
+# TensorBoard command is run by a test) and tf (tests/test_tf_import.py writes the original TF checkpoints and runs
+# HF's TF loaders on them) extras, pinned by constraints.txt.
+$(STAMP): $(PY) setup.py constraints.txt Makefile
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tensorboard,tf]"
 	touch $(STAMP)
 
 # Demo: only what it runs: xlgen itself (jax CPU, matplotlib for the plot) + the TensorBoard server it mentions.

@@ -11,6 +11,10 @@
                                (`$XLGEN_CACHE_DIR` or ~/.cache/xlgen), verified against `sha256` when given
 
 `gs://` needs `gcsfs` (`pip install 'xlgen[gcs]'`); on a TPU VM credentials come from the VM's service account.
+URLs always go through fsspec (gcsfs), whether or not TensorFlow is installed: etils.epath would otherwise switch
+to `tf.io.gfile` as soon as TensorFlow is importable (the `tf` extra), a second GCS client with its own
+credentials and endpoint handling (it ignores `STORAGE_EMULATOR_HOST`). `EPATH_USE_TF=1` set by the user opts
+back into tf.io.gfile.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ import os
 import shutil
 import uuid
 
-from etils import epath
+# etils reads this once, on the first URL it resolves (set before any epath.Path is used, so also for Orbax's).
+os.environ.setdefault("EPATH_USE_TF", "false")
+
+from etils import epath  # noqa: E402
 
 
 def is_remote(path) -> bool:

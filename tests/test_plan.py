@@ -374,6 +374,25 @@ def test_pod_table_in_docs_is_generated_from_saved_plans():
     assert table in doc
 
 
+def test_remat_table_in_docs_is_generated_from_saved_plans():
+    """docs/pod_scale.md's remat-policy table is exactly `xlgen plan --remat_table docs/pod_plans/remat/*.json`,
+    each row its own compile, with at least `none` and `full` for each planned config."""
+    paths = sorted(glob.glob(os.path.join(ROOT, "docs", "pod_plans", "remat", "*.json")))
+    if not paths:
+        pytest.skip("no saved remat plans in docs/pod_plans/remat")
+    reports = [json.load(open(p)) for p in paths]
+    table = plan_lib.render_remat_table(reports)
+    doc = open(os.path.join(ROOT, "docs", "pod_scale.md")).read()
+    assert f"{plan_lib.REMAT_TABLE_BEGIN}\n{table}\n{plan_lib.REMAT_TABLE_END}" in doc
+    for r in reports:  # one compile per policy: the report is the plan of that policy
+        assert [f"--config.model.remat={row['policy']}" for row in r["remat_policies"]] == r["overrides"][-1:]
+    for cfg in {os.path.basename(r["config"]) for r in reports}:
+        policies = [
+            row["policy"] for r in reports if os.path.basename(r["config"]) == cfg for row in r["remat_policies"]
+        ]
+        assert len(policies) == len(set(policies)) and {"none", "full"} <= set(policies), cfg
+
+
 # ------------------------------------------------------------------------------------------------ paper configs
 
 PAPER_CONFIGS = sorted(

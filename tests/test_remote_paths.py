@@ -138,9 +138,37 @@ def _prepare(output, corpus_dir):
 
 
 def _gs(path: str):
-    from etils import epath
+    from data_pipelines import paths
 
-    return epath.Path(f"gs://{BUCKET}/{path}")
+    return paths.as_path(f"gs://{BUCKET}/{path}")
+
+
+def test_gs_backend_is_gcsfs_with_or_without_tensorflow(tmp_path):
+    """With TensorFlow importable (a `tensorflow` package on the path), bare etils.epath would send URLs through
+    tf.io.gfile; data_pipelines.paths pins them to fsspec/gcsfs, for its own paths and for every epath.Path made
+    afterwards in the process (Orbax's), unless the user set EPATH_USE_TF."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text("raise ImportError('never imported: find_spec only')\n")
+    code = (
+        "import importlib.util, sys\n"
+        "assert importlib.util.find_spec('tensorflow').origin.startswith(sys.argv[1])\n"
+        "if sys.argv[2] == 'xlgen':\n"
+        "    from data_pipelines import paths\n"
+        "from etils import epath\n"
+        "print(type(epath.Path('s3://bucket/run')._backend).__name__)\n"
+    )  # s3:// is chosen like gs://, without etils' zonal-bucket lookup (a GCS API call) under TensorFlow
+    env = {k: v for k, v in os.environ.items() if k != "EPATH_USE_TF"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), REPO, env.get("PYTHONPATH", "")])
+
+    def backend(mode, **extra):
+        cmd = [sys.executable, "-c", code, str(tmp_path), mode]
+        p = subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout.strip()
+
+    assert backend("bare") == "_TfBackend"  # what etils does on its own once TensorFlow is installed
+    assert backend("xlgen") == "_FileSystemSpecBackend"
+    assert backend("xlgen", EPATH_USE_TF="1") == "_TfBackend"  # the user's explicit choice is kept
 
 
 def _losses(text: str) -> dict:

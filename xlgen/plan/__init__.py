@@ -24,7 +24,7 @@ so ≤ ≈ 75% with full remat. Both are optimistic bounds: communication that d
 are not modelled beyond XLA's estimate.
 
 `python -m xlgen.plan --table A.json B.json ... [--into=DOC.md]` renders saved `--json` reports as the markdown pod
-table; `python -m xlgen.plan --refresh A.json ...` recomputes their model FLOPs, traced matmul FLOPs, step time and
+table, `--remat_table` their `--remat_policies` rows as the remat-policy table; `python -m xlgen.plan --refresh A.json ...` recomputes their model FLOPs, traced matmul FLOPs, step time and
 MFU from each report's own config + overrides (a CPU trace, no compile) and rewrites them in place.
 
 Modules: `measure` (the mesh over the topology's devices, the AOT compile, memory and XLA's cost analysis, the
@@ -41,10 +41,13 @@ from xlgen.plan.cost import (  # noqa: F401 - the package's API
 )
 from xlgen.plan.measure import build_mesh, compile_and_measure, parse_oom, state_breakdown  # noqa: F401
 from xlgen.plan.render import (  # noqa: F401
+    REMAT_TABLE_BEGIN,
+    REMAT_TABLE_END,
     TABLE_BEGIN,
     TABLE_END,
     TABLE_HEADER,
     render_remat,
+    render_remat_table,
     render_row,
     render_table,
     render_text,

@@ -8,7 +8,16 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from xlgen.plan.render import _flops, render_table, render_text, replace_between_markers, table_order
+from xlgen.plan.render import (
+    REMAT_TABLE_BEGIN,
+    REMAT_TABLE_END,
+    _flops,
+    render_remat_table,
+    render_table,
+    render_text,
+    replace_between_markers,
+    table_order,
+)
 from xlgen.plan.report import _write_json, compare_remat, plan, refresh, remat_policy
 
 
@@ -39,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         "--table", nargs="+", metavar="REPORT.json", help="render saved --json reports as a markdown table and exit"
     )
     p.add_argument(
+        "--remat_table",
+        nargs="+",
+        metavar="REPORT.json",
+        help="render the remat_policies rows of saved --json reports as a markdown table and exit",
+    )
+    p.add_argument(
         "--refresh",
         nargs="+",
         metavar="REPORT.json",
@@ -52,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
         "no compile)",
     )
     p.add_argument(
-        "--into", metavar="DOC.md", help="with --table: replace the table between the pod-table markers of DOC.md"
+        "--into",
+        metavar="DOC.md",
+        help="with --table / --remat_table: replace the table between the pod-table / remat-table markers of DOC.md",
     )
     return p
 
@@ -75,14 +92,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"step >= {r['step_time_s'] * 1e3:.1f} ms, MFU <= {100 * r['mfu']:.1f}%"
             )
         return 0
-    if args.table:
+    if args.table or args.remat_table:
         reports = []
-        for path in args.table:
+        for path in args.table or args.remat_table:
             with open(path) as f:
                 reports.append(json.load(f))
-        table = render_table(sorted(reports, key=table_order))
+        if args.table:
+            table = render_table(sorted(reports, key=table_order))
+        else:
+            table = render_remat_table(reports)
         if args.into:
-            replace_between_markers(args.into, table)
+            markers = () if args.table else (REMAT_TABLE_BEGIN, REMAT_TABLE_END)
+            replace_between_markers(args.into, table, *markers)
         print(table)
         return 0
     if not args.config or not args.topology:

@@ -188,6 +188,7 @@ def compare_remat(
                 "step_time_s": float(r["step_time_s"]),
                 "step_time_bound_s": float(r.get("step_time_bound_s", r["step_time_s"])),
                 "mfu": float(r["mfu"]),
+                "mfu_with_comm": float(r.get("mfu_with_comm", r["mfu"])),
                 "compile_time_s": float(r["compile_time_s"]),
                 "roofline_time_s": r.get("roofline_time_s"),
             }
