@@ -67,12 +67,12 @@ r = plan.compile_and_measure(
     jax.jit(lambda w, x: jnp.tanh(x @ w)), (w, x), mesh, 16 * 2**30, peak=61.5e12, hbm_bandwidth=4.5e11
 )
 json.dump({k: v for k, v in r.items() if k != "_collectives"}, open(f"{out}/tiny.json", "w"))
-# One model, its layers in a `scan` and unrolled: L residual layers h + gelu(h W_l) in bf16 with float32 weights (as
-# the models keep them), forward and backward (the loss's gradients with respect to the weights and the input)
+# One model, its layers in a `scan` and unrolled: L residual layers h + gelu(h W_l) in bf16, forward and backward
+# (the loss's gradients with respect to the weights and the input)
 L = 6
-ws = jax.ShapeDtypeStruct((L, 512, 512), jnp.float32, sharding=NamedSharding(mesh, P()))
+ws = jax.ShapeDtypeStruct((L, 512, 512), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
 x = jax.ShapeDtypeStruct((2048, 512), jnp.bfloat16, sharding=sharding.batch_sharding(mesh, 2))
-layer = lambda h, w: h + jax.nn.gelu(h @ w.astype(h.dtype))
+layer = lambda h, w: h + jax.nn.gelu(h @ w)
 def scanned(ws, x):
     return jnp.sum(jax.lax.scan(lambda h, w: (layer(h, w), None), x, ws)[0].astype(jnp.float32))
 def unrolled(ws, x):

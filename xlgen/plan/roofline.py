@@ -4,8 +4,10 @@ Every instruction the device executes is one kernel: a fusion, a dot/convolution
 each, read from the module's text (`compiled.as_text()`):
 
     FLOPs   2 · (output elements) · (contracted elements) of every dot and convolution it computes (inside a fusion:
-            of its fused computation); element-wise work is not counted (it runs on the vector units, and on TPU it
-            is bound by the bytes it moves, which are counted)
+            of its fused computation; contracted: of a convolution, the kernel's input features times the window
+            taps that land on input elements, one per batch dimension of the batched dots XLA:TPU writes as
+            convolutions over a dilated input); element-wise work is not counted (it runs on the vector units, and
+            on TPU it is bound by the bytes it moves, which are counted)
     bytes   what it reads from and writes to HBM: its operands and results, each array at its physical size (the
             layout's tiles pad the minor dimensions, e.g. bf16[8, 64]{1,0:T(8,128)(2,1)} holds 8 × 128 elements;
             arrays placed in on-chip memory, layout memory space S(n) with n > 0, move no HBM bytes). Two in-place
@@ -182,8 +184,19 @@ def _matmul_flops(ins: _Instr, types: Dict[str, str]) -> float:
         m = re.search(r"dim_labels=[^_]+_([^-]+)->", ins.attrs)
         if not (m and rhs and len(m[1]) == len(rhs)):
             return 0.0
-        # every output element sums over the kernel's input features and window: its dims other than 'o'
-        contracted = math.prod(size for label, size in zip(m[1], rhs) if label != "o")
+        # every output element sums over the kernel's input features and the window taps that land on input
+        # elements: of a spatial dimension's `size` taps over an input dilated by `lhs_dilate`, ceil(size / lhs_dilate)
+        # (XLA:TPU writes a batched dot as a convolution whose batch dimensions are windows of size B over the input
+        # dilated by B: one tap per output element)
+        window = re.search(r"window=\{([^}]*)\}", ins.attrs)
+        dilate = re.search(r"lhs_dilate=([0-9x]+)", window[1]) if window else None
+        dilate = [int(d) for d in dilate[1].split("x")] if dilate else []
+        contracted = 1
+        for label, size in zip(m[1], rhs):
+            if label.isdigit() and int(label) < len(dilate):
+                contracted *= -(-size // dilate[int(label)])
+            elif label != "o":
+                contracted *= size
         return 2.0 * out * contracted
     return 0.0
 
