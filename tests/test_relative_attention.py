@@ -230,7 +230,8 @@ def test_operand_layouts_are_for_xla_cpu_only():
     two = jnp.asarray(rng.normal(size=(2, r, n, d)), jnp.float32)
     k = jnp.asarray(rng.normal(size=(b, r, n, d)), jnp.float32)
     direction = jax.nn.one_hot(jnp.array([0, 1, 1, 0]), 2)
-    cases = ((two, direction), (two[0], None), (k, None))
+    shared = two[0]
+    cases = ((two, direction), (shared, None), (k, None))
 
     def loss(q, k, keys):
         scores = ra.content_scores(q, operands.content_keys(k), jnp.zeros((n, d))) + ra.position_contraction(q, keys)
@@ -240,12 +241,12 @@ def test_operand_layouts_are_for_xla_cpu_only():
     assert operands.cpu_layouts()  # this session runs on the CPU, no mesh: the default backend decides
     assert isinstance(operands.content_keys(k), ra.ContentKeyOperand)
     cpu = [ra.position_contraction(qv, operands.position_keys(x, b, dr)) for x, dr in cases]
-    assert "optimization_barrier" in grad.trace(qv, k, two[0]).lower().as_text()
+    assert "optimization_barrier" in grad.trace(qv, k, shared).lower().as_text()
     with _lowered_for("tpu"):
         assert not operands.cpu_layouts() and operands.content_keys(k) is k
-        assert operands.position_keys(two[0], b) is two[0]
+        assert operands.position_keys(shared, b) is shared
         tpu = [ra.position_contraction(qv, operands.position_keys(x, b, dr)) for x, dr in cases]
-        lowered = grad.trace(qv, k, two[0]).lower(lowering_platforms=("tpu",))
+        lowered = grad.trace(qv, k, shared).lower(lowering_platforms=("tpu",))
         assert "optimization_barrier" not in lowered.as_text()
     for a, c in zip(cpu, tpu):
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-5)
