@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from xlgen.models import operands
 from xlgen.models import relative_attention as ra
 
 
@@ -167,7 +168,11 @@ def test_position_key_operand_layouts_agree():
     per_example = jnp.where(forward[:, None, None, None], two[0], two[1])
     want = np.einsum("bind,bjnd->bnij", np.asarray(qv), np.asarray(per_example))
     direction = jax.nn.one_hot(jnp.where(forward, 0, 1), 2)
-    for keys in (per_example, ra.position_key_operand(two, b, direction), ra.position_key_operand(per_example, b)):
+    for keys in (
+        per_example,
+        operands.position_key_operand(two, b, direction),
+        operands.position_key_operand(per_example, b),
+    ):
         np.testing.assert_allclose(np.asarray(ra.position_contraction(qv, keys)), want, rtol=1e-5, atol=1e-5)
     shared = np.einsum("bind,jnd->bnij", np.asarray(qv), np.asarray(two[0]))
     np.testing.assert_allclose(np.asarray(ra.position_contraction(qv, two[0])), shared, rtol=1e-5, atol=1e-5)
@@ -203,9 +208,48 @@ def test_content_keys_operand_in_training_only():
     np.testing.assert_allclose(
         np.asarray(ra.content_scores(q, op, u)), np.asarray(ra.content_scores(q, k, u)), rtol=1e-6, atol=1e-6
     )
-    grad = jax.jit(jax.grad(lambda k: jnp.sum(ra.content_scores(q, ra.content_key_operand(k), u) ** 2)))
+    grad = jax.jit(jax.grad(lambda k: jnp.sum(ra.content_scores(q, operands.content_key_operand(k), u) ** 2)))
     dots = [line for line in grad.lower(k).compile().as_text().splitlines() if " dot(" in line]
     assert any("f32[2,2,8,32]" in line.split("=")[1] for line in dots), dots
+
+
+def _lowered_for(platform: str):
+    """A context in which traced code sees `platform` as its lowering target, as under `jax.set_mesh` with that
+    platform's devices (an abstract one-device mesh: no such device needed)."""
+    device = jax.sharding.AbstractDevice(device_kind=platform, num_cores=None, platform=platform)
+    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("data",), abstract_device=device))
+
+
+def test_operand_layouts_are_for_xla_cpu_only():
+    """The XLA:CPU operand layouts apply to programs lowered for the CPU (the mesh's devices decide, so a TPU plan
+    traced on a CPU host gets none): for TPU the keys enter the products as they are, with no optimization barrier
+    in the lowered program, and every form gives the same scores."""
+    rng = np.random.default_rng(4)
+    b, q, r, n, d = 4, 5, 9, 2, 3
+    qv = jnp.asarray(rng.normal(size=(b, q, n, d)), jnp.float32)
+    two = jnp.asarray(rng.normal(size=(2, r, n, d)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(b, r, n, d)), jnp.float32)
+    direction = jax.nn.one_hot(jnp.array([0, 1, 1, 0]), 2)
+    shared = two[0]
+    cases = ((two, direction), (shared, None), (k, None))
+
+    def loss(q, k, keys):
+        scores = ra.content_scores(q, operands.content_keys(k), jnp.zeros((n, d))) + ra.position_contraction(q, keys)
+        return jnp.sum(scores**2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    assert operands.cpu_layouts()  # this session runs on the CPU, no mesh: the default backend decides
+    assert isinstance(operands.content_keys(k), ra.ContentKeyOperand)
+    cpu = [ra.position_contraction(qv, operands.position_keys(x, b, dr)) for x, dr in cases]
+    assert "optimization_barrier" in grad.trace(qv, k, shared).lower().as_text()
+    with _lowered_for("tpu"):
+        assert not operands.cpu_layouts() and operands.content_keys(k) is k
+        assert operands.position_keys(shared, b) is shared
+        tpu = [ra.position_contraction(qv, operands.position_keys(x, b, dr)) for x, dr in cases]
+        lowered = grad.trace(qv, k, shared).lower(lowering_platforms=("tpu",))
+        assert "optimization_barrier" not in lowered.as_text()
+    for a, c in zip(cpu, tpu):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-5)
 
 
 def test_relative_shift_has_no_gather():

@@ -161,3 +161,23 @@ def test_chip_figures_per_device():
             self.id, self.coords = i, (i // 2 % 2, i // 4, 0)
 
     assert topology.hbm_bytes_per_s_per_device(t, [Core(i) for i in range(8)]) == 4.5e11
+
+
+def test_batched_dot_written_as_a_dilated_convolution():
+    """XLA:TPU writes the batched product `bind,bjnd->bnij` as a convolution whose batch dimensions (b, n) are
+    windows of size B over the input dilated by B (as `compiled.as_text()` printed it for [8,512,12,64] x
+    [8,1408,12,64] bf16 per v3 core): one tap per output element, so the FLOPs are 2 · b·n·i·j · d, as XLA's own
+    cost analysis counts them (8,858,370,048), not 96 times that."""
+    lhs, rhs = "bf16[8,512,12,64]{1,3,2,0:T(8,128)(2,1)}", "bf16[8,1408,12,64]{1,3,2,0:T(8,128)(2,1)}"
+    out = "bf16[8,12,512,1408]{3,2,1,0:T(8,128)(2,1)}"
+    hlo = f"""HloModule jit_f, is_scheduled=true
+
+ENTRY %main (q: bf16[8,512,12,64], k: bf16[8,1408,12,64]) -> bf16[8,12,512,1408] {{
+  %q = {lhs} parameter(0)
+  %k = {rhs} parameter(1)
+  ROOT %conv = {out} convolution({lhs} %q, {rhs} %k), window={{size=8x12 stride=7x11 lhs_dilate=8x12}}, dim_labels=0b1f_0o1i->01bf
+}}
+"""
+    (op,), _ = roofline.module_ops(hlo)
+    assert op.flops == 2 * 8 * 12 * 512 * 1408 * 64 == 8_858_370_048
+    assert op.bytes == 2 * (8 * 512 * 12 * 64 + 8 * 1408 * 12 * 64 + 8 * 12 * 512 * 1408)

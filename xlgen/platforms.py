@@ -66,6 +66,23 @@ def quiet_default() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The platform a program is lowered for
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def lowering_platform() -> str:
+    """The platform (`cpu`, `tpu`, `gpu`) of the program being traced: that of the devices of the mesh in context
+    (`xlgen train`, `xlgen plan` and the finetuning loop trace their steps under `jax.set_mesh(mesh)`; a plan made
+    on a CPU host traces under a mesh of TPU compile-only devices), else JAX's default backend. For code whose
+    choice changes shapes or layouts at trace time (`xlgen.models.operands`); a choice between values of one
+    shape uses `jax.lax.platform_dependent`, which follows the lowering even without a mesh."""
+    import jax
+
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    return device.platform if device is not None else jax.default_backend()
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Host memory (glibc malloc)
 # ----------------------------------------------------------------------------------------------------------------
 #

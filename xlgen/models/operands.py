@@ -1,16 +1,20 @@
 """Operand layouts of the relative-attention products and the shift's derivative: the compiler tuning of the
 relative-attention core, in one place, so that `relative_attention.py` states only the papers' terms. The forms
 below compute the same values as the plain ones (bitwise on XLA:CPU) and differ only in the layouts the compiler
-gives the products and their transposes; they were chosen and measured on XLA:CPU (docs/performance.md).
+gives the products and their transposes; they were chosen and measured on XLA:CPU (docs/performance.md) and apply
+only to programs lowered for it:
 
 * `linear_skew`: the shift's derivative is the shift itself; on XLA:CPU its tangent is built with a row width
   whose transpose (the backward pass) is vectorised, elsewhere with the primal's (smallest) width. Selected per
-  backend with `jax.lax.platform_dependent`, so a TPU program lowered on a CPU host (`xlgen plan`) keeps the
-  smallest width.
-* Operand layouts for the attention products (`content_key_operand`, `position_key_operand`, `ValueOperand`):
-  keys as `[b, n, d, k]` behind an optimization barrier, so the key gradients are formed as `(q+u)^T dS` with
-  `[d, k]` outputs; the shared position keys broadcast over the batch as a product, so the batch sum of their
-  gradient is a matrix-vector product.
+  lowering platform with `jax.lax.platform_dependent`.
+* Operand layouts for the attention products (`content_keys` / `content_key_operand`, `position_keys` /
+  `position_key_operand`, `ValueOperand`): keys as `[b, n, d, k]` behind an optimization barrier, so the key
+  gradients are formed as `(q+u)^T dS` with `[d, k]` outputs; the shared position keys broadcast over the batch as
+  a product, so the batch sum of their gradient is a matrix-vector product. `content_keys` and `position_keys`
+  form them for a program lowered for XLA:CPU (`cpu_layouts`, by `xlgen.platforms.lowering_platform`: the mesh's
+  devices, so a TPU plan compiled on a CPU host gets none) and return the keys as they are elsewhere, where XLA
+  chooses the layouts itself: on TPU the barriers cost a copy of the keys each and the product form of the batch
+  broadcast writes `[b, n, d, r]` keys the plain product does not need (docs/pod_scale.md, "Platform tuning").
 
 The relative-attention core (`relative_attention.py`) and Transformer-XL's cached evaluation call these by name.
 """
@@ -22,6 +26,8 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+
+from xlgen import platforms
 
 
 def tangent_row_width(width: int, stride: int) -> int:
@@ -60,6 +66,11 @@ def linear_skew(skew: Callable, min_width: Callable[[int, int, int, int], int]):
     return shift
 
 
+def cpu_layouts() -> bool:
+    """Whether the program being traced gets the XLA:CPU operand layouts: it is lowered for the CPU."""
+    return platforms.lowering_platform() == "cpu"
+
+
 class ContentKeyOperand(NamedTuple):
     """Key heads laid out for the content product: `keys [b, n, d, k]`, behind an optimization barrier
     (`content_key_operand`); formed once per layer when several products use the keys (XLNet's two streams)."""
@@ -73,6 +84,12 @@ def content_key_operand(k_head: jax.Array) -> ContentKeyOperand:
     speed at seq 512 (5.3 vs 9.7 ms standalone, cf. `position_key_operand`); the barrier keeps XLA from folding
     the transpose back into the product."""
     return ContentKeyOperand(jax.lax.optimization_barrier(jnp.transpose(k_head, (0, 2, 3, 1))))
+
+
+def content_keys(k_head: jax.Array):
+    """Key heads `[b,k,n,d]` for the content product of a training step: the `content_key_operand` on XLA:CPU, the
+    keys as they are elsewhere."""
+    return content_key_operand(k_head) if cpu_layouts() else k_head
 
 
 class ValueOperand(NamedTuple):
@@ -114,3 +131,14 @@ def position_key_operand(k_head_r: jax.Array, batch: int, direction: Optional[ja
     else:
         keys = jnp.transpose(k_head_r, (0, 2, 3, 1))
     return PositionKeyOperand(jax.lax.optimization_barrier(keys))
+
+
+def position_keys(k_head_r: jax.Array, batch: int, direction: Optional[jax.Array] = None):
+    """Position keys for the position product: `position_key_operand` on XLA:CPU; elsewhere the keys as they are
+    (`[r,n,d]` shared by the batch, `[b,r,n,d]` per example), XLNet's `[2,r,n,d]` with a one-hot `direction [b,2]`
+    as the per-example `[b,r,n,d]` keys `direction[b] @ k_head_r` (as the original implementations form them)."""
+    if cpu_layouts():
+        return position_key_operand(k_head_r, batch, direction)
+    if direction is not None:
+        return jnp.einsum("bs,srnd->brnd", direction.astype(k_head_r.dtype), k_head_r)
+    return k_head_r

@@ -40,8 +40,6 @@ from xlgen.models.operands import (  # operand layouts for the products (same ma
     ContentKeyOperand,
     PositionKeyOperand,
     ValueOperand,
-    content_key_operand,
-    position_key_operand,
 )
 from xlgen.sharding import constrain
 
@@ -170,10 +168,13 @@ def content_scores(q_head: jax.Array, k_head, r_w_bias: jax.Array) -> jax.Array:
 
 def position_contraction(qv: jax.Array, k_head_r) -> jax.Array:
     """Raw position scores (q + v)·W_r R before the shift: qv `[b,q,n,d]`, position keys `[r,n,d]` (shared by
-    the batch), `[b,r,n,d]` or a `PositionKeyOperand` -> `[b,n,q,r]` (see `position_key_operand`)."""
+    the batch), `[b,r,n,d]` or a `PositionKeyOperand` -> `[b,n,q,r]` (see `operands.position_keys`)."""
     if not isinstance(k_head_r, PositionKeyOperand):
-        k_head_r = position_key_operand(k_head_r, qv.shape[0])
-    return jnp.einsum("bind,bndj->bnij", qv, k_head_r.keys.astype(qv.dtype))
+        k_head_r = operands.position_keys(k_head_r, qv.shape[0])
+    if isinstance(k_head_r, PositionKeyOperand):
+        return jnp.einsum("bind,bndj->bnij", qv, k_head_r.keys.astype(qv.dtype))
+    spec = "bind,jnd->bnij" if k_head_r.ndim == 3 else "bind,bjnd->bnij"
+    return jnp.einsum(spec, qv, k_head_r.astype(qv.dtype))
 
 
 def position_scores(
@@ -364,11 +365,11 @@ class RelativeMultiHeadAttention(nnx.Module):
         return self.r(pos_emb, gather_input_dims=True)
 
     def content_keys(self, k_head):
-        """The key heads as the content product's operand: in training the `[b,n,d,k]` layout of
-        `operands.content_key_operand`; in evaluation (no backward pass) the keys as they are. Idempotent."""
+        """The key heads as the content product's operand: in training `operands.content_keys` (the `[b,n,d,k]`
+        layout on XLA:CPU); in evaluation (no backward pass) the keys as they are. Idempotent."""
         if isinstance(k_head, ContentKeyOperand) or self.dropatt.deterministic:
             return k_head
-        return content_key_operand(k_head)
+        return operands.content_keys(k_head)
 
     def kv_heads(self, h: jax.Array, mem: Optional[jax.Array] = None) -> tuple:
         """Key and value heads `[b, m+l, n, d]` of `[mem; h]` for h `[b,l,d]` and a stop-gradient memory mem

@@ -82,9 +82,9 @@ def render_text(r: Dict[str, Any]) -> str:
 TABLE_HEADER = (
     "| config | topology (devices) | mesh data×fsdp×tensor | rules | execution | batch | params | "
     "state / device | HBM / device (of) | fits | model FLOPs / step | compute ≥ | comm / device (× FSDP ideal) | "
-    "comm ≥ | step ≥ (no overlap) | MFU ≤ (with comm) | roofline ≥ (no overlap) | roofline MFU ≤ (with comm) | "
-    "XLA optimal_seconds | compile |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "comm ≥ | step ≥ (no overlap) | MFU ≤ (with comm) | roofline ≥ (no overlap) | roofline ÷ compute | "
+    "roofline MFU ≤ (with comm) | XLA optimal_seconds | compile |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -118,19 +118,20 @@ def _comm_cells(r: Dict[str, Any]) -> str:
 
 
 def _roofline_cells(r: Dict[str, Any]) -> str:
-    """roofline ≥ (no overlap), roofline MFU ≤ (with comm), XLA optimal_seconds; '-' for plans compiled before the
-    roofline was measured."""
+    """roofline ≥ (no overlap), roofline ÷ compute-only bound, roofline MFU ≤ (with comm), XLA optimal_seconds; '-'
+    for plans compiled before the roofline was measured."""
     xla = r.get("xla_optimal_seconds")
     loop = r.get("flops_per_step", {}).get("xla_counts_loop_bodies_once")
     xla_cell = "-" if not xla else f"{xla * 1e3:.0f} ms" + (" (loop body once)" if loop else "")
     if "roofline_time_s" not in r:
-        return f"- | - | {xla_cell}"
+        return f"- | - | - | {xla_cell}"
     roof = f"{r['roofline_time_s'] * 1e3:.0f} ms"
     mfu = f"{100 * r['roofline_mfu']:.0f}%"
     if "roofline_step_time_no_overlap_s" in r:
         roof += f" ({r['roofline_step_time_no_overlap_s'] * 1e3:.0f} ms)"
         mfu += f" ({100 * r['roofline_mfu_with_comm']:.0f}%)"
-    return f"{roof} | {mfu} | {xla_cell}"
+    ratio = f"{r['roofline_over_compute_only']:.2f}×" if "roofline_over_compute_only" in r else "-"
+    return f"{roof} | {ratio} | {mfu} | {xla_cell}"
 
 
 def _execution(model: Dict[str, Any]) -> str:

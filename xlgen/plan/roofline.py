@@ -4,8 +4,10 @@ Every instruction the device executes is one kernel: a fusion, a dot/convolution
 each, read from the module's text (`compiled.as_text()`):
 
     FLOPs   2 · (output elements) · (contracted elements) of every dot and convolution it computes (inside a fusion:
-            of its fused computation); element-wise work is not counted (it runs on the vector units, and on TPU it
-            is bound by the bytes it moves, which are counted)
+            of its fused computation; contracted: of a convolution, the kernel's input features times the window
+            taps that land on input elements, one per batch dimension of the batched dots XLA:TPU writes as
+            convolutions over a dilated input); element-wise work is not counted (it runs on the vector units, and
+            on TPU it is bound by the bytes it moves, which are counted)
     bytes   what it reads from and writes to HBM: its operands and results, each array at its physical size (the
             layout's tiles pad the minor dimensions, e.g. bf16[8, 64]{1,0:T(8,128)(2,1)} holds 8 × 128 elements;
             arrays placed in on-chip memory, layout memory space S(n) with n > 0, move no HBM bytes). Two in-place
@@ -31,6 +33,8 @@ import dataclasses
 import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from xlgen import comm
 
@@ -178,14 +182,45 @@ def _matmul_flops(ins: _Instr, types: Dict[str, str]) -> float:
         contracted = math.prod(lhs[d] for d in _dims(m[1])) if m and lhs else 1
         return 2.0 * out * contracted
     if ins.opcode == "convolution":
-        rhs = _shape(types.get(ins.operands[1], ""))
-        m = re.search(r"dim_labels=[^_]+_([^-]+)->", ins.attrs)
-        if not (m and rhs and len(m[1]) == len(rhs)):
-            return 0.0
-        # every output element sums over the kernel's input features and window: its dims other than 'o'
-        contracted = math.prod(size for label, size in zip(m[1], rhs) if label != "o")
-        return 2.0 * out * contracted
+        return 2.0 * _convolution_macs(ins, types)
     return 0.0
+
+
+def _window(attrs: str, n: int) -> Dict[str, List[Tuple[int, ...]]]:
+    """A convolution's `window={size=2x16 stride=1x15 pad=0_0x15_15 lhs_dilate=2x16 ...}`: stride, pad and the
+    dilations, one tuple of integers per spatial dimension (`pad`: (low, high)); absent fields are 1 (`pad` 0, 0)."""
+    w = re.search(r"window=\{([^}]*)\}", attrs)
+    fields = dict(f.split("=", 1) for f in w[1].split()) if w else {}
+    out = {k: [(1,)] * n for k in ("stride", "lhs_dilate", "rhs_dilate")}
+    out["pad"] = [(0, 0)] * n
+    for k, v in fields.items():
+        if k in out:
+            out[k] = [tuple(int(x) for x in d.split("_")) for d in v.split("x")]
+    return out
+
+
+def _convolution_macs(ins: _Instr, types: Dict[str, str]) -> float:
+    """Multiply-adds of a convolution: (output elements over its batch and feature dimensions) × (the kernel's input
+    features) × per spatial dimension the (output position, window tap) pairs whose tap lands on an input element
+    (not on padding, nor between the elements of a dilated input). Exact for any window; XLA:TPU writes batched
+    dots as convolutions whose batch dimensions are windows over a dilated input (one tap per output position) and
+    their gradients as padded, reversed windows."""
+    m = re.search(r"dim_labels=([^_]+)_([^-]+)->(\w+)", ins.attrs)
+    lhs, rhs = (_shape(types.get(name, "")) for name in ins.operands[:2])
+    out = _shape(ins.type_text)
+    if not (m and len(m[1]) == len(lhs) and len(m[2]) == len(rhs) and len(m[3]) == len(out)):
+        return 0.0
+    spatial = sorted(int(c) for c in m[2] if c.isdigit())
+    w = _window(ins.attrs, len(spatial))
+    macs = float(rhs[m[2].index("i")]) * math.prod(d for label, d in zip(m[3], out) if not label.isdigit())
+    for k in spatial:
+        size, n_in, n_out = rhs[m[2].index(str(k))], lhs[m[1].index(str(k))], out[m[3].index(str(k))]
+        (stride,), (lhs_dil,), (rhs_dil,), (pad_low, _) = (
+            w[f][k] for f in ("stride", "lhs_dilate", "rhs_dilate", "pad")
+        )
+        at = np.arange(n_out)[:, None] * stride + np.arange(size)[None, :] * rhs_dil - pad_low  # in the dilated input
+        macs *= int(np.count_nonzero((at >= 0) & (at <= (n_in - 1) * lhs_dil) & (at % lhs_dil == 0)))
+    return macs
 
 
 _FRAME_RE = re.compile(r"^(\d+)\s+\{file_location_id=(\d+)\s+parent_frame_id=(\d+)\}")

@@ -45,12 +45,12 @@ from xlgen.models.layers import (
     rematerialize,
     stacked_layers,
 )
+from xlgen.models.operands import position_keys
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
     memory_validity_mask,
     position_contraction,
-    position_key_operand,
     relative_attention,
     relative_position_sequence,
     segment_scores,
@@ -276,7 +276,7 @@ class XLNetLayer(nnx.Module):
             # a [b,2] x [2, r*n*d] selection product rather than a where: its gradient is the transposed product,
             # where the where's is a select + reduce over the batch (~9% of an XLNet bi_data step on XLA:CPU)
             direction = jax.nn.one_hot(jnp.where(ctx["is_forward"], 0, 1), 2, dtype=k_head_r.dtype)
-        k_head_r = position_key_operand(k_head_r, h.shape[0], direction)  # formed once for both streams
+        k_head_r = position_keys(k_head_r, h.shape[0], direction)  # formed once for both streams
         k_head = attn.content_keys(k_head)  # formed once for both streams (in training)
         offset = shift_offset(qlen, ctx["attn_type"])
         mask_h = None if ctx["mask_h"] is None else ctx["mask_h"][:, None]
