@@ -323,8 +323,10 @@ def train_sentencepiece(texts: Iterable[str], path: str | None = None, *, vocab_
 
 
 def corpus_for(data_dir: str) -> List[str]:
-    """All text of the task files under `data_dir` (to train a matching tiny tokenizer): TSV/CSV lines, and the
+    """All text of the task files under `data_dir` (to train a matching tiny tokenizer): TSV lines, the text fields
+    of CSV rows (Zhang et al.: the label column and the quoting left out, so words are not glued to quotes), and the
     string values of JSON files (SQuAD, RACE)."""
+    import csv
 
     def strings(x):
         if isinstance(x, str):
@@ -343,7 +345,9 @@ def corpus_for(data_dir: str) -> List[str]:
                 continue
             with open(os.path.join(root, name), encoding="utf-8") as f:
                 text = f.read()
-            if text.lstrip().startswith("{"):
+            if name.endswith(".csv"):
+                out.extend(" ".join(row[1:]) for row in csv.reader(io.StringIO(text)) if "".join(row[1:]).strip())
+            elif text.lstrip().startswith("{"):
                 out.extend(t for t in strings(json.loads(text)) if t.strip())
             else:
                 out.extend(line for line in text.replace("\\n", "\n").split("\n") if line.strip())
