@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import jax
 
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\S+)\s+([\w\-]+)\(")
+# shape: an array shape or a tuple of them (spaces inside, nested at most twice), then the opcode
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)|\S+)\s+([\w\-]+)\(")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _SOURCE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
 
