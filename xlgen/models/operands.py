@@ -6,7 +6,9 @@ only to programs lowered for it:
 
 * `linear_skew`: the shift's derivative is the shift itself; on XLA:CPU its tangent is built with a row width
   whose transpose (the backward pass) is vectorised, elsewhere with the primal's (smallest) width. Selected per
-  lowering platform with `jax.lax.platform_dependent`.
+  lowering platform with `jax.lax.platform_dependent`. Lowered for TPU, the shift is instead the row-rotation
+  kernel of `xlgen.models.tpu_shift` (XLA:TPU relayouts the pad/flatten/slice form through copy loops at ~20x the
+  bytes).
 * Operand layouts for the attention products (`content_keys` / `content_key_operand`, `position_keys` /
   `position_key_operand`, `ValueOperand`): keys as `[b, n, d, k]` behind an optimization barrier, so the key
   gradients are formed as `(q+u)^T dS` with `[d, k]` outputs; the shared position keys broadcast over the batch as
@@ -21,6 +23,8 @@ The relative-attention core (`relative_attention.py`) and Transformer-XL's cache
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from typing import Callable, NamedTuple, Optional
 
@@ -28,6 +32,25 @@ import jax
 import jax.numpy as jnp
 
 from xlgen import platforms
+from xlgen.models import tpu_shift
+
+_EMULATED_TPU = contextvars.ContextVar("xlgen_emulated_tpu", default=False)
+
+
+@contextlib.contextmanager
+def emulate_tpu():
+    """Trace the forms chosen for TPU lowering on any backend, the Pallas kernels run through JAX (`interpret`):
+    for comparing them with the other platforms' forms on the CPU."""
+    token = _EMULATED_TPU.set(True)
+    try:
+        yield
+    finally:
+        _EMULATED_TPU.reset(token)
+
+
+def lowering_platform() -> str:
+    """`xlgen.platforms.lowering_platform()`, or `tpu` inside `emulate_tpu()`."""
+    return "tpu" if _EMULATED_TPU.get() else platforms.lowering_platform()
 
 
 def tangent_row_width(width: int, stride: int) -> int:
@@ -63,12 +86,17 @@ def linear_skew(skew: Callable, min_width: Callable[[int, int, int, int], int]):
         )
         return shift(x, klen, offset, stride), tangent
 
-    return shift
+    def shift_for_platform(x: jax.Array, klen: int, offset: int, stride: int) -> jax.Array:
+        if lowering_platform() == "tpu" and tpu_shift.applies(x.shape, klen):
+            return tpu_shift.relative_shift(x, klen, offset, stride, interpret=_EMULATED_TPU.get())
+        return shift(x, klen, offset, stride)
+
+    return shift_for_platform
 
 
 def cpu_layouts() -> bool:
     """Whether the program being traced gets the XLA:CPU operand layouts: it is lowered for the CPU."""
-    return platforms.lowering_platform() == "cpu"
+    return lowering_platform() == "cpu"
 
 
 class ContentKeyOperand(NamedTuple):

@@ -122,7 +122,8 @@ def relative_shift(x: jax.Array, *, klen: int, offset: int, stride: int = 1) -> 
     first `offset` elements, and read rows of length w - stride: element (i, j) of the result is then flat element
     i*(w-stride) + j + offset = i*w + (offset - stride*i + j), i.e. row i, column offset - stride*i + j. The
     result's derivative is the same map applied to the tangent (`operands.linear_skew`: its row width is the
-    compiler's choice per backend, since the speed of its transpose depends on w).
+    compiler's choice per backend, since the speed of its transpose depends on w). Lowered for TPU, where the
+    flatten is a relayout, the same map is a kernel rotating each row in place (`xlgen.models.tpu_shift`).
     """
     q = x.shape[-2]
     if offset - stride * (q - 1) < 0:

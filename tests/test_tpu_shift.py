@@ -1,0 +1,129 @@
+"""The relative shift lowered for TPU (`xlgen.models.tpu_shift`): a Pallas kernel rotating each row in VMEM.
+
+* The kernel (run through JAX, `interpret=True`) equals the XLA shift at every entry whose source exists, bitwise,
+  and its derivative is the shift's transpose, for every relative-position kind, strides, bfloat16, and the widths
+  it pads in VMEM or in XLA.
+* A train step traced for TPU (`operands.emulate_tpu`: the TPU forms, kernels interpreted) gives the loss and
+  gradients of the CPU program for Transformer-XL, XLNet and Funnel (`relative_shift`): every caller masks the
+  entries without a source.
+* Compiled for TPU v3 (libtpu), the shift is one kernel reading the scores once and writing the result once (the
+  XLA form moved ~20x those bytes through copy loops).
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_remat_precision import _batch_and_mems, _grad_fn, _program
+
+from xlgen.models import operands, tpu_shift
+from xlgen.models import relative_attention as ra
+
+
+def _sources(q, r, klen, offset, stride):
+    i, j = np.arange(q)[:, None], np.arange(klen)[None]
+    src = offset - stride * i + j
+    return src, (src >= 0) & (src < r)
+
+
+@pytest.mark.parametrize(
+    "q,r,klen,offset,stride,dtype",
+    [
+        (32, 64, 64, 31, 1, "float32"),  # Transformer-XL: r = klen, the causal triangle has no source
+        (32, 97, 96, 32, 1, "float32"),  # XLNet "uni": r = klen + 1 (padded in XLA: not a multiple of 128)
+        (32, 160, 128, 32, 1, "float32"),  # XLNet "bi": r = klen + q (the cotangent padded in VMEM)
+        (32, 384, 256, 64, 2, "bfloat16"),  # Funnel's pooled queries, bfloat16 scores
+        (48, 248, 200, 48, 1, "float32"),
+        (1, 41, 40, 1, 1, "float32"),  # one query (generation)
+    ],
+)
+def test_kernel_equals_the_shift_and_its_transpose(q, r, klen, offset, stride, dtype):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 3, q, r)), dtype)
+    _, valid = _sources(q, r, klen, offset, stride)
+    xla = functools.partial(ra.relative_shift, klen=klen, offset=offset, stride=stride)
+    kernel = functools.partial(tpu_shift.relative_shift, klen=klen, offset=offset, stride=stride, interpret=True)
+    assert tpu_shift.applies(x.shape, klen)
+    want, want_vjp = jax.vjp(xla, x)
+    got, got_vjp = jax.vjp(kernel, x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(
+        np.where(valid, np.asarray(got, np.float32), 0), np.where(valid, np.asarray(want, np.float32), 0)
+    )
+    cotangent = jnp.asarray(np.where(valid, rng.normal(size=got.shape), 0), dtype)  # callers mask the rest
+    np.testing.assert_array_equal(np.asarray(got_vjp(cotangent)[0]), np.asarray(want_vjp(cotangent)[0]))
+
+
+def test_roll_rows_definition():
+    """y[i, j] = x[i, (j - a_i) mod W] with a_i = start + step * i, over blocks of rows."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 256)).astype(np.float32)
+    got = np.asarray(tpu_shift.roll_rows(jnp.asarray(x), width=256, start=5, step=-3, out_width=128, interpret=True))
+    for i, j in itertools.product(range(64), range(128)):
+        assert got[i, j] == x[i, (j - (5 - 3 * i)) % 256]
+
+
+def test_block_rows():
+    assert tpu_shift.block_rows(768, 1536) == 256  # 256 x 1536 float32 = 1.5 MiB
+    assert tpu_shift.block_rows(512, 2048) == 256
+    assert tpu_shift.block_rows(100, 512) == 100  # the whole dimension
+    assert tpu_shift.block_rows(8, 1024) == 8
+    assert tpu_shift.block_rows(1000, 4096) == 0  # no multiple of 16 divides 1000 within 2 MiB: the XLA shift
+    assert not tpu_shift.applies((2, 1000, 4000), 4000)
+
+
+@pytest.mark.parametrize(
+    "config_file,over",
+    [
+        ("txl_tiny.py", {}),
+        pytest.param("xlnet_tiny.py", {}, marks=pytest.mark.slow),
+        ("funnel_tiny.py", {"model.attention_type": "relative_shift"}),
+    ],
+)
+def test_train_step_traced_for_tpu_equals_the_cpu_program(config_file, over):
+    """Loss and gradients of a float32 train step (dropout on) with the TPU forms equal the CPU program's."""
+    program, mesh = _program(config_file, {"model.remat": "none", **over})
+    results = {}
+    with jax.set_mesh(mesh):
+        params = program.init_state()[0]["params"]
+        batch, mems = _batch_and_mems(program)
+        results["cpu"] = jax.tree.map(np.asarray, _grad_fn(program)(params, batch, mems))
+        with operands.emulate_tpu():
+            traced = _grad_fn(program).trace(params, batch, mems)
+        assert "pallas_call" in str(traced.jaxpr)
+        results["tpu"] = jax.tree.map(np.asarray, traced.lower().compile()(params, batch, mems))
+    (loss_cpu, g_cpu), (loss_tpu, g_tpu) = results["cpu"], results["tpu"]
+    assert np.isfinite(loss_cpu)
+    np.testing.assert_allclose(loss_tpu, loss_cpu, rtol=1e-6)
+    for name in g_cpu:
+        np.testing.assert_allclose(g_tpu[name], g_cpu[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_compiled_for_tpu_the_shift_reads_and_writes_once():
+    """v3 per-core shapes of Transformer-XL enwik8-large's position scores (`[2, 8, 768, 1536]` bfloat16): forward
+    and backward are one custom call each, their HBM bytes those of reading the input and writing the output."""
+    from xlgen import topology
+
+    if not topology.libtpu_available():
+        pytest.skip("libtpu (the `tpu` extra) compiles for TPU")
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from xlgen.plan import roofline
+
+    mesh = jax.sharding.Mesh(topology.topology_devices("v3:2x2")[:1], ("data",))
+    b, n, q, k = 2, 8, 768, 1536
+    x = jax.ShapeDtypeStruct((b, n, q, k), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+    def step(x):
+        y, vjp = jax.vjp(lambda x: ra.relative_shift(x, klen=k, offset=q - 1), x)
+        return vjp(y)[0]
+
+    with jax.set_mesh(mesh):
+        hlo = jax.jit(step).lower(x).compile().as_text()
+    ops = [op for op in roofline.module_ops(hlo)[0] if op.bytes]
+    assert [op.opcode for op in ops] == ["custom-call", "custom-call"]
+    assert all(op.bytes == 2 * (b * n * q * k * 2) for op in ops)  # read [b,n,q,k] bf16, write [b,n,q,k] bf16
