@@ -315,14 +315,11 @@ class _Module:
             elif u.opcode in _SLICES and u.operands[0] == name and name not in u.operands[1:]:
                 part = type_bytes(u.type_text)
             elif u.opcode == "fusion" and "calls" in (called := dict(comm._CALLS_RE.findall(u.attrs))):
-                params = self._params(called["calls"])
-                part = 0.0
-                for i, o in enumerate(u.operands):
-                    if o == name:
-                        got = self.sliced_read(called["calls"], params.get(i, ""))
-                        part = None if got is None else part + got
-                        if part is None:
-                            break
+                inner = self._params(called["calls"])
+                parts = [
+                    self.sliced_read(called["calls"], inner.get(i, "")) for i, o in enumerate(u.operands) if o == name
+                ]
+                part = None if None in parts else sum(parts)
             else:
                 part = None
             if part is None:
