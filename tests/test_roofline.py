@@ -51,6 +51,19 @@ HLO = f"""HloModule jit_step, is_scheduled=true
   ROOT %tanh.6 = bf16[256,512]{BF16_TILE} tanh(bf16[256,512]{BF16_TILE} %convolution.6)
 }}
 
+%fused_slice (param_0.7: bf16[4,512,512]) -> bf16[512,512] {{
+  %param_0.7 = bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} parameter(0)
+  %slice.7 = bf16[1,512,512]{{2,1,0:T(8,128)(2,1)}} slice(bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} %param_0.7), slice={{[2:3], [0:512], [0:512]}}
+  ROOT %bitcast.7 = bf16[512,512]{BF16_TILE} bitcast(bf16[1,512,512]{{2,1,0:T(8,128)(2,1)}} %slice.7)
+}}
+
+%fused_third (param_0.8: bf16[256,512], param_1.8: bf16[4,512,512]) -> bf16[256,512] {{
+  %param_0.8 = bf16[256,512]{BF16_TILE} parameter(0)
+  %param_1.8 = bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} parameter(1)
+  %fusion.8 = bf16[512,512]{BF16_TILE} fusion(bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} %param_1.8), kind=kLoop, calls=%fused_slice
+  ROOT %convolution.8 = bf16[256,512]{BF16_TILE} convolution(bf16[256,512]{BF16_TILE} %param_0.8, bf16[512,512]{BF16_TILE} %fusion.8), dim_labels=bf_io->bf
+}}
+
 %body (p.4: (s32[], bf16[4,512,512], bf16[4,256,512], bf16[256,512])) -> (s32[], bf16[4,512,512], bf16[4,256,512], bf16[256,512]) {{
   %p.4 = (s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) parameter(0)
   %i.4 = s32[] get-tuple-element((s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) %p.4), index=0
@@ -91,6 +104,7 @@ ENTRY %main (x: bf16[256,512], w: bf16[512,1024], u: f32[256,64], v: f32[256,64]
   %add.0 = f32[256,64]{{1,0:T(8,128)}} fusion(f32[256,64]{{1,0:T(8,128)}} %u, f32[256,64]{{1,0:T(8,128)}} %v), kind=kLoop, calls=%fused_add
   %copy.0 = f32[256,128]{{1,0:T(8,128)S(1)}} copy(f32[256,128]{{1,0:T(8,128)}} %c)
   %all-reduce.0 = f32[256,128]{{1,0:T(8,128)}} all-reduce(f32[256,128]{{1,0:T(8,128)S(1)}} %copy.0), replica_groups={{}}, to_apply=%sum
+  %third = bf16[256,512]{BF16_TILE} fusion(bf16[256,512]{BF16_TILE} %h, bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} %ws), kind=kOutput, calls=%fused_third
   %zero = s32[] constant(0)
   %init = (s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) tuple(s32[] %zero, bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}} %ws, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}} %acc, bf16[256,512]{BF16_TILE} %h)
   %while.0 = (s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) while((s32[], bf16[4,512,512]{{2,1,0:T(8,128)(2,1)}}, bf16[4,256,512]{{2,1,0:T(8,128)(2,1)}}, bf16[256,512]{BF16_TILE}) %init), condition=%cond, body=%body
@@ -104,6 +118,8 @@ DOT = {"flops": 2 * 256 * 1024 * 512, "bytes": 2 * (256 * 512 + 512 * 1024 + 256
 ADD = {"flops": 0, "bytes": 3 * 256 * 128 * 4}
 COPY_TO_VMEM = {"flops": 0, "bytes": 256 * 128 * 4}  # read from HBM, written to memory space S(1): no HBM write
 OUT_COPY = {"flops": 0, "bytes": 2 * 256 * 1024 * 2}
+# h @ ws[2] unrolled: ws[2] read through a nested fusion of a static slice (h, the [512, 512] slice, the output)
+THIRD = {"flops": 2 * 256 * 512 * 512, "bytes": 256 * 512 * 2 + 512 * 512 * 2 + 256 * 512 * 2}
 # the stacked output `acc` starts as an AllocateBuffer custom call: an uninitialised allocation, no traffic
 # the loop body, 4 trips: the layer's weights sliced from the stacked [4, 512, 512] array (the slice, not the
 # stack, is read; plus the s32 index) and written; the layer's input written in place into [4, 256, 512] (only
@@ -114,9 +130,9 @@ SLICE = {"flops": 0, "bytes": 512 * 512 * 2 + 4 + 512 * 512 * 2}
 UPDATE = {"flops": 0, "bytes": 256 * 512 * 2 + 4 + 256 * 512 * 2}
 LAYER = {"flops": 2 * 256 * 512 * 512, "bytes": 256 * 512 * 2 + 512 * 512 * 2 + 4 + 256 * 512 * 2}
 COUNTER = {"flops": 0, "bytes": 3 * 4}
-ONCE = [DOT, ADD, COPY_TO_VMEM, OUT_COPY]
+ONCE = [DOT, ADD, COPY_TO_VMEM, OUT_COPY, THIRD]
 PER_TRIP = [SLICE, UPDATE, LAYER, COUNTER]
-FLOPS = DOT["flops"] + 4 * LAYER["flops"]
+FLOPS = DOT["flops"] + THIRD["flops"] + 4 * LAYER["flops"]
 
 
 def _hand_time(peak, bw):
