@@ -12,8 +12,11 @@ each, read from the module's text (`compiled.as_text()`):
             layout's tiles pad the minor dimensions, e.g. bf16[8, 64]{1,0:T(8,128)(2,1)} holds 8 × 128 elements;
             arrays placed in on-chip memory, layout memory space S(n) with n > 0, move no HBM bytes). Two in-place
             forms move only the part touched: a fused operand read only through (dynamic-)slices costs the slices
-            (a scanned layer's weights read from the stacked [L, ...] array), and a dynamic-update-slice into an
-            operand writes only the update (a scanned layer's outputs written into the stacked array)
+            (a scanned layer's weights read from the stacked [L, ...] array; also where the slice sits in a fusion
+            nested in the fusion, as XLA:TPU fuses `ws[i]` into the layer's matmul), and a dynamic-update-slice
+            into an operand writes only the update (a scanned layer's outputs written into the stacked array).
+            XLA:TPU's `AllocateBuffer` custom call (a scan's stacked outputs before the loop fills them) is an
+            uninitialised allocation: no traffic
     trips   executions per step: the product of the trip counts of the `while` loops around it (`scan` over layers,
             gradient accumulation; the loop's `known_trip_count`, else the constant its condition compares with,
             as in `xlgen.comm`); a `conditional` counts its costliest branch
@@ -60,6 +63,8 @@ _FREE = {
     "recv-done",
 }
 _SLICES = {"dynamic-slice", "slice", "gather"}
+# XLA:TPU's uninitialised buffer (a scan's stacked outputs before the loop writes them): an allocation, no traffic
+_ALLOCATE = 'custom_call_target="AllocateBuffer"'
 _ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{([^}]*)\})?")
 _TILE_RE = re.compile(r"T\(([0-9,]+)\)")
 _SPACE_RE = re.compile(r"S\((\d+)\)")
@@ -288,12 +293,46 @@ class _Module:
             self._flops_memo[comp] = total
         return self._flops_memo[comp]
 
+    def _params(self, comp: str) -> Dict[int, str]:
+        return {
+            int(f.args): f.name
+            for f in self.comps.get(comp, [])
+            if f.opcode == "parameter" and f.args.strip().isdigit()
+        }
+
+    def sliced_read(self, comp: str, name: str) -> Optional[float]:
+        """Bytes read of `name` (an instruction of fused computation `comp`) when it is read only through slices, else
+        None: looking through bitcasts and into nested fusions (XLA:TPU fuses a layer's `ws[i]` as a fusion of a
+        dynamic-slice inside the matmul's fusion)."""
+        body = self.comps.get(comp, [])
+        readers = [u for u in body if name in u.operands]
+        if not readers:
+            return None
+        total = 0.0
+        for u in readers:
+            if u.opcode == "bitcast":
+                part = self.sliced_read(comp, u.name)
+            elif u.opcode in _SLICES and u.operands[0] == name and name not in u.operands[1:]:
+                part = type_bytes(u.type_text)
+            elif u.opcode == "fusion" and "calls" in (called := dict(comm._CALLS_RE.findall(u.attrs))):
+                inner = self._params(called["calls"])
+                parts = [
+                    self.sliced_read(called["calls"], inner.get(i, "")) for i, o in enumerate(u.operands) if o == name
+                ]
+                part = None if None in parts else sum(parts)
+            else:
+                part = None
+            if part is None:
+                return None
+            total += part
+        return total
+
     def fusion_bytes(self, ins: _Instr, outer: Dict[str, str], comp: str) -> float:
         """Operands read + results written by a fusion, with the in-place reads/writes of the module docstring.
         `outer`: the types of the calling computation's instructions."""
         body = self.comps.get(comp, [])
         local = {f.name: f for f in body}
-        params = {int(f.args): f.name for f in body if f.opcode == "parameter" and f.args.strip().isdigit()}
+        params = self._params(comp)
         users: Dict[str, List[_Instr]] = {}
         for f in body:
             for o in f.operands:
@@ -330,17 +369,22 @@ class _Module:
         for i, operand in enumerate(ins.operands):
             full = type_bytes(outer.get(operand, ""))
             p = params.get(i)
-            readers = [(u, n) for u, n in uses(p)] if p is not None else []
+            if p is None:
+                read += full
+                continue
             if p in in_place:
                 readers = [
-                    (u, n) for u, n in readers if not (u.opcode == "dynamic-update-slice" and u.operands[0] == n)
+                    (u, n) for u, n in uses(p) if not (u.opcode == "dynamic-update-slice" and u.operands[0] == n)
                 ]
                 if not readers:
                     continue  # written in place, never read
-            if readers and all(u.opcode in _SLICES and u.operands and u.operands[0] == n for u, n in readers):
-                read += min(full, sum(type_bytes(u.type_text) for u, _ in readers))
-            else:
-                read += full
+                if all(u.opcode in _SLICES and u.operands[0] == n for u, n in readers):
+                    read += min(full, sum(type_bytes(u.type_text) for u, _ in readers))
+                else:
+                    read += full
+                continue
+            sliced = self.sliced_read(comp, p)
+            read += full if sliced is None else min(full, sliced)
         return read + written
 
     def ops(self, comp: str, trips: int = 1, stack: Tuple[str, ...] = ()) -> List[Op]:
@@ -349,7 +393,7 @@ class _Module:
         for ins in self.comps.get(comp, []):
             op = ins.opcode
             base = op.removesuffix("-start")
-            if op in _FREE or base in comm.KINDS or op.endswith("-done"):
+            if op in _FREE or base in comm.KINDS or op.endswith("-done") or _ALLOCATE in ins.attrs:
                 continue
             called = dict(comm._CALLS_RE.findall(ins.attrs))
             if op == "while":
