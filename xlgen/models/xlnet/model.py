@@ -110,6 +110,7 @@ class XLNetConfig:
     remat: Union[bool, str] = "none"  # a name of layers.REMAT_POLICIES (True / False = full / none)
     dtype: str = "float32"
     param_dtype: str = "float32"
+    scores_dtype: str = "float32"
     softmax_dtype: str = "float32"
     logits_dtype: str = "float32"
 
@@ -246,6 +247,7 @@ class XLNetLayer(nnx.Module):
             segments=True,
             layer_norm_eps=cfg.layer_norm_eps,
             init_std=cfg.initializer_range,
+            scores_dtype=cfg.scores_dtype,
             softmax_dtype=cfg.softmax_dtype,
             rngs=rngs,
         )
@@ -331,6 +333,7 @@ def query_stream_attention(
         segment_term=segment_term,
         mask=mask,
         dropatt=attn.dropatt,
+        scores_dtype=attn.scores_dtype,
         softmax_dtype=attn.softmax_dtype,
     )
     attn_vec = attn_vec * ctx["target_weight"][:, :, None, None].astype(attn_vec.dtype)
