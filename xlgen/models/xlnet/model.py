@@ -45,7 +45,7 @@ from xlgen.models.layers import (
     rematerialize,
     stacked_layers,
 )
-from xlgen.models.operands import position_keys
+from xlgen.models.operands import position_keys, relative_rows
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
@@ -315,11 +315,9 @@ def query_stream_attention(
     b = attn.biases(shared_biases)
     q_head = attn.heads(attn.q, g)  # [b,m,n,d]
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
-    # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift).
-    idx = offset - ctx["target_pos"][:, :, None] + jnp.arange(klen)[None, None, :]  # [b,m,k]
-    idx = jnp.clip(idx, 0, raw.shape[-1] - 1)  # out-of-range rows only occur where the causal mask applies
-    idx = jnp.broadcast_to(idx[:, None], raw.shape[:3] + (klen,))
-    position_term = jnp.take_along_axis(raw, idx, axis=-1)
+    # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift);
+    # out-of-range rows only occur where the causal mask applies
+    position_term = relative_rows(raw, ctx["target_pos"], offset=offset, klen=klen)  # [b,n,m,k]
     segment_term = None
     if ctx["seg_rows"] is not None:
         segment_term = segment_scores(q_head, attn.seg_embed[...], b["r_s_bias"], ctx["seg_rows"])
