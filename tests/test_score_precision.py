@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_remat_precision import _eqns
 
 from xlgen.models import relative_attention as ra
 from xlgen.models.params import materialize
@@ -65,20 +66,11 @@ def test_bfloat16_scores_agree_with_float32_and_mask_exactly():
         np.testing.assert_allclose(np.asarray(vec, np.float32), vec32, atol=6e-2)
 
 
-def _all_eqns(jaxpr):
-    from xlgen.plan import _subjaxprs
-
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for _, sub in _subjaxprs(eqn.params):
-            yield from _all_eqns(sub)
-
-
 def _dtypes_by_primitive(setting):
     inputs = _inputs()
     jaxpr = jax.make_jaxpr(lambda *a: _attend(setting, a))(*inputs).jaxpr
     out = {}
-    for eqn in _all_eqns(jaxpr):
+    for eqn in _eqns(jaxpr):
         for v in eqn.outvars:
             if getattr(v.aval, "shape", None) == (2, 3, 5, 7):
                 out.setdefault(eqn.primitive.name, set()).add(str(v.aval.dtype))
