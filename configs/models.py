@@ -24,6 +24,8 @@ def transformer_xl(**sizes) -> dict:
             remat="none",
             dtype="bfloat16",
             param_dtype="float32",
+            # the original TPU code (kimiyoung/transformer-xl tf/) is float32 throughout: scores and softmax too
+            scores_dtype="float32",
             softmax_dtype="float32",
             logits_dtype="float32",
         )

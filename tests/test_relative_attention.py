@@ -252,6 +252,39 @@ def test_operand_layouts_are_for_xla_cpu_only():
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["bi", "uni"])
+def test_query_stream_rows_as_windows_equal_the_elementwise_gather(kind):
+    """XLNet's query-stream position term (targets at sampled positions): the TPU form (`relative_row_windows`,
+    one window per target) equals the XLA:CPU element-wise gather, values and gradient, including the clipped
+    indices past the sequence (`uni`); for a program lowered for TPU `relative_rows` is that form."""
+    rng = np.random.default_rng(11)
+    b, n, m, qlen, mlen = 3, 2, 4, 6, 5
+    klen = qlen + mlen
+    r = len(ra.relative_position_sequence(qlen, klen, kind))
+    offset = ra.shift_offset(qlen, kind)
+    raw = jnp.asarray(rng.normal(size=(b, n, m, r)), jnp.float32)
+    pos = jnp.asarray(np.stack([rng.choice(qlen, m, replace=False) for _ in range(b)]), jnp.int32)
+    pos = pos.at[0, 0].set(0).at[1, 0].set(qlen - 1)  # the widest and the narrowest offsets
+    ct = jnp.asarray(rng.normal(size=(b, n, m, klen)), jnp.float32)
+    assert operands.cpu_layouts()
+    forms = {
+        "cpu": functools.partial(operands.relative_rows, offset=offset, klen=klen),
+        "windows": functools.partial(operands.relative_row_windows, offset=offset, klen=klen),
+    }
+    out = {k: jax.vjp(lambda x: f(x, pos), raw) for k, f in forms.items()}
+    (y_cpu, vjp_cpu), (y_win, vjp_win) = out["cpu"], out["windows"]
+    # by hand: row offset - z + j, clipped into the sequence
+    idx = np.clip(offset - np.asarray(pos)[:, None, :, None] + np.arange(klen), 0, r - 1)
+    np.testing.assert_array_equal(np.asarray(y_cpu), np.take_along_axis(np.asarray(raw), idx, -1))
+    np.testing.assert_array_equal(np.asarray(y_win), np.asarray(y_cpu))
+    np.testing.assert_allclose(np.asarray(vjp_win(ct)[0]), np.asarray(vjp_cpu(ct)[0]), rtol=1e-6, atol=1e-6)
+    with _lowered_for("tpu"):
+        y_tpu = forms["cpu"](raw, pos)
+        tpu_jaxpr = str(jax.make_jaxpr(forms["cpu"])(raw, pos))
+    np.testing.assert_array_equal(np.asarray(y_tpu), np.asarray(y_cpu))
+    assert tpu_jaxpr == str(jax.make_jaxpr(forms["windows"])(raw, pos))
+
+
 def test_relative_shift_has_no_gather():
     hlo = jax.jit(lambda x: ra.relative_shift(x, klen=6, offset=4)).lower(jnp.zeros((2, 4, 10))).as_text()
     assert "gather" not in hlo

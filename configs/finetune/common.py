@@ -29,6 +29,7 @@ XLNET_LARGE = xlnet.model(
     remat="none",
     dtype="float32",
     param_dtype="float32",
+    scores_dtype="float32",
     softmax_dtype="float32",
     logits_dtype="float32",
 )

@@ -32,6 +32,7 @@ TINY_FUNNEL = dict(
     remat="none",
     dtype="float32",
     param_dtype="float32",
+    scores_dtype="float32",
     softmax_dtype="float32",
     logits_dtype="float32",
 )

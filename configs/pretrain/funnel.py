@@ -73,6 +73,10 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
         remat="full" if large else "none",
         dtype="bfloat16",
         param_dtype="float32",
+        # the original TPU code's attention precision (tensorflow/ops.py rel_attn_core, lines 281-351, under
+        # `use_bfloat16=True`, "always" per tensorflow/README.md): scores and their mask in bfloat16, the softmax
+        # in float32 (`safe_softmax`: cast in, tf.nn.softmax, cast back), probabilities x values in bfloat16
+        scores_dtype="bfloat16",
         softmax_dtype="float32",
         logits_dtype="float32",
     )

@@ -36,6 +36,7 @@ def get_config():
         remat="none",
         dtype="float32",
         param_dtype="float32",
+        scores_dtype="float32",
         softmax_dtype="float32",
         logits_dtype="float32",
     )

@@ -56,6 +56,7 @@ def model(**sizes) -> dict:
             remat="full",
             dtype="bfloat16",
             param_dtype="float32",
+            scores_dtype="float32",
             softmax_dtype="float32",
             logits_dtype="float32",
         )
@@ -67,7 +68,11 @@ def paper_config(*, batch_size: int, learning_rate: float, warmup_steps: int, to
     """A paper-sized run: SentencePiece 32K data in `data/xlnet_pretrain`, the original optimiser (AdamWeightDecay:
     no bias correction, r_w/r_r/r_s biases decayed), TPU v3 execution."""
     c = base_config()
-    c.model = model(**sizes)
+    # bfloat16 compute is the original's `use_bfloat16` path (train.py:131, off by default and not in the README
+    # command; `tf.tpu.bfloat16_scope` in function_builder.py:124-130). It has no mixed mode: every float is
+    # bfloat16 (modeling.py:454 tf_float), so the scores, their `- 1e30 * attn_mask` and tf.nn.softmax are too
+    # (modeling.py:133-158; XLA's softmax sums the exps in float32 and divides in bfloat16, as jax.nn.softmax)
+    c.model = model(**(dict(scores_dtype="bfloat16", softmax_dtype="bfloat16") | sizes))
     c.data = data_pipelines.default_config("xlnet")
     c.data.update(
         dict(

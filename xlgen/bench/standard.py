@@ -78,6 +78,8 @@ STANDARD = [
             "--config.model.scan_layers=True",
             "--config.mesh.fsdp=1",
             "--config.data.batch_size=8",
+            "--config.model.scores_dtype=float32",  # the program this workload has always timed
+            "--config.model.softmax_dtype=float32",
             "--steps=0",
         ],
     ),

@@ -85,12 +85,17 @@ def rematerialize(fn: Callable, remat) -> Callable:
 # The precision policy of a model config (every family; defaults = float32 everywhere but `dtype`'s choice):
 #   param_dtype     storage dtype of the parameters (the train state; `xlgen.train.program` casts at init)
 #   dtype           compute dtype of the layers (matmul operands, activations, memory)
-#   softmax_dtype   dtype of the attention scores and their softmax
+#   scores_dtype    dtype of the attention scores `[b, n, q, k]` in memory: the sum of their terms, the scaling, the
+#                   masking and the probabilities the softmax returns (what the score tensors cost in HBM)
+#   softmax_dtype   dtype the attention softmax computes in (max, exp, sum, division), on the scores cast to it; its
+#                   probabilities are cast back to `scores_dtype`. The two differ in the originals' TPU code:
+#                   Funnel-Transformer keeps bfloat16 scores with a float32 softmax (its `safe_softmax`), XLNet's
+#                   `use_bfloat16` path both bfloat16, Transformer-XL's both float32 (configs/pretrain/*)
 #   logits_dtype    dtype of the LM / MLM output logits and their log-softmax (XLNet, Funnel; Transformer-XL's
 #                   adaptive and blocked softmax layers accumulate in float32 and accept float32 only)
 # plus `optimizer.state_dtype` (Adam moments; `xlgen.train.program`).
 FLOAT_DTYPES = ("float32", "bfloat16")
-PRECISION_KEYS = ("param_dtype", "dtype", "softmax_dtype", "logits_dtype")
+PRECISION_KEYS = ("param_dtype", "dtype", "scores_dtype", "softmax_dtype", "logits_dtype")
 
 
 def check_precision(config, keys: Sequence[str] = PRECISION_KEYS) -> None:

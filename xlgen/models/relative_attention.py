@@ -6,7 +6,7 @@ Score of query i against key j (Dai thesis Eq. 3.3 / XLNet §4.3, one head, befo
             + shift((q_i + v)·W_r R)[i, j]        position term       ("b + d")
             + (q_i + b_s)·s_{ij}                  segment term        (XLNet, Funnel; optional)
 
-then `A / sqrt(d_head)`, masking, softmax (float32), dropout on the probabilities (`dropatt`) and the weighted
+then `A / sqrt(d_head)`, masking, softmax (float32 by default), dropout on the probabilities (`dropatt`) and the weighted
 sum of values. The position term is computed against a *sequence* of relative positions R_p (one row per
 distance, not per (i, j) pair) and moved into place by a gather-free shift (pad / reshape / slice).
 
@@ -264,18 +264,23 @@ def relative_attention(
     dropatt: Optional[Callable] = None,
     scale: Optional[float] = None,
     return_probs: bool = False,
+    scores_dtype: str = "float32",
     softmax_dtype: str = "float32",
 ):
     """Softmax((content + position + segment) * scale, masked) · V.
 
     q `[b,q,n,d]`, k/v `[b,k,n,d]` (or a `ContentKeyOperand` / `ValueOperand`); position/segment terms
     `[b,n,q,k]` (already shifted); `mask` broadcastable to `[b,n,q,k]`, True where query i may NOT attend key j
-    (XLNet `perm_mask` convention). Scores and softmax in `softmax_dtype` (float32 unless the model's precision
-    policy says otherwise). Returns attn_vec `[b,q,n,d]` (and the probabilities `[b,n,q,k]` when `return_probs`).
+    (XLNet `perm_mask` convention). Scores (sum, scale, mask) and probabilities in `scores_dtype`, the softmax
+    computed in `softmax_dtype` (both float32 unless the model's precision policy says otherwise; bfloat16 scores
+    with a float32 softmax is Funnel-Transformer's TPU code, see `xlgen.models.layers.PRECISION_KEYS`). The mask
+    value -1e30 is finite in bfloat16 too (its range is float32's), so masked entries leave the max subtraction
+    exact and underflow to 0 in the exp. Returns attn_vec `[b,q,n,d]` (and the probabilities `[b,n,q,k]` when
+    `return_probs`).
     """
     d_head = q_head.shape[-1]
     scale = 1.0 / math.sqrt(d_head) if scale is None else scale
-    sdt = jnp.dtype(softmax_dtype)
+    sdt = jnp.dtype(scores_dtype)
     scores = content_scores(q_head, k_head, r_w_bias).astype(sdt)
     if position_term is not None:
         scores = scores + position_term.astype(sdt)
@@ -285,7 +290,7 @@ def relative_attention(
     if mask is not None:
         scores = jnp.where(mask, MASK_VALUE, scores)
     scores = constrain(scores, SCORES)
-    probs = constrain(jax.nn.softmax(scores, axis=-1), SCORES)
+    probs = constrain(jax.nn.softmax(scores.astype(softmax_dtype), axis=-1).astype(sdt), SCORES)
     probs_d = dropatt(probs) if dropatt is not None else probs
     if isinstance(v_head, ValueOperand):
         attn_vec = jnp.einsum("bnij,bndj->bind", probs_d.astype(v_head.values.dtype), v_head.values)
@@ -324,11 +329,12 @@ class RelativeMultiHeadAttention(nnx.Module):
         segments: bool = False,
         layer_norm_eps: float = 1e-12,
         init_std: float = 0.02,
+        scores_dtype: str = "float32",
         softmax_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
         hd = (n_head, d_head)
-        self.softmax_dtype = softmax_dtype
+        self.scores_dtype, self.softmax_dtype = scores_dtype, softmax_dtype
         ax_in, ax_out = ("embed",), ("heads", "kv")
         self.n_head, self.d_head = n_head, d_head
         self.q = Dense((d_model,), hd, ax_in, ax_out, use_bias=qkv_bias[0], init_std=init_std, rngs=rngs)
@@ -417,6 +423,7 @@ class RelativeMultiHeadAttention(nnx.Module):
             segment_term=segment_term,
             mask=mask,
             dropatt=self.dropatt,
+            scores_dtype=self.scores_dtype,
             softmax_dtype=self.softmax_dtype,
         )
         return self.output(query_input, attn_vec)

@@ -127,6 +127,7 @@ class FunnelConfig:
     remat: Union[bool, str] = "none"  # a name of layers.REMAT_POLICIES (True / False = full / none)
     dtype: str = "float32"
     param_dtype: str = "float32"
+    scores_dtype: str = "float32"
     softmax_dtype: str = "float32"
     logits_dtype: str = "float32"
 
@@ -343,6 +344,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
             segments=True,
             layer_norm_eps=cfg.layer_norm_eps,
             init_std=cfg.init_std,
+            scores_dtype=cfg.scores_dtype,
             softmax_dtype=cfg.softmax_dtype,
             rngs=rngs,
         )
@@ -399,6 +401,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
             segment_term=seg,
             mask=mask,
             dropatt=self.dropatt,
+            scores_dtype=self.scores_dtype,
             softmax_dtype=self.softmax_dtype,
         )
         return self.output(query, attn_vec)

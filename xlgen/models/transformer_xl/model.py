@@ -103,6 +103,7 @@ class TransformerXLConfig:
     remat: Union[bool, str] = "none"  # a name of layers.REMAT_POLICIES (True / False = full / none)
     dtype: str = "float32"
     param_dtype: str = "float32"
+    scores_dtype: str = "float32"
     softmax_dtype: str = "float32"
     logits_dtype: str = "float32"  # float32 only: the adaptive / blocked softmax layers accumulate in float32
     softmax_block_size: int = 32768
@@ -188,6 +189,7 @@ class TransformerXLConfig:
             "remat",
             "dtype",
             "param_dtype",
+            "scores_dtype",
             "softmax_dtype",
             "logits_dtype",
             "softmax_block_size",
@@ -246,6 +248,7 @@ class TransformerXLBlock(nnx.Module):
             own_biases=c.untie_r,
             layer_norm_eps=c.layer_norm_epsilon,
             init_std=c.init_std,
+            scores_dtype=c.scores_dtype,
             softmax_dtype=c.softmax_dtype,
             rngs=rngs,
         )

@@ -45,7 +45,7 @@ from xlgen.models.layers import (
     rematerialize,
     stacked_layers,
 )
-from xlgen.models.operands import position_keys
+from xlgen.models.operands import position_keys, relative_rows
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
@@ -110,6 +110,7 @@ class XLNetConfig:
     remat: Union[bool, str] = "none"  # a name of layers.REMAT_POLICIES (True / False = full / none)
     dtype: str = "float32"
     param_dtype: str = "float32"
+    scores_dtype: str = "float32"
     softmax_dtype: str = "float32"
     logits_dtype: str = "float32"
 
@@ -246,6 +247,7 @@ class XLNetLayer(nnx.Module):
             segments=True,
             layer_norm_eps=cfg.layer_norm_eps,
             init_std=cfg.initializer_range,
+            scores_dtype=cfg.scores_dtype,
             softmax_dtype=cfg.softmax_dtype,
             rngs=rngs,
         )
@@ -313,11 +315,9 @@ def query_stream_attention(
     b = attn.biases(shared_biases)
     q_head = attn.heads(attn.q, g)  # [b,m,n,d]
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
-    # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift).
-    idx = offset - ctx["target_pos"][:, :, None] + jnp.arange(klen)[None, None, :]  # [b,m,k]
-    idx = jnp.clip(idx, 0, raw.shape[-1] - 1)  # out-of-range rows only occur where the causal mask applies
-    idx = jnp.broadcast_to(idx[:, None], raw.shape[:3] + (klen,))
-    position_term = jnp.take_along_axis(raw, idx, axis=-1)
+    # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift);
+    # out-of-range rows only occur where the causal mask applies
+    position_term = relative_rows(raw, ctx["target_pos"], offset=offset, klen=klen)  # [b,n,m,k]
     segment_term = None
     if ctx["seg_rows"] is not None:
         segment_term = segment_scores(q_head, attn.seg_embed[...], b["r_s_bias"], ctx["seg_rows"])
@@ -331,6 +331,7 @@ def query_stream_attention(
         segment_term=segment_term,
         mask=mask,
         dropatt=attn.dropatt,
+        scores_dtype=attn.scores_dtype,
         softmax_dtype=attn.softmax_dtype,
     )
     attn_vec = attn_vec * ctx["target_weight"][:, :, None, None].astype(attn_vec.dtype)
