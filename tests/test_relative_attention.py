@@ -346,3 +346,48 @@ def test_position_scores_at_rows_are_windows_of_the_raw_scores():
     g_ref = jax.grad(lambda *a: jnp.sum(reference(*a) * w), argnums=(0, 1))(qh, keys)
     for a, r in zip(g_ours, g_ref):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-5, atol=1e-5)
+
+
+def test_rotated_factorized_position_scores_equal_the_original():
+    """Funnel's factorized position term in its TPU form (the rotation of (q+v)·W_r^T by the query angles, contracted
+    over d_model) equals the original (contracted over 2·d_model): values and gradients, for strided and per-row
+    query positions and query factors with independent dropout masks on every column (not only the sinusoid
+    encodings' repeated halves); XLA:CPU programs keep the original form, programs lowered for TPU get the rotated
+    one (no 2·d_model-wide operand)."""
+    rng = np.random.default_rng(7)
+    b, qlen, klen, n, d, d_model = 2, 5, 9, 2, 3, 8
+    q_head = jnp.asarray(rng.normal(size=(b, qlen, n, d)), jnp.float32)
+    w_r = jnp.asarray(rng.normal(size=(d_model, n, d)), jnp.float32)
+    bias = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+    k_pos = jnp.arange(klen) - 1.0
+    for q_pos in (2.0 * jnp.arange(qlen) - 3, jnp.asarray(rng.integers(0, klen, size=(b, qlen)), jnp.float32)):
+        (phi, pi), k_enc = ra.factorized_position_encodings(q_pos, k_pos, d_model)
+        keep = rng.random(size=(2,) + phi.shape) > 0.3
+        q_enc = (phi * keep[0] / 0.7, pi * keep[1] / 0.7)
+        rows = [jnp.broadcast_to(x, (b, qlen, d_model)) for x in q_enc]
+
+        def loss(form, q_head, w_r, bias, q_enc=q_enc, k_enc=k_enc):
+            return jnp.sum(jnp.sin(form(q_head, w_r, bias, q_enc, k_enc)))
+
+        for form in (ra.factorized_position_scores, ra.rotated_factorized_position_scores):
+            np.testing.assert_allclose(
+                np.asarray(form(q_head, w_r, bias, q_enc, k_enc)),
+                np.asarray(jnp.einsum("bind,Dnd,biD,jD->bnij", q_head + bias, w_r, rows[0], k_enc[0]))
+                + np.asarray(jnp.einsum("bind,Dnd,biD,jD->bnij", q_head + bias, w_r, rows[1], k_enc[1])),
+                rtol=1e-5,
+                atol=1e-4,
+            )
+        grads = [
+            jax.grad(functools.partial(loss, form), argnums=(0, 1, 2))(q_head, w_r, bias)
+            for form in (ra.factorized_position_scores, ra.rotated_factorized_position_scores)
+        ]
+        for a, c in zip(*grads):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-4)
+
+    def widths(jaxpr):  # minor dimension of every dot_general's operands
+        return {v.aval.shape[-1] for e in jaxpr.eqns if e.primitive.name == "dot_general" for v in e.invars}
+
+    trace = lambda: jax.make_jaxpr(ra.factorized_position_scores)(q_head, w_r, bias, q_enc, k_enc).jaxpr
+    assert not operands.rotated_factorized_position() and 2 * d_model in widths(trace())
+    with _lowered_for("tpu"):
+        assert operands.rotated_factorized_position() and 2 * d_model not in widths(trace())

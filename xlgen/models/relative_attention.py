@@ -230,7 +230,11 @@ def factorized_position_scores(q_head: jax.Array, r_kernel: jax.Array, r_r_bias:
     or `[b,q,d_model]`, `k_enc = (psi, omega)` `[k,d_model]` from `factorized_position_encodings` -> `[b,n,q,k]`. Equals
     `position_scores` on the sinusoid encodings of the distances (same W_r), for any (e.g. strided) positions.
     Costs b·n·q·k·2·d_model multiply-adds (vs. b·n·q·r·d_head for the shift form) but is all plain matmuls.
+    Programs lowered for other platforms than XLA:CPU compute it as `rotated_factorized_position_scores` (half
+    the multiply-adds, no `[b, q, n, 2·d_model]` operand; `operands.rotated_factorized_position`).
     """
+    if operands.rotated_factorized_position():
+        return rotated_factorized_position_scores(q_head, r_kernel, r_r_bias, q_enc, k_enc)
     phi, pi = q_enc
     psi, omega = k_enc
     qv = q_head + r_r_bias.astype(q_head.dtype)
@@ -239,6 +243,33 @@ def factorized_position_scores(q_head: jax.Array, r_kernel: jax.Array, r_r_bias:
     q_r = jnp.concatenate([q_r * phi, q_r * pi], -1)
     k_r = jnp.concatenate([psi, omega], -1).astype(q_r.dtype)  # [k, 2D]
     return jnp.einsum("binD,jD->bnij", q_r, k_r)
+
+
+def rotated_factorized_position_scores(
+    q_head: jax.Array, r_kernel: jax.Array, r_r_bias: jax.Array, q_enc, k_enc
+) -> jax.Array:
+    """`factorized_position_scores` contracted over d_model instead of 2·d_model (same arguments and values).
+
+    Split every d_model-wide vector into halves (subscripts 1, 2). The key factors of
+    `factorized_position_encodings` are psi = [cos b, sin b] and omega = [-sin b, cos b] = [-psi_2, psi_1], so
+    per query row, with q_r = (q + v)·W_r^T (any query factors phi, pi, e.g. with dropout applied):
+
+        q_r·(phi ⊙ psi_j + pi ⊙ omega_j) = X·psi_j1 + Y·psi_j2,   X = q_r1 phi_1 + q_r2 pi_2,  Y = q_r2 phi_2 - q_r1 pi_1,
+        [X, Y] = q_r ⊙ phi + q_s ⊙ [pi_2, -pi_1],   q_s = (q + v)·[W_r2; W_r1]^T (W_r with its halves swapped)
+
+    (the rotation of q_r by the query's angles). `k_enc`'s omega is not read: it must be [-psi_2, psi_1] as
+    `factorized_position_encodings` returns it. Costs b·n·q·k·d_model multiply-adds for the scores plus a second
+    (q + v)·W projection; on TPU the swapped projection fuses with the products (docs/pod_scale.md)."""
+    phi, pi = q_enc
+    psi, _ = k_enc
+    half = r_kernel.shape[0] // 2
+    qv = q_head + r_r_bias.astype(q_head.dtype)
+    w = r_kernel.astype(q_head.dtype)
+    q_r = jnp.einsum("bind,Dnd->binD", qv, w)  # [b,q,n,D]
+    q_s = jnp.einsum("bind,Dnd->binD", qv, jnp.concatenate([w[half:], w[:half]], 0))
+    phi, pi = phi[..., None, :].astype(q_r.dtype), pi[..., None, :].astype(q_r.dtype)
+    xy = q_r * phi + q_s * jnp.concatenate([pi[..., half:], -pi[..., :half]], -1)
+    return jnp.einsum("binD,jD->bnij", xy, psi.astype(q_r.dtype))
 
 
 def segment_scores(q_head: jax.Array, seg_embed: jax.Array, r_s_bias: jax.Array, seg_mat: jax.Array) -> jax.Array:

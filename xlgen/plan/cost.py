@@ -121,9 +121,12 @@ def derive_timing(report: Dict[str, Any]) -> Dict[str, Any]:
     return report
 
 
-def traced_matmul_flops(config) -> float:
-    """Matmul FLOPs (`jaxpr_matmul_flops`) of the train step of `config`, traced on one CPU device: the traced
-    program's global shapes do not depend on the mesh, so no TPU topology (and no compile) is needed."""
+def traced_matmul_flops(config, devices=None) -> float:
+    """Matmul FLOPs (`jaxpr_matmul_flops`) of the train step of `config`, traced (not compiled) on one device,
+    `devices[0]` (default: a CPU device). The traced program's global shapes do not depend on the mesh, but its
+    forms may depend on the platform it is lowered for (`xlgen.models.operands`: e.g. Funnel's factorized position
+    term contracts over d_model for TPU, over 2·d_model for the CPU), so a TPU plan is traced on one of its
+    topology's compile-only devices."""
     import jax
 
     from xlgen import sharding
@@ -131,8 +134,7 @@ def traced_matmul_flops(config) -> float:
 
     config = config.copy_and_resolve_references()
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
-    cpu = jax.devices("cpu")[:1]
-    mesh = sharding.make_mesh(config.mesh, cpu)
+    mesh = sharding.make_mesh(config.mesh, list(devices or jax.devices("cpu"))[:1])
     program = build_program(config, mesh)
     with jax.set_mesh(mesh):
         traced = program.train_step.trace(*tuple(program.abstract_args()))

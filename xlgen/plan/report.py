@@ -220,7 +220,7 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
     except (ConfigError, OSError) as e:
         raise SystemExit(f"{path}: cannot reload its config {report['config']!r}: {e}") from e
     report["flops_per_step"]["analytic_model"] = float(flops.train_flops_per_step(config))
-    report["flops_per_step"]["matmul_jaxpr"] = traced_matmul_flops(config)
+    report["flops_per_step"]["matmul_jaxpr"] = traced_matmul_flops(config, _trace_devices(report))
     if ideal:
         fsdp, bw = fsdp_ideal(config, report["topology"], int(report.get("num_slices", 1)))
         report["ideal_comm_bytes_per_device"] = float(fsdp["total"])
@@ -229,6 +229,16 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
     derive_timing(report)
     _write_json(path, report)
     return report
+
+
+def _trace_devices(report: Dict[str, Any]):
+    """One compile-only device of the report's TPU topology (the program is traced as lowered for it), or None
+    (a CPU device) without libtpu."""
+    from xlgen import topology as topo
+
+    if not report.get("topology") or not topo.libtpu_available():
+        return None
+    return topo.topology_devices(report["topology"], int(report.get("num_slices", 1)))[:1]
 
 
 def fsdp_ideal(config, topology: str, num_slices: int = 1):

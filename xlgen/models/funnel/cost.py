@@ -10,7 +10,9 @@ LayerNorm, softmax and other elementwise work are not counted):
       projections  2·(q + 2k + q)·d·n·d_head      q, k, v, o
       position     relative_shift: 2·R·d·n·d_head (W_r R) + 2·q·R·n·d_head, R = length of the distance sequence
                    (2k for a standard layer, 2q + k for a pooling layer);
-                   factorized: 2·q·n·d_head·d (project (q+v) by W_r) + 2·q·k·n·2d (the two trig products)
+                   factorized: 2·2·q·n·d_head·d (project (q+v) by W_r and by W_r with its halves swapped)
+                   + 2·q·k·n·d (the rotated trig product, `rotated_factorized_position_scores`: the program
+                   lowered for TPU; XLA:CPU runs the original form, one projection + 2·q·k·n·2d)
       content, AV  2·q·k·n·d_head each                          <- the quadratic attention term
       segment      2·q·n·d_head·2
       FFN          2·q·2·d·d_inner
@@ -94,9 +96,9 @@ def _layer_flops(cfg: FunnelConfig, q: int, k: int, r: int, form: str) -> Dict[s
     d, n, dh = cfg.d_model, cfg.n_head, cfg.d_head
     hd = n * dh
     out = {"linear": 2.0 * (q + 2 * k + q) * d * hd + 2.0 * q * 2 * d * cfg.d_inner + 2.0 * q * hd * 2}
-    if form == "factorized":
-        out["linear"] += 2.0 * q * hd * d
-        out["quadratic"] = 2.0 * q * k * hd * 2 + 2.0 * q * k * n * 2 * d
+    if form == "factorized":  # the rotated form (`rotated_factorized_position_scores`): two projections, width d
+        out["linear"] += 2.0 * q * hd * d * 2
+        out["quadratic"] = 2.0 * q * k * hd * 2 + 2.0 * q * k * n * d
     else:
         out["linear"] += 2.0 * r * d * hd
         out["quadratic"] = 2.0 * q * k * hd * 2 + 2.0 * q * r * hd
@@ -183,7 +185,7 @@ def _funnel_position_work(cfg, seq_len: int, last_decoder_queries: Optional[int]
     def work(q, k, r):
         if cfg.attention_type == "relative_shift":
             return 2.0 * r * cfg.d_model * cfg.n_head * cfg.d_head
-        return 2.0 * q * k * cfg.n_head * 2 * cfg.d_model
+        return 2.0 * q * k * cfg.n_head * cfg.d_model
 
     lengths, total, prev = pooled_lengths(seq_len, cfg), 0.0, seq_len
     for m, (n_layers, reps) in enumerate(zip(cfg.block_sizes, cfg.block_repeats)):
