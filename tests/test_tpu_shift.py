@@ -131,3 +131,27 @@ def test_compiled_for_tpu_the_shift_reads_and_writes_once():
     ops = [op for op in roofline.module_ops(hlo)[0] if op.bytes]
     assert [op.opcode for op in ops] == ["custom-call", "custom-call"]
     assert all(op.bytes == 2 * (b * n * q * k * 2) for op in ops)  # read [b,n,q,k] bf16, write [b,n,q,k] bf16
+
+
+def test_shared_position_keys_are_shifted_heads_major():
+    """Keys shared by the batch: for TPU the product is shifted in the `[n, b, q, r]` order XLA:TPU emits it
+    (`operands.heads_major_position_scores`), with the values and gradients of the XLA form (the layout copies it
+    saves are measured by `xlgen plan`, docs/pod_scale.md)."""
+    rng = np.random.default_rng(3)
+    b, q, n, d, klen = 2, 32, 4, 16, 64
+    qh = jnp.asarray(rng.normal(size=(b, q, n, d)), jnp.float32)
+    keys = jnp.asarray(rng.normal(size=(klen, n, d)), jnp.float32)
+    bias = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+    _, valid = _sources(q, klen, klen, q - 1, 1)
+    ct = jnp.asarray(np.where(valid, rng.normal(size=(b, n, q, klen)), 0), jnp.float32)
+
+    def loss(qh, keys):
+        return jnp.sum(ra.position_scores(qh, keys, bias, klen=klen, offset=q - 1) * ct)
+
+    assert operands.heads_major_position_scores(qh, keys, klen=klen, offset=q - 1, stride=1) is None  # CPU
+    want = jax.value_and_grad(loss, argnums=(0, 1))(qh, keys)
+    with operands.emulate_tpu():
+        got = jax.value_and_grad(loss, argnums=(0, 1))(qh, keys)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)

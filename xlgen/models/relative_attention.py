@@ -183,8 +183,11 @@ def position_scores(
 ) -> jax.Array:
     """shift((q + v)·W_r R): q `[b,q,n,d]`, position keys `[r,n,d]`, `[b,r,n,d]` or a `PositionKeyOperand`,
     v `[n,d]` -> `[b,n,q,klen]`."""
-    raw = position_contraction(q_head + r_r_bias.astype(q_head.dtype), k_head_r)
-    return relative_shift(raw, klen=klen, offset=offset, stride=stride)
+    qv = q_head + r_r_bias.astype(q_head.dtype)
+    scores = operands.heads_major_position_scores(qv, k_head_r, klen=klen, offset=offset, stride=stride)
+    if scores is not None:
+        return scores
+    return relative_shift(position_contraction(qv, k_head_r), klen=klen, offset=offset, stride=stride)
 
 
 def position_scores_at(q_head: jax.Array, k_head_r, r_r_bias: jax.Array, *, start: jax.Array, klen: int) -> jax.Array:

@@ -35,6 +35,7 @@ LANES = 128  # vreg lanes: the minor block dimension is a multiple of it
 BLOCK_BYTES = 2 * 2**20  # float32 bytes of one block [tq, W] (several live copies fit v3's 16 MiB of VMEM)
 ROW_MULTIPLE = 16  # rows per block: bfloat16 vregs pack 16 sublanes
 SCORE_AXES = ("activation_batch", "activation_heads")  # the scores' leading axes, `[b, n, q, r]`
+HEADS_MAJOR = ("activation_heads", "activation_batch")  # `[n, b, q, r]`, as XLA:TPU's batched product emits it
 
 
 def block_rows(q: int, width: int) -> int:
@@ -103,41 +104,45 @@ def roll_rows(x: jax.Array, *, width: int, start: int, step: int, out_width: int
     return out.reshape(*lead, q, out_width)
 
 
-def _per_device(fn, ndim: int):
-    """`fn` on each device's block of `[b, n, q, r]` scores (split over batch and heads as the scores are)."""
+def _per_device(fn, ndim: int, lead_axes):
+    """`fn` on each device's block of `[b, n, q, r]` scores (or `[n, b, q, r]`, `lead_axes` naming the two leading
+    axes), split over batch and heads as the scores are."""
     if ndim != 4:
         return fn
-    names = SCORE_AXES + (None, None)
+    names = tuple(lead_axes) + (None, None)
     return sharding.per_shard(fn, (names,), names)
 
 
-def relative_shift(x: jax.Array, klen: int, offset: int, stride: int, interpret: bool = False) -> jax.Array:
+def relative_shift(
+    x: jax.Array, klen: int, offset: int, stride: int, interpret: bool = False, lead_axes=SCORE_AXES
+) -> jax.Array:
     """out[..., i, j] = x[..., i, offset - stride*i + j] (where that index is in [0, r)), x `[..., q, r]` ->
-    `[..., q, klen]`: `relative_attention.relative_shift` by the row-rotation kernel."""
-    return _shift(x, x.shape[-1], klen, offset, stride, interpret)
+    `[..., q, klen]`: `relative_attention.relative_shift` by the row-rotation kernel. `lead_axes`: the logical
+    names of a 4-d x's two leading axes (batch and heads, in either order)."""
+    return _shift(x, x.shape[-1], klen, offset, stride, interpret, tuple(lead_axes))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
-def _shift(x, r, klen, offset, stride, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
+def _shift(x, r, klen, offset, stride, interpret, lead_axes):
     width = padded_width(r, klen)
 
     def shift(block):
         return roll_rows(block, width=width, start=-offset, step=stride, out_width=klen, interpret=interpret)
 
-    return _per_device(shift, x.ndim)(x)
+    return _per_device(shift, x.ndim, lead_axes)(x)
 
 
-def _shift_fwd(x, r, klen, offset, stride, interpret):
-    return _shift(x, r, klen, offset, stride, interpret), None
+def _shift_fwd(x, r, klen, offset, stride, interpret, lead_axes):
+    return _shift(x, r, klen, offset, stride, interpret, lead_axes), None
 
 
-def _shift_bwd(r, klen, offset, stride, interpret, _, cotangent):
+def _shift_bwd(r, klen, offset, stride, interpret, lead_axes, _, cotangent):
     width = padded_width(r, klen)
 
     def transpose(block):
         return roll_rows(block, width=width, start=offset, step=-stride, out_width=r, interpret=interpret)
 
-    return (_per_device(transpose, cotangent.ndim)(cotangent),)
+    return (_per_device(transpose, cotangent.ndim, lead_axes)(cotangent),)
 
 
 _shift.defvjp(_shift_fwd, _shift_bwd)
