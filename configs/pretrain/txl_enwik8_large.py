@@ -10,7 +10,8 @@ evaluation with tgt 128 / mem 3800 / clamp 1000 (same_length).
 
 Data: `data.source` is a prepared byte-level enwik8 directory (`xlgen prepare`, docs/data.md). Execution choices for
 a v3 pod (not architecture): bfloat16 compute with float32 parameters, fully sharded parameters and optimizer state
-(mesh fsdp over all 32 cores, batch 2 rows per core).
+(mesh fsdp over all 32 cores, batch 2 rows per core), layers scanned and not rematerialised (the remat policy of
+the lowest roofline step time that fits, docs/pod_scale.md "Remat policies").
 """
 
 import data_pipelines
@@ -34,7 +35,9 @@ def get_config():
         dropout=0.15,
         dropatt=0.15,
         scan_layers=True,
-        remat="full",
+        # no remat: 5.8 GiB per core fits, and the step is HBM-bound, where recomputing the forward costs more
+        # traffic than reading saved activations (roofline 148 vs 166 ms per step with `full`, docs/pod_scale.md)
+        remat="none",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")

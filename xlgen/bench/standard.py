@@ -80,6 +80,7 @@ STANDARD = [
             "--config.data.batch_size=8",
             "--config.model.scores_dtype=float32",  # the program this workload has always timed
             "--config.model.softmax_dtype=float32",
+            "--config.model.remat=full",
             "--steps=0",
         ],
     ),
