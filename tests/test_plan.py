@@ -353,10 +353,11 @@ def _head_flops(name, overrides):
 
 def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path):
     """`xlgen.plan --refresh` re-derives model FLOPs, traced matmul FLOPs, step time and MFU of a saved report from
-    its own config + overrides (no compile) and rewrites it; memory / fits / XLA's numbers are left as measured."""
+    its own config + overrides (no compile) and rewrites it; memory / fits / XLA's numbers are left as measured.
+    A setup with full remat (Transformer-XL WikiText-103 large)."""
     from xlgen import flops
 
-    saved = os.path.join(ROOT, "docs", "pod_plans", "txl_enwik8_large.json")
+    saved = os.path.join(ROOT, "docs", "pod_plans", "txl_wt103_large.json")
     if not os.path.exists(saved):
         pytest.skip("no saved plan")
     report = json.load(open(saved))
@@ -367,7 +368,7 @@ def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path
     path.write_text(json.dumps(report))
     assert plan_lib.main(["--refresh", str(path)]) == 0
     new = json.loads(path.read_text())
-    config = _load("txl_enwik8_large")
+    config = _load("txl_wt103_large")
     fl = new["flops_per_step"]
     assert fl["analytic_model"] == flops.train_flops_per_step(config)
     assert fl["matmul_jaxpr"] == plan_lib.traced_matmul_flops(config, topology.topology_devices(report["topology"]))
