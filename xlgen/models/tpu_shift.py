@@ -58,8 +58,7 @@ def padded_width(r: int, klen: int) -> int:
 
 def applies(shape, klen: int) -> bool:
     """Whether `[..., q, r]` scores fit the kernel's blocks."""
-    *_, q, r = shape
-    return len(shape) >= 2 and block_rows(q, padded_width(r, klen)) > 0
+    return len(shape) >= 2 and block_rows(shape[-2], padded_width(shape[-1], klen)) > 0
 
 
 def _roll_rows_kernel(x_ref, o_ref, *, width: int, start: int, step: int, rows: int):
