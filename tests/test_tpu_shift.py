@@ -12,6 +12,7 @@
 
 import functools
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +95,13 @@ def test_train_step_traced_for_tpu_equals_the_cpu_program(config_file, over):
             if platform == "tpu":
                 with operands.emulate_tpu():
                     traced = _grad_fn(program).trace(params, batch, mems)
-                assert "pallas_call" in str(traced.jaxpr)
+                jaxpr = str(traced.jaxpr)
+                assert "pallas_call" in jaxpr
+                # Transformer-XL and XLNet attend through the fused kernel (XLNet: both streams), Funnel shifts
+                # the fused kernels (forward and backward) by their cost estimates, one per query length: XLNet's
+                # content and query streams both
+                fused = set(re.findall(r"cost_estimate=CostEstimate\(flops=(\d+)", jaxpr))
+                assert len(fused) == {"txl_tiny.py": 2, "xlnet_tiny.py": 4, "funnel_tiny.py": 0}[config_file], fused
             else:
                 traced = _grad_fn(program).trace(params, batch, mems)
             compiled = traced.lower().compile(compiler_options=_CPU_FAST)

@@ -82,6 +82,14 @@ def lowering_platform() -> str:
     return device.platform if device is not None else jax.default_backend()
 
 
+def lowering_device_kind() -> str:
+    """The `device_kind` (e.g. "TPU v3") of the devices `lowering_platform` reads, else of JAX's first device."""
+    import jax
+
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    return device.device_kind if device is not None else jax.devices()[0].device_kind
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Host memory (glibc malloc)
 # ----------------------------------------------------------------------------------------------------------------

@@ -186,6 +186,11 @@ def constrain(x: jax.Array, logical: Sequence[Optional[str]]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, activation_spec(logical, x.shape, rules, mesh))
 
 
+def active_rules() -> Dict[str, object]:
+    """The logical-to-mesh rules in effect (`activation_rules`), else the data-parallel preset."""
+    return _ACTIVE_RULES.get() or RULE_PRESETS["dp"]
+
+
 def per_shard(fn, in_logical: Sequence, out_logical: Sequence[Optional[str]]):
     """`fn` run by every device on its own block of the arguments (`jax.shard_map`), the blocks given by logical
     names under the active rules; a plain call outside a mesh (or on a one-device mesh).
@@ -200,7 +205,7 @@ def per_shard(fn, in_logical: Sequence, out_logical: Sequence[Optional[str]]):
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty or all(n == 1 for n in mesh.shape.values()):
             return fn(*args)
-        rules = _ACTIVE_RULES.get() or RULE_PRESETS["dp"]
+        rules = active_rules()
         in_specs = tuple(
             P() if names is None else activation_spec(names, a.shape, rules, mesh) for names, a in zip(in_logical, args)
         )

@@ -143,9 +143,17 @@ def keep_mask(key: jax.Array, shape: Sequence[int], keep_prob: float) -> jax.Arr
     rbg or unsafe_rbg, which at a dropout mask per attention layer is a large share of a train step
     (docs/performance.md, "Tried and not kept"). The hash is as reproducible: a pure function of (key, position),
     the same under any sharding, so resume is exact."""
-    seed = jax.random.bits(key, (2,), jnp.uint32)
-    threshold = jnp.uint32(min(int(round(keep_prob * 2.0**32)), 2**32 - 1))
-    return hashed_bits(seed, shape) < threshold
+    return hashed_bits(keep_seed_words(key), shape) < jnp.uint32(keep_threshold(keep_prob))
+
+
+def keep_seed_words(key: jax.Array) -> jax.Array:
+    """The two uint32 words seeding `keep_mask`'s hash, drawn from `key`."""
+    return jax.random.bits(key, (2,), jnp.uint32)
+
+
+def keep_threshold(keep_prob: float) -> int:
+    """Bits below this (as uint32) are kept: round(keep_prob · 2^32), at most 2^32 - 1."""
+    return min(int(round(keep_prob * 2.0**32)), 2**32 - 1)
 
 
 class Dropout(nnx.Dropout):
@@ -158,18 +166,30 @@ class Dropout(nnx.Dropout):
             return inputs
         if self.rate == 1.0:
             return jnp.zeros_like(inputs)
-        stream = self.rngs if rngs is None else rngs
-        key = (
-            stream
-            if isinstance(stream, jax.Array)
-            else (stream.dropout() if isinstance(stream, nnx.Rngs) else stream())
-        )
+        key = self._key(rngs)
         keep_prob = 1.0 - self.rate
         shape = list(inputs.shape)
         for dim in self.broadcast_dims:
             shape[dim] = 1
         mask = jnp.broadcast_to(keep_mask(key, shape, keep_prob), inputs.shape)
         return jax.lax.select(mask, inputs / jnp.asarray(keep_prob, inputs.dtype), jnp.zeros_like(inputs))
+
+    def _key(self, rngs=None) -> jax.Array:
+        stream = self.rngs if rngs is None else rngs
+        if isinstance(stream, jax.Array):
+            return stream
+        return stream.dropout() if isinstance(stream, nnx.Rngs) else stream()
+
+    def keep_seed(self, *, deterministic: Optional[bool] = None, rngs=None):
+        """(seed uint32 `[2]`, keep probability) of the keep mask `__call__` would draw now (`keep_mask`: the
+        bits `hashed_bits(seed, shape)`), consuming the same key; None when it would return its input unchanged.
+        For kernels that apply this dropout themselves (`xlgen.models.tpu_attention`)."""
+        det = self.deterministic if deterministic is None else deterministic
+        if self.rate == 0.0 or det:
+            return None
+        if self.rate == 1.0 or self.broadcast_dims:
+            raise ValueError(f"Dropout.keep_seed: rate {self.rate}, broadcast_dims {self.broadcast_dims} unsupported")
+        return keep_seed_words(self._key(rngs)), 1.0 - self.rate
 
 
 def param(rngs: nnx.Rngs, init: Callable, shape: Sequence[int], axes: LogicalAxes, dtype=jnp.float32) -> nnx.Param:

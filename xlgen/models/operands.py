@@ -21,6 +21,8 @@ only to programs lowered for it:
 * `relative_rows`: XLNet's query-stream position term (targets at sampled positions) as an element-wise gather
   on XLA:CPU, as one contiguous window per target elsewhere (XLA:TPU turns the element-wise gather's gradient
   into a sorted scatter, ~5x the HBM traffic).
+* `fused_attention`: on TPU the whole core (scores, softmax, dropout, probabilities by values) is one Pallas
+  kernel per direction (`xlgen.models.tpu_attention`), the shift a rotation of rows inside it.
 * `rotated_factorized_position`: Funnel's factorized position term as the rotation of (q + v)·W_r^T by the query's
   angles, contracted over d_model rather than the original's 2·d_model (`rotated_factorized_position_scores`), for
   programs lowered for any platform but XLA:CPU, whose program and speed were measured with the original form.
@@ -59,6 +61,18 @@ def emulate_tpu():
 def lowering_platform() -> str:
     """`xlgen.platforms.lowering_platform()`, or `tpu` inside `emulate_tpu()`."""
     return "tpu" if _EMULATED_TPU.get() else platforms.lowering_platform()
+
+
+def kernels_interpreted() -> bool:
+    """Whether Pallas kernels run through JAX (`interpret=True`): inside `emulate_tpu()`."""
+    return _EMULATED_TPU.get()
+
+
+def fused_attention() -> bool:
+    """Whether the relative-attention core is the fused kernel of `xlgen.models.tpu_attention` (scores, softmax and
+    dropout in VMEM): in programs lowered for TPU, where each `[b, n, q, k]` pass of the XLA form is memory-bound
+    (docs/pod_scale.md)."""
+    return lowering_platform() == "tpu"
 
 
 def tangent_row_width(width: int, stride: int) -> int:

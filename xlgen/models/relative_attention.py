@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from xlgen.models import operands
+from xlgen.models import operands, tpu_attention
 from xlgen.models.layers import ATTENTION_OUT, QKV_PROJ, Dense, Dropout, LayerNorm, named, normal, param
 from xlgen.models.operands import (  # operand layouts for the products (same math; see operands)
     ContentKeyOperand,
@@ -333,6 +333,67 @@ def relative_attention(
     return (attn_vec, probs) if return_probs else attn_vec
 
 
+def fused_relative_attention(
+    q_head: jax.Array,
+    k_head: jax.Array,
+    v_head: jax.Array,
+    k_head_r: jax.Array,
+    biases: dict,
+    *,
+    klen: int,
+    offset: int = 0,
+    stride: int = 1,
+    starts: Optional[jax.Array] = None,
+    mask=None,
+    seg_mat=None,
+    seg_embed=None,
+    dropatt=None,
+) -> Optional[jax.Array]:
+    """`relative_attention` of the content, shifted position and segment terms as one kernel
+    (`xlgen.models.tpu_attention`, chosen by `operands.fused_attention`), or None where it does not apply (the
+    caller then forms the terms itself). q `[b,q,n,d]`, k/v `[b,k,n,d]`, position keys `[r,n,d]` or `[b,r,n,d]`;
+    row i reads the position scores from offset - stride·i, or from `starts [b,q]` (queries at arbitrary
+    positions); `mask` broadcastable to `[b,1,q,k]`, `seg_mat [b,q,k]` with `seg_embed [2,n,d]`; `dropatt` the
+    probabilities' `Dropout`. Returns attn_vec `[b,q,n,d]`."""
+    if not operands.fused_attention() or isinstance(k_head, ContentKeyOperand) or isinstance(v_head, ValueOperand):
+        return None
+    if isinstance(k_head_r, PositionKeyOperand) or (mask is not None and mask.ndim == 4 and mask.shape[1] != 1):
+        return None
+    b, q, n, d = q_head.shape
+    if not tpu_attention.applies(q, klen, k_head_r.shape[-3]):
+        return None
+    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, n, d] -> [b, n, l, d]
+    cast = lambda bias: bias.astype(q_head.dtype)
+    qu, qv = heads_major(q_head + cast(biases["r_w_bias"])), heads_major(q_head + cast(biases["r_r_bias"]))
+    r = heads_major(k_head_r if k_head_r.ndim == 4 else k_head_r[None]).astype(q_head.dtype)
+    ef, flags = None, None
+    rows = b if (mask is not None and mask.shape[0] > 1) or seg_mat is not None else 1
+    if mask is not None:
+        mask = mask[:, 0] if mask.ndim == 4 else mask
+        flags = jnp.broadcast_to(mask, (mask.shape[0], q, klen)).astype(jnp.int8)
+        flags = jnp.broadcast_to(flags, (rows, q, klen))
+    if seg_mat is not None:
+        qs = q_head + cast(biases["r_s_bias"])
+        ef = jnp.einsum("bind,snd->bnis", qs, seg_embed.astype(q_head.dtype)).astype(jnp.float32)
+        different = seg_mat.astype(jnp.int8) * jnp.int8(tpu_attention.DIFFERENT_SEGMENT)
+        flags = different if flags is None else flags | different
+    out = tpu_attention.relative_attention(
+        qu,
+        qv,
+        heads_major(k_head),
+        heads_major(v_head),
+        r,
+        shift=tpu_attention.Shift(offset, stride, starts),
+        scale=1.0 / math.sqrt(d),
+        ef=ef,
+        flags=flags,
+        masks=mask is not None,
+        dropout=None if dropatt is None else dropatt.keep_seed(),
+        interpret=operands.kernels_interpreted(),
+    )
+    return heads_major(out)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The attention layer (projections + core + post-LN residual)
 # ----------------------------------------------------------------------------------------------------------------
@@ -443,6 +504,24 @@ class RelativeMultiHeadAttention(nnx.Module):
         b = self.biases(shared_biases)
         q_head = self.heads(self.q, query_input)
         k_head = self.content_keys(k_head)
+        if position_term is None:
+            segments = self.segments and seg_mat is not None
+            attn_vec = fused_relative_attention(
+                q_head,
+                k_head,
+                v_head,
+                k_head_r,
+                b,
+                klen=klen,
+                offset=offset,
+                stride=stride,
+                mask=mask,
+                seg_mat=seg_mat if segments else None,
+                seg_embed=self.seg_embed[...] if segments else None,
+                dropatt=self.dropatt,
+            )
+            if attn_vec is not None:
+                return self.output(query_input, attn_vec)
         if position_term is None:
             position_term = position_scores(q_head, k_head_r, b["r_r_bias"], klen=klen, offset=offset, stride=stride)
         segment_term = None

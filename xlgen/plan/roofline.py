@@ -15,6 +15,8 @@ each, read from the module's text (`compiled.as_text()`):
             (a scanned layer's weights read from the stacked [L, ...] array; also where the slice sits in a fusion
             nested in the fusion, as XLA:TPU fuses `ws[i]` into the layer's matmul), and a dynamic-update-slice
             into an operand writes only the update (a scanned layer's outputs written into the stacked array).
+            A Pallas TPU kernel (a `tpu_custom_call`) counts the matmul FLOPs it declares (`pl.CostEstimate`: the
+            kernel's contents are not HLO) and its operands and results.
             XLA:TPU's `AllocateBuffer` custom call (a scan's stacked outputs before the loop fills them) is an
             uninitialised allocation: no traffic
     trips   executions per step: the product of the trip counts of the `while` loops around it (`scan` over layers,
@@ -65,6 +67,8 @@ _FREE = {
 _SLICES = {"dynamic-slice", "slice", "gather"}
 # XLA:TPU's uninitialised buffer (a scan's stacked outputs before the loop writes them): an allocation, no traffic
 _ALLOCATE = 'custom_call_target="AllocateBuffer"'
+# a Mosaic (Pallas TPU) kernel's `pl.CostEstimate`, in its custom call's backend config: the matmul FLOPs it declares
+_KERNEL_FLOPS_RE = re.compile(r'"cost_estimate":\s*\{\s*"flops":\s*"?(\d+)')
 _ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{([^}]*)\})?")
 _TILE_RE = re.compile(r"T\(([0-9,]+)\)")
 _SPACE_RE = re.compile(r"S\((\d+)\)")
@@ -434,6 +438,9 @@ class _Module:
             op = f"fusion:{kind[1]}" if kind else op
         elif op == "dynamic-slice":
             nbytes = 2.0 * result
+        elif op == "custom-call" and _KERNEL_FLOPS_RE.search(ins.attrs):  # a Pallas kernel's declared FLOPs
+            flops += float(_KERNEL_FLOPS_RE.search(ins.attrs)[1])
+            nbytes = result + sum(type_bytes(types.get(o, "")) for o in ins.operands)
         elif op == "dynamic-update-slice":
             nbytes = 2.0 * type_bytes(types.get(ins.operands[1], "")) if len(ins.operands) > 1 else result
         elif op == "copy-start":  # (destination, source, context): the source is read, the destination written

@@ -49,6 +49,7 @@ from xlgen.models.operands import position_keys, relative_rows
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
+    fused_relative_attention,
     memory_validity_mask,
     position_contraction,
     relative_attention,
@@ -314,6 +315,23 @@ def query_stream_attention(
     zero (padding targets) get a zero attention vector, as in the original's einsum formulation."""
     b = attn.biases(shared_biases)
     q_head = attn.heads(attn.q, g)  # [b,m,n,d]
+    mask = None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None]
+    attn_vec = fused_relative_attention(  # target t reads the position scores from offset - z_t (see below)
+        q_head,
+        k_head,
+        v_head,
+        k_head_r,
+        b,
+        klen=klen,
+        starts=offset - ctx["target_pos"],
+        mask=mask,
+        seg_mat=ctx["seg_rows"],
+        seg_embed=None if ctx["seg_rows"] is None else attn.seg_embed[...],
+        dropatt=attn.dropatt,
+    )
+    if attn_vec is not None:
+        attn_vec = attn_vec * ctx["target_weight"][:, :, None, None].astype(attn_vec.dtype)
+        return attn.output(g, attn_vec)
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
     # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift);
     # out-of-range rows only occur where the causal mask applies
@@ -321,7 +339,6 @@ def query_stream_attention(
     segment_term = None
     if ctx["seg_rows"] is not None:
         segment_term = segment_scores(q_head, attn.seg_embed[...], b["r_s_bias"], ctx["seg_rows"])
-    mask = None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None]
     attn_vec = relative_attention(
         q_head,
         k_head,

@@ -1,0 +1,112 @@
+"""The fused relative-attention kernel for TPU (`xlgen.models.tpu_attention`), run through JAX (`interpret=True`),
+against the XLA form of the same equation: outputs and every input's gradient."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xlgen.models import layers, tpu_attention
+from xlgen.models.relative_attention import MASK_VALUE, relative_shift
+
+
+def reference(qu, qv, k, v, r, *, shift, scale, ef=None, flags=None, masks=False, dropout=None):
+    """The XLA form: scores `[b,n,q,k]` through `relative_shift` (or per-row windows), float32 softmax."""
+    b, n, q, _ = qu.shape
+    klen, rlen = k.shape[2], r.shape[2]
+    s = jnp.einsum("bnqd,bnkd->bnqk", qu, k)
+    raw = jnp.einsum("bnqd,bnrd->bnqr", qv, jnp.broadcast_to(r, (b,) + r.shape[1:]))
+    if shift.starts is None:
+        pos = relative_shift(raw, klen=klen, offset=shift.offset, stride=shift.stride)
+    else:
+        idx = jnp.clip(shift.starts[:, None, :, None] + jnp.arange(klen), 0, rlen - 1)
+        pos = jnp.take_along_axis(raw, jnp.broadcast_to(idx, (b, n, q, klen)), axis=-1)
+    s = s + pos
+    if ef is not None:
+        s = s + jnp.where((flags[:, None] & 2) != 0, ef[..., 1:2], ef[..., 0:1])
+    s = s * scale
+    if masks:
+        s = jnp.where((flags[:, None] & 1) != 0, MASK_VALUE, s)
+    p = jax.nn.softmax(s, axis=-1)
+    if dropout is not None:
+        seed, keep_prob = dropout
+        keep = layers.hashed_bits(seed, p.shape) < jnp.uint32(min(int(round(keep_prob * 2.0**32)), 2**32 - 1))
+        p = jnp.where(keep, p / keep_prob, 0.0)
+    return jnp.einsum("bnqk,bnkd->bnqd", p, v)
+
+
+def _inputs(seed, b, n, q, klen, rlen, d, shared_r, segments, mask_rows):
+    keys = jax.random.split(jax.random.key(seed), 8)
+    normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32)
+    args = dict(
+        qu=normal(keys[0], (b, n, q, d)),
+        qv=normal(keys[1], (b, n, q, d)),
+        k=normal(keys[2], (b, n, klen, d)),
+        v=normal(keys[3], (b, n, klen, d)),
+        r=normal(keys[4], (1 if shared_r else b, n, rlen, d)),
+    )
+    masked = jax.random.bernoulli(keys[5], 0.3, (mask_rows, q, klen))
+    flags = masked.astype(jnp.int8)
+    if segments:
+        args["ef"] = normal(keys[6], (b, n, q, 2))
+        different = jax.random.bernoulli(keys[7], 0.5, (mask_rows, q, klen))
+        flags = flags | (different.astype(jnp.int8) * 2)
+    return args, flags
+
+
+CASES = {
+    # name: (b, n, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, dropout)
+    "xlnet_bi": (2, 2, 64, 96, 160, 1, 64, False, True, 2, 0.1),
+    "txl_shared_keys": (2, 3, 40, 72, 72, 1, 39, True, False, 1, None),
+    "funnel_stride2": (1, 2, 32, 64, 128, 2, 64, True, True, 1, None),
+    "row_blocks": (1, 1, 512, 1024, 1536, 1, 512, True, False, 1, 0.2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_equals_xla_form_and_gradients(case):
+    b, n, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, rate = CASES[case]
+    args, flags = _inputs(0, b, n, q, klen, rlen, 64, shared_r, segments, mask_rows)
+    kw = dict(shift=tpu_attention.Shift(offset, stride), scale=0.125, flags=flags, masks=True)
+    if rate is not None:
+        kw["dropout"] = (jnp.array([12345, 678], jnp.uint32), 1.0 - rate)
+    if case == "row_blocks":
+        assert tpu_attention.block_rows(q, tpu_attention.padded_width(rlen, klen)) < q  # several query blocks
+    names = sorted(args)
+    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
+    xs = [args[key] for key in names]
+    out, ref_out = fused(*xs), ref(*xs)
+    np.testing.assert_allclose(out, ref_out, rtol=2e-5, atol=2e-5)
+    cot = jax.random.normal(jax.random.key(1), out.shape)
+    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
+    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
+    for name, g, rg in zip(names, grads, ref_grads):
+        np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_per_row_starts_equal_windows():
+    """XLNet's query stream: targets at sampled positions read their own window of the position scores."""
+    b, n, q, klen, rlen = 2, 2, 24, 80, 160
+    args, flags = _inputs(3, b, n, q, klen, rlen, 64, False, True, b)
+    positions = jax.random.randint(jax.random.key(5), (b, q), 0, klen)
+    starts = (klen - positions).astype(jnp.int32)  # "bi" distances klen, ..., -(klen-1): all windows in range
+    kw = dict(shift=tpu_attention.Shift(starts=starts), scale=0.125, flags=flags, masks=True)
+    names = sorted(args)
+    xs = [args[key] for key in names]
+    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
+    np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
+    grads = jax.grad(lambda *xs: fused(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
+    ref_grads = jax.grad(lambda *xs: ref(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
+    for name, g, rg in zip(names, grads, ref_grads):
+        np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_in_kernel_keep_mask_is_layers_keep_mask():
+    seed = jnp.array([0xDEADBEEF, 0x01234567], jnp.uint32)
+    threshold = int(round(0.9 * 2.0**32))
+    words = jax.lax.bitcast_convert_type(seed, jnp.int32)
+    keep = tpu_attention._keep(words[0], words[1], jnp.int32(3 * 7 * 64), (7, 64), 64, threshold)
+    expected = layers.hashed_bits(seed, (4, 7, 64))[3] < jnp.uint32(threshold)
+    np.testing.assert_array_equal(keep, expected)
