@@ -292,9 +292,9 @@ def _specs(st: _Static, shapes: dict):
         pl.BlockSpec(memory_space=pltpu.SMEM),
         pl.BlockSpec((None, None, st.rows, d), row),
         pl.BlockSpec((None, None, st.rows, d), row),
-        pl.BlockSpec((None, None, st.klen, d), whole),
-        pl.BlockSpec((None, None, st.klen, d), whole),
-        pl.BlockSpec((None, None, st.rlen, d), (lambda n, b, i: (0, n, 0, 0)) if rb == 1 else whole),
+        _once((None, None, st.klen, d), whole),
+        _once((None, None, st.klen, d), whole),
+        _once((None, None, st.rlen, d), (lambda n, b, i: (0, n, 0, 0)) if rb == 1 else whole),
     ]
     if st.segments:
         specs.append(pl.BlockSpec((None, None, 2, st.rows), lambda n, b, i: (b, n, 0, i)))
@@ -304,6 +304,15 @@ def _specs(st: _Static, shapes: dict):
     if st.dynamic:
         specs.append(pl.BlockSpec((None, 1, st.rows), lambda n, b, i: (b, 0, i)))
     return specs
+
+
+def _once(block, index):
+    """A block that changes once per (row, head), every q / tq steps: one VMEM buffer, not two (its next block's
+    copy waits for the last step on this one, a stall per (row, head) that keeps the keys, values, position keys
+    and their gradients of d_head = 128 and klen = 1536 within v3's 16 MiB of VMEM)."""
+    from jax.experimental import pallas as pl
+
+    return pl.BlockSpec(block, index, pipeline_mode=pl.Buffered(1))
 
 
 def _struct(shape, dtype, like):
@@ -347,9 +356,9 @@ def _call_backward(st: _Static, interpret: bool, scalars, qu, qv, k, v, r, extra
     out_specs += [
         pl.BlockSpec((None, None, st.rows, d), row),
         pl.BlockSpec((None, None, st.rows, d), row),
-        pl.BlockSpec((None, None, st.klen, d), whole),
-        pl.BlockSpec((None, None, st.klen, d), whole),
-        pl.BlockSpec((None, None, st.rlen, d), (lambda n_, b_, i: (0, n_, 0, 0)) if shared_r else whole),
+        _once((None, None, st.klen, d), whole),
+        _once((None, None, st.klen, d), whole),
+        _once((None, None, st.rlen, d), (lambda n_, b_, i: (0, n_, 0, 0)) if shared_r else whole),
     ]
     out_shape += [_struct(x.shape, x.dtype, qu) for x in (qu, qv, k, v, r)]
     from jax.experimental.pallas import tpu as pltpu
@@ -491,7 +500,7 @@ def per_device(fn, seed_words, qu, qv, k, v, r, extras):
 
     def body(seed_words, qu, qv, k, v, r, extras):
         def varying(x):
-            missing = tuple(a for a in split if a not in jax.typeof(x).vma)
+            missing = tuple(a for a in split if a not in jax.typeof(x).manual_axis_type.varying)
             return jax.lax.pcast(x, missing, to="varying") if missing else x
 
         first_row = lambda axes, size: varying(jax.lax.axis_index(axes) * size if axes else jnp.int32(0))
