@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from xlgen.models import layers, tpu_attention
+from xlgen.models import relative_attention as ra
 from xlgen.models.relative_attention import MASK_VALUE, relative_shift
 
 
@@ -110,3 +111,50 @@ def test_in_kernel_keep_mask_is_layers_keep_mask():
     keep = tpu_attention._keep(words[0], words[1], jnp.int32(3 * 7 * 64), (7, 64), 64, threshold)
     expected = layers.hashed_bits(seed, (4, 7, 64))[3] < jnp.uint32(threshold)
     np.testing.assert_array_equal(keep, expected)
+
+
+def test_factorized_position_term_with_cls_excluded():
+    """Funnel: the rotated factorized position term formed in the kernel from qv (`Factorized`), pooled queries,
+    no position or segment term on <cls>'s row and column, dropout on: equals the XLA form and its gradients."""
+    b, n, q, klen, d, width = 2, 2, 32, 64, 64, 128
+    args, flags = _inputs(7, b, n, q, klen, klen, d, True, True, b)
+    del args["r"]
+    keys = jax.random.split(jax.random.key(8), 2)
+    r_kernel = jax.random.normal(keys[0], (width, n, d)) * 0.1  # [D, n, d], as the `r` projection
+    q_pos = jnp.arange(q) * 2.0  # pooled queries: stride 2
+    (phi, pi), (psi, omega) = ra.factorized_position_encodings(q_pos, jnp.arange(klen) * 1.0, width)
+    drop = jax.random.bernoulli(keys[1], 0.9, phi.shape)
+    phi, pi = jnp.where(drop, phi / 0.9, 0.0), pi  # dropout on the query factors, as Funnel's pos_drop
+    half = width // 2
+    dropout = (jnp.array([5, 6], jnp.uint32), 0.9)
+    keep = np.pad(np.ones((q - 1, klen - 1), bool), ((1, 0), (1, 0)))
+
+    def fused(qu, qv, k, v, ef, w):
+        fact = tpu_attention.Factorized(
+            phi=phi[None],
+            pi=jnp.concatenate([pi[:, half:], -pi[:, :half]], -1)[None],
+            w_r=jnp.transpose(w, (1, 0, 2)),
+            w_s=jnp.transpose(jnp.concatenate([w[half:], w[:half]], 0), (1, 0, 2)),
+            psi=psi,
+        )
+        return tpu_attention.relative_attention(
+            qu, qv, k, v, factorized=fact, scale=0.125, ef=ef, flags=flags, masks=True, exclude_first=True,
+            dropout=dropout, interpret=True,
+        )  # fmt: skip
+
+    def ref(qu, qv, k, v, ef, w):
+        q_head = jnp.swapaxes(qv, 1, 2)
+        pos = ra.rotated_factorized_position_scores(q_head, w, jnp.zeros((n, d)), (phi, pi), (psi, omega))
+        seg = jnp.where((flags[:, None] & 2) != 0, ef[..., 1:2], ef[..., 0:1])
+        s = (jnp.einsum("bnqd,bnkd->bnqk", qu, k) + jnp.where(keep, pos + seg, 0.0)) * 0.125
+        p = jax.nn.softmax(jnp.where((flags[:, None] & 1) != 0, MASK_VALUE, s), axis=-1)
+        kept = layers.hashed_bits(dropout[0], p.shape) < jnp.uint32(layers.keep_threshold(dropout[1]))
+        return jnp.einsum("bnqk,bnkd->bnqd", jnp.where(kept, p / dropout[1], 0.0), v)
+
+    xs = [args["qu"], args["qv"], args["k"], args["v"], args["ef"], r_kernel]
+    np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
+    cot = jax.random.normal(jax.random.key(9), (b, n, q, d))
+    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(6)))(*xs)
+    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(6)))(*xs)
+    for name, g, rg in zip(("qu", "qv", "k", "v", "ef", "w"), grads, ref_grads):
+        np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)

@@ -348,24 +348,43 @@ def fused_relative_attention(
     seg_mat=None,
     seg_embed=None,
     dropatt=None,
+    factorized: Optional[tuple] = None,
+    exclude_first: bool = False,
 ) -> Optional[jax.Array]:
-    """`relative_attention` of the content, shifted position and segment terms as one kernel
-    (`xlgen.models.tpu_attention`, chosen by `operands.fused_attention`), or None where it does not apply (the
-    caller then forms the terms itself). q `[b,q,n,d]`, k/v `[b,k,n,d]`, position keys `[r,n,d]` or `[b,r,n,d]`;
-    row i reads the position scores from offset - stride·i, or from `starts [b,q]` (queries at arbitrary
-    positions); `mask` broadcastable to `[b,1,q,k]`, `seg_mat [b,q,k]` with `seg_embed [2,n,d]`; `dropatt` the
+    """`relative_attention` of the content, position and segment terms as one kernel (`xlgen.models.tpu_attention`,
+    chosen by `operands.fused_attention`), or None where it does not apply (the caller then forms the terms
+    itself). q `[b,q,n,d]`, k/v `[b,k,n,d]`; the position term either shifted, position keys `[r,n,d]` or
+    `[b,r,n,d]` with row i reading the position scores from offset - stride·i or from `starts [b,q]` (queries at
+    arbitrary positions), or `factorized` = (q_enc, k_enc, r_kernel) as for `factorized_position_scores` (then
+    `k_head_r` is None); `mask` broadcastable to `[b,1,q,k]`, `seg_mat [b,q,k]` with `seg_embed [2,n,d]`;
+    `exclude_first`: no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropatt` the
     probabilities' `Dropout`. Returns attn_vec `[b,q,n,d]`."""
     if not operands.fused_attention() or isinstance(k_head, ContentKeyOperand) or isinstance(v_head, ValueOperand):
         return None
     if isinstance(k_head_r, PositionKeyOperand) or (mask is not None and mask.ndim == 4 and mask.shape[1] != 1):
         return None
     b, q, n, d = q_head.shape
-    if not tpu_attention.applies(q, klen, k_head_r.shape[-3]):
+    rlen = klen if k_head_r is None else k_head_r.shape[-3]
+    if not tpu_attention.applies(q, klen, rlen, 0 if factorized is None else factorized[2].shape[0]):
         return None
     heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, n, d] -> [b, n, l, d]
     cast = lambda bias: bias.astype(q_head.dtype)
     qu, qv = heads_major(q_head + cast(biases["r_w_bias"])), heads_major(q_head + cast(biases["r_r_bias"]))
-    r = heads_major(k_head_r if k_head_r.ndim == 4 else k_head_r[None]).astype(q_head.dtype)
+    r, fact = None, None
+    if k_head_r is not None:
+        r = heads_major(k_head_r if k_head_r.ndim == 4 else k_head_r[None]).astype(q_head.dtype)
+    if factorized is not None:
+        (phi, pi), (psi, _), r_kernel = factorized  # the rotated form: see rotated_factorized_position_scores
+        half = r_kernel.shape[0] // 2
+        w = r_kernel.astype(q_head.dtype)  # [D, n, d]
+        lead = lambda x: (x if x.ndim == 3 else x[None]).astype(q_head.dtype)
+        fact = tpu_attention.Factorized(
+            phi=lead(phi),
+            pi=lead(jnp.concatenate([pi[..., half:], -pi[..., :half]], -1)),
+            w_r=jnp.transpose(w, (1, 0, 2)),
+            w_s=jnp.transpose(jnp.concatenate([w[half:], w[:half]], 0), (1, 0, 2)),
+            psi=psi.astype(q_head.dtype),
+        )
     ef, flags = None, None
     rows = b if (mask is not None and mask.shape[0] > 1) or seg_mat is not None else 1
     if mask is not None:
@@ -384,10 +403,12 @@ def fused_relative_attention(
         heads_major(v_head),
         r,
         shift=tpu_attention.Shift(offset, stride, starts),
+        factorized=fact,
         scale=1.0 / math.sqrt(d),
         ef=ef,
         flags=flags,
         masks=mask is not None,
+        exclude_first=exclude_first,
         dropout=None if dropatt is None else dropatt.keep_seed(),
         interpret=operands.kernels_interpreted(),
     )

@@ -71,8 +71,10 @@ def block_rows(q: int, width: int) -> int:
     return best
 
 
-def applies(q: int, klen: int, r: int) -> bool:
-    return block_rows(q, padded_width(r, klen)) > 0
+def applies(q: int, klen: int, r: int, factor_width: int = 0) -> bool:
+    """Whether q queries against klen keys fit the kernel's blocks: r position keys (shifted), and the factorized
+    term's width D (0 without one)."""
+    return block_rows(q, padded_width(r, klen) + factor_width) > 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -120,18 +122,35 @@ def _pad_columns(x, width: int):
     return x
 
 
+class Factorized(NamedTuple):
+    """Funnel-Transformer's factorized position term, rotated form (`relative_attention.
+    rotated_factorized_position_scores`), formed inside the kernel from the position queries qv:
+
+        pos[i, j] = ((qv_i · W_r^T) ⊙ phi_i + (qv_i · W_s^T) ⊙ pi_i) · psi_j
+
+    phi, pi `[1 or b, q, D]` (the query factors; pi as [pi_2, -pi_1]), w_r, w_s `[n, D, d]` (W_r per head, and
+    with its halves swapped), psi `[klen, D]` (the key factors). phi, pi and psi are constants (sinusoids of the
+    positions, dropout applied): no gradient flows to them."""
+
+    phi: jax.Array
+    pi: jax.Array
+    w_r: jax.Array
+    w_s: jax.Array
+    psi: jax.Array
+
+
 class _Static(NamedTuple):
     """Shapes and options fixed per call."""
 
     rows: int  # tq
-    width: int  # W
+    width: int  # W: the rotation width (0 without a shifted position term)
     klen: int
-    rlen: int
     offset: int
     stride: int
     dynamic: bool  # per-row starts
     segments: bool
     masks: bool
+    exclude_first: bool  # no position / segment term in global row 0 and column 0 (Funnel's <cls>)
     dropout: bool
     threshold: int
     keep_prob: float
@@ -143,17 +162,19 @@ class _Static(NamedTuple):
 
 def product_dtype(dtype) -> str:
     """The products' operand dtype: the inputs' own, float32 on TPU v2/v3, whose Mosaic matmuls take no bfloat16
-    operands (XLA's own bfloat16 products there run on the same MXU)."""
+    operands (issue jax-ml/jax#23989; Mosaic's lowered kernel then feeds the MXU float32 in its rounding mode, one
+    pass at the bfloat16 rate, as XLA's default-precision products)."""
     kind = platforms.lowering_device_kind()
     return "float32" if any(gen in kind for gen in ("TPU v2", "TPU v3")) else jnp.dtype(dtype).name
 
 
-def _row_amounts(st: _Static, q_block, starts_ref, inverse: bool = False):  # starts_ref: the `[tq, 1]` starts
+def _row_amounts(st: _Static, q_block, starts, inverse: bool = False):
     """(first, rest, largest rest): row i's right rotation first + rest_i (mod W) taking out[i, j] = raw[i, start_i
-    + j] (the shift), or its inverse (`inverse`: the shift's transpose, raw[i, start_i + j] = out[i, j])."""
+    + j] (the shift), or its inverse (`inverse`: the shift's transpose, raw[i, start_i + j] = out[i, j]); starts:
+    the block's `[tq, 1]` per-row starts, or None (static offset and stride)."""
     i = jax.lax.broadcasted_iota(jnp.int32, (st.rows, 1), 0)
     if st.dynamic:
-        starts = starts_ref % st.width  # [tq, 1] int32
+        starts = starts % st.width
         return None, (starts if inverse else (st.width - starts) % st.width), st.width - 1
     largest = st.stride * (st.rows - 1)
     first = st.stride * q_block * st.rows - st.offset  # + stride * i
@@ -162,17 +183,66 @@ def _row_amounts(st: _Static, q_block, starts_ref, inverse: bool = False):  # st
     return first % st.width, (st.stride * i) % st.width, largest
 
 
-def _scores(st: _Static, q_block, qu, qv, k, r, ef, flags, amounts):
-    """S `[tq, klen]` float32 (masked entries MASK_VALUE)."""
-    s = jax.lax.dot_general(qu, k, TRANS_B, preferred_element_type=jnp.float32)
-    raw = jax.lax.dot_general(qv, r, TRANS_B, preferred_element_type=jnp.float32)  # [tq, r]
-    s = s + _rotate_rows(_pad_columns(raw, st.width), amounts[1], amounts[0], st.width, amounts[2])[:, : st.klen]
+class _Block(NamedTuple):
+    """One grid step's inputs, loaded (products' operands in `st.operands`)."""
+
+    qu: jax.Array
+    qv: jax.Array
+    k: jax.Array
+    r: Optional[jax.Array]
+    ef: Optional[jax.Array]  # [tq, 2] float32
+    flags: Optional[jax.Array]  # [tq, klen] int32
+    starts: Optional[jax.Array]  # [tq, 1] int32
+    fact: Optional[tuple]  # (phi, pi [tq, D], w_r, w_s [D, d], psi [klen, D])
+
+
+def _load(x: dict, st: _Static) -> _Block:
+    cast = lambda name: x[name][...].astype(st.operands) if name in x else None
+    return _Block(
+        qu=cast("qu"),
+        qv=cast("qv"),
+        k=cast("k"),
+        r=cast("r"),
+        ef=x["ef"][...].astype(jnp.float32).T if "ef" in x else None,  # arrives as [2, tq]
+        flags=x["flags"][...].astype(jnp.int32) if "flags" in x else None,
+        starts=x["starts"][...].T if "starts" in x else None,  # arrives as [1, tq]
+        fact=tuple(cast(name) for name in ("phi", "pi", "w_r", "w_s", "psi")) if "psi" in x else None,
+    )
+
+
+def _first_excluded(st: _Static, q_block):
+    """True where the position and segment terms apply: not in global row 0 nor column 0."""
+    i = jax.lax.broadcasted_iota(jnp.int32, (st.rows, st.klen), 0) + q_block * st.rows
+    j = jax.lax.broadcasted_iota(jnp.int32, (st.rows, st.klen), 1)
+    return (i > 0) & (j > 0)
+
+
+def _scores(st: _Static, q_block, blk: _Block):
+    """S `[tq, klen]` float32 (masked entries MASK_VALUE), and the factorized term's xy `[tq, D]` (or None)."""
+    s = jax.lax.dot_general(blk.qu, blk.k, TRANS_B, preferred_element_type=jnp.float32)
+    pos, xy = None, None
+    if blk.r is not None:
+        raw = jax.lax.dot_general(blk.qv, blk.r, TRANS_B, preferred_element_type=jnp.float32)  # [tq, r]
+        first, rest, largest = _row_amounts(st, q_block, blk.starts)
+        pos = _rotate_rows(_pad_columns(raw, st.width), rest, first, st.width, largest)[:, : st.klen]
+    if blk.fact is not None:
+        phi, pi, w_r, w_s, psi = blk.fact
+        q_r = jax.lax.dot_general(blk.qv, w_r, TRANS_B, preferred_element_type=jnp.float32)  # [tq, D]
+        q_s = jax.lax.dot_general(blk.qv, w_s, TRANS_B, preferred_element_type=jnp.float32)
+        xy = q_r * phi + q_s * pi
+        term = jax.lax.dot_general(xy.astype(psi.dtype), psi, TRANS_B, preferred_element_type=jnp.float32)
+        pos = term if pos is None else pos + term
     if st.segments:
-        s = s + jnp.where((flags & DIFFERENT_SEGMENT) != 0, ef[:, 1:2], ef[:, 0:1])
+        seg = jnp.where((blk.flags & DIFFERENT_SEGMENT) != 0, blk.ef[:, 1:2], blk.ef[:, 0:1])
+        pos = seg if pos is None else pos + seg
+    if pos is not None:
+        if st.exclude_first:
+            pos = jnp.where(_first_excluded(st, q_block), pos, 0.0)
+        s = s + pos
     s = s * st.scale
     if st.masks:
-        s = jnp.where((flags & MASKED) != 0, MASK_VALUE, s)
-    return s
+        s = jnp.where((blk.flags & MASKED) != 0, MASK_VALUE, s)
+    return s, xy
 
 
 def _softmax(s):
@@ -188,90 +258,80 @@ def _dropout_keep(st: _Static, scalars_ref, b, n, q_block):
     return _keep(scalars_ref[0], scalars_ref[1], base, (st.rows, st.klen), st.klen, st.threshold)
 
 
-def _load(refs, st: _Static):
-    """(ef `[tq, 2]` float32, flags `[tq, klen]` int32, starts `[tq, 1]` int32) or None each, in argument order
-    (ef and starts arrive with the queries on the lanes, `[2, tq]` and `[1, tq]`)."""
-    ef = refs.pop(0)[...].astype(jnp.float32).T if st.segments else None
-    flags = refs.pop(0)[...].astype(jnp.int32) if (st.segments or st.masks) else None
-    starts = refs.pop(0)[...].T if st.dynamic else None
-    return ef, flags, starts
-
-
-def _forward_kernel(st: _Static, scalars_ref, qu_ref, qv_ref, k_ref, v_ref, r_ref, *refs):
+def _forward_kernel(st: _Static, names: tuple, *refs):
     from jax.experimental import pallas as pl
 
-    refs = list(refs)
-    o_ref = refs.pop()
-    ef, flags, starts = _load(refs, st)
+    x = dict(zip(names, refs))
     n, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    amounts = _row_amounts(st, q_block, starts)
-    qu, qv, k, r = (ref[...].astype(st.operands) for ref in (qu_ref, qv_ref, k_ref, r_ref))
-    s = _scores(st, q_block, qu, qv, k, r, ef, flags, amounts)
+    s, _ = _scores(st, q_block, _load(x, st))
     p = _softmax(s)
     if st.dropout:
-        p = jnp.where(_dropout_keep(st, scalars_ref, b, n, q_block), p / st.keep_prob, 0.0)
-    v = v_ref[...].astype(st.operands)
-    o_ref[...] = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(o_ref.dtype)
+        p = jnp.where(_dropout_keep(st, x["scalars"], b, n, q_block), p / st.keep_prob, 0.0)
+    v = x["v"][...].astype(st.operands)
+    x["out"][...] = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(x["out"].dtype)
 
 
-def _backward_kernel(st: _Static, shared_r: bool, scalars_ref, qu_ref, qv_ref, k_ref, v_ref, r_ref, *refs):
+# gradients accumulated over the grid in float32 VMEM: name -> whether the block is shared by the batch rows
+_ACCUMULATED = ("dk", "dv", "dr", "dw_r", "dw_s")
+
+
+def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
     from jax.experimental import pallas as pl
 
-    refs = list(refs)
-    dk_acc, dv_acc, dr_acc = refs[-3:]  # float32 VMEM accumulators over the query blocks (and rows: shared r)
-    dqu_ref, dqv_ref, dk_ref, dv_ref, dr_ref = refs[-8:-3]
-    def_ref = refs[-9] if st.segments else None
-    refs = refs[: -9 if st.segments else -8]
-    do_ref = refs.pop()
-    ef, flags, starts = _load(refs, st)
+    x = dict(zip(names, refs))
     n, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     last_b, last_q = pl.num_programs(1) - 1, pl.num_programs(2) - 1
-    r_first = (q_block == 0) & ((b == 0) | (not shared_r))
-    r_last = (q_block == last_q) & ((b == last_b) | (not shared_r))
+    for name in _ACCUMULATED:
+        if name in x:
+            first = (q_block == 0) & ((b == 0) | (not shared[name]))
+            pl.when(first)(functools.partial(lambda acc: acc.__setitem__(..., jnp.zeros_like(acc)), x[name + "_acc"]))
 
-    @pl.when(q_block == 0)
-    def _():
-        dk_acc[...] = jnp.zeros_like(dk_acc)
-        dv_acc[...] = jnp.zeros_like(dv_acc)
-
-    @pl.when(r_first)
-    def _():
-        dr_acc[...] = jnp.zeros_like(dr_acc)
-
-    qu, qv, k, v, r, do = (ref[...].astype(st.operands) for ref in (qu_ref, qv_ref, k_ref, v_ref, r_ref, do_ref))
-    amounts = _row_amounts(st, q_block, starts)
-    p = _softmax(_scores(st, q_block, qu, qv, k, r, ef, flags, amounts))
+    blk = _load(x, st)
+    do = x["do"][...].astype(st.operands)
+    v = x["v"][...].astype(st.operands)
+    s, xy = _scores(st, q_block, blk)
+    p = _softmax(s)
     dp = jax.lax.dot_general(do, v, TRANS_B, preferred_element_type=jnp.float32)  # d(P_d)
     pd = p
     if st.dropout:
-        keep = _dropout_keep(st, scalars_ref, b, n, q_block)
+        keep = _dropout_keep(st, x["scalars"], b, n, q_block)
         pd = jnp.where(keep, p / st.keep_prob, 0.0)
         dp = jnp.where(keep, dp / st.keep_prob, 0.0)
-    dv_acc[...] += jnp.dot(pd.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
+    x["dv_acc"][...] += jnp.dot(pd.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
     ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
     if st.masks:
-        ds = jnp.where((flags & MASKED) != 0, 0.0, ds)
+        ds = jnp.where((blk.flags & MASKED) != 0, 0.0, ds)
     ds = ds * st.scale  # d(content + position + segment)
-    dqu_ref[...] = jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32).astype(dqu_ref.dtype)
-    dk_acc[...] += jnp.dot(ds.T.astype(qu.dtype), qu, preferred_element_type=jnp.float32)
-    first, rest, largest = _row_amounts(st, q_block, starts, inverse=True)
-    draw = _rotate_rows(_pad_columns(ds, st.width), rest, first, st.width, largest)[:, : st.rlen]
-    dqv_ref[...] = jnp.dot(draw.astype(r.dtype), r, preferred_element_type=jnp.float32).astype(dqv_ref.dtype)
-    dr_acc[...] += jnp.dot(draw.T.astype(qv.dtype), qv, preferred_element_type=jnp.float32)
+    x["dqu"][...] = jnp.dot(ds.astype(blk.k.dtype), blk.k, preferred_element_type=jnp.float32).astype(x["dqu"].dtype)
+    x["dk_acc"][...] += jnp.dot(ds.T.astype(blk.qu.dtype), blk.qu, preferred_element_type=jnp.float32)
+    ds_pos = jnp.where(_first_excluded(st, q_block), ds, 0.0) if st.exclude_first else ds
+    dqv = jnp.zeros(blk.qv.shape, jnp.float32)
+    if blk.r is not None:
+        first, rest, largest = _row_amounts(st, q_block, blk.starts, inverse=True)
+        draw = _rotate_rows(_pad_columns(ds_pos, st.width), rest, first, st.width, largest)[:, : blk.r.shape[0]]
+        dqv += jnp.dot(draw.astype(blk.r.dtype), blk.r, preferred_element_type=jnp.float32)
+        x["dr_acc"][...] += jnp.dot(draw.T.astype(blk.qv.dtype), blk.qv, preferred_element_type=jnp.float32)
+    if blk.fact is not None:
+        phi, pi, w_r, w_s, psi = blk.fact
+        dxy = jnp.dot(ds_pos.astype(psi.dtype), psi, preferred_element_type=jnp.float32)  # [tq, D]
+        dq_r, dq_s = (dxy * phi).astype(w_r.dtype), (dxy * pi).astype(w_s.dtype)
+        dqv += jnp.dot(dq_r, w_r, preferred_element_type=jnp.float32) + jnp.dot(
+            dq_s, w_s, preferred_element_type=jnp.float32
+        )
+        x["dw_r_acc"][...] += jnp.dot(dq_r.T, blk.qv, preferred_element_type=jnp.float32)
+        x["dw_s_acc"][...] += jnp.dot(dq_s.T, blk.qv, preferred_element_type=jnp.float32)
+    x["dqv"][...] = dqv.astype(x["dqv"].dtype)
     if st.segments:
-        different = (flags & DIFFERENT_SEGMENT) != 0
-        same_sum = jnp.where(different, 0.0, ds).sum(axis=-1, keepdims=True)
-        diff_sum = jnp.where(different, ds, 0.0).sum(axis=-1, keepdims=True)
-        def_ref[...] = jnp.concatenate([same_sum, diff_sum], axis=1).T.astype(def_ref.dtype)
+        different = (blk.flags & DIFFERENT_SEGMENT) != 0
+        same_sum = jnp.where(different, 0.0, ds_pos).sum(axis=-1, keepdims=True)
+        diff_sum = jnp.where(different, ds_pos, 0.0).sum(axis=-1, keepdims=True)
+        x["d_ef"][...] = jnp.concatenate([same_sum, diff_sum], axis=1).T.astype(x["d_ef"].dtype)
 
-    @pl.when(q_block == last_q)
-    def _():
-        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
-        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
-
-    @pl.when(r_last)
-    def _():
-        dr_ref[...] = dr_acc[...].astype(dr_ref.dtype)
+    for name in _ACCUMULATED:
+        if name in x:
+            last = (q_block == last_q) & ((b == last_b) | (not shared[name]))
+            write = lambda out, acc: out.__setitem__(..., acc[...].astype(out.dtype))
+            pl.when(last)(functools.partial(write, x[name], x[name + "_acc"]))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -279,135 +339,137 @@ def _backward_kernel(st: _Static, shared_r: bool, scalars_ref, qu_ref, qv_ref, k
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _specs(st: _Static, shapes: dict):
-    """BlockSpecs of the inputs, grid (heads, batch, query blocks)."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    d = shapes["qu"][-1]
-    rb = shapes["r"][0]
-    row = lambda n, b, i: (b, n, i, 0)
-    whole = lambda n, b, i: (b, n, 0, 0)
-    specs = [
-        pl.BlockSpec(memory_space=pltpu.SMEM),
-        pl.BlockSpec((None, None, st.rows, d), row),
-        pl.BlockSpec((None, None, st.rows, d), row),
-        _once((None, None, st.klen, d), whole),
-        _once((None, None, st.klen, d), whole),
-        _once((None, None, st.rlen, d), (lambda n, b, i: (0, n, 0, 0)) if rb == 1 else whole),
-    ]
-    if st.segments:
-        specs.append(pl.BlockSpec((None, None, 2, st.rows), lambda n, b, i: (b, n, 0, i)))
-    if st.segments or st.masks:
-        mb = shapes["flags"][0]
-        specs.append(pl.BlockSpec((None, st.rows, st.klen), lambda n, b, i: ((0 if mb == 1 else b), i, 0)))
-    if st.dynamic:
-        specs.append(pl.BlockSpec((None, 1, st.rows), lambda n, b, i: (b, 0, i)))
-    return specs
-
-
 def _once(block, index):
-    """A block that changes once per (row, head), every q / tq steps: one VMEM buffer, not two (its next block's
-    copy waits for the last step on this one, a stall per (row, head) that keeps the keys, values, position keys
-    and their gradients of d_head = 128 and klen = 1536 within v3's 16 MiB of VMEM)."""
+    """A block that changes at most once per (row, head), every q / tq steps: one VMEM buffer, not two (its next
+    block's copy waits for the last step on this one, a stall per (row, head) that keeps the keys, values,
+    position keys and their gradients of d_head = 128 and klen = 1536 within v3's 16 MiB of VMEM)."""
     from jax.experimental import pallas as pl
 
     return pl.BlockSpec(block, index, pipeline_mode=pl.Buffered(1))
+
+
+def _specs(st: _Static, inputs: dict) -> dict:
+    """BlockSpecs of the inputs present, grid (heads, batch, query blocks)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    d = inputs["qu"].shape[-1]
+    lead = lambda name: (lambda n, b: b) if inputs[name].shape[0] > 1 else (lambda n, b: 0)
+    specs = {
+        "scalars": pl.BlockSpec(memory_space=pltpu.SMEM),
+        "qu": pl.BlockSpec((None, None, st.rows, d), lambda n, b, i: (b, n, i, 0)),
+        "qv": pl.BlockSpec((None, None, st.rows, d), lambda n, b, i: (b, n, i, 0)),
+        "k": _once((None, None, st.klen, d), lambda n, b, i: (b, n, 0, 0)),
+        "v": _once((None, None, st.klen, d), lambda n, b, i: (b, n, 0, 0)),
+    }
+    if "r" in inputs:
+        rb, rlen = lead("r"), inputs["r"].shape[2]
+        specs["r"] = _once((None, None, rlen, d), lambda n, b, i: (rb(n, b), n, 0, 0))
+    if "ef" in inputs:
+        specs["ef"] = pl.BlockSpec((None, None, 2, st.rows), lambda n, b, i: (b, n, 0, i))
+    if "flags" in inputs:
+        fb = lead("flags")
+        specs["flags"] = pl.BlockSpec((None, st.rows, st.klen), lambda n, b, i: (fb(n, b), i, 0))
+    if "starts" in inputs:
+        specs["starts"] = pl.BlockSpec((None, 1, st.rows), lambda n, b, i: (b, 0, i))
+    if "psi" in inputs:
+        width = inputs["psi"].shape[-1]
+        pb = lead("phi")
+        for name in ("phi", "pi"):
+            specs[name] = pl.BlockSpec((None, st.rows, width), lambda n, b, i: (pb(n, b), i, 0))
+        for name in ("w_r", "w_s"):
+            specs[name] = _once((None, width, d), lambda n, b, i: (n, 0, 0))
+        specs["psi"] = _once((st.klen, width), lambda n, b, i: (0, 0))
+    return specs
 
 
 def _struct(shape, dtype, like):
     return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type)
 
 
-def _call_forward(st: _Static, interpret: bool, scalars, qu, qv, k, v, r, extras):
+def _flops(st: _Static, inputs: dict, backward: bool) -> int:
+    """The kernel's matmul FLOPs: forward content, position and segment products and probabilities by values;
+    backward the score products again, then dP, dv, dqu, dk and the position term's gradients."""
+    b, n, q, d = inputs["qu"].shape
+    k = st.klen
+    per_row = (10 if backward else 4) * d * k
+    if "r" in inputs:
+        per_row += (6 if backward else 2) * d * inputs["r"].shape[2]
+    if "psi" in inputs:
+        width = inputs["psi"].shape[-1]
+        per_row += (12 * d * width + 4 * width * k) if backward else (4 * d * width + 2 * width * k)
+    return b * n * q * per_row
+
+
+def _call(st: _Static, interpret: bool, inputs: dict, do=None):
+    """The forward kernel (`do` None): out `[b, n, q, d]`; else the backward kernel: a dict of gradients."""
     from jax.experimental import pallas as pl
-
-    b, n, q, d = qu.shape
-    shapes = {"qu": qu.shape, "r": r.shape, "flags": None if extras.get("flags") is None else extras["flags"].shape}
-    args = [scalars, qu, qv, k, v, r] + [
-        extras[key] for key in ("ef", "flags", "starts") if extras.get(key) is not None
-    ]
-    return pl.pallas_call(
-        functools.partial(_forward_kernel, st),
-        grid=(n, b, q // st.rows),
-        in_specs=_specs(st, shapes),
-        out_specs=pl.BlockSpec((None, None, st.rows, d), lambda n_, b_, i: (b_, n_, i, 0)),
-        out_shape=_struct(qu.shape, qu.dtype, qu),
-        cost_estimate=_cost(st, b, n, q, d, backward=False),
-        interpret=interpret,
-    )(*args)
-
-
-def _call_backward(st: _Static, interpret: bool, scalars, qu, qv, k, v, r, extras, do):
-    from jax.experimental import pallas as pl
-
-    b, n, q, d = qu.shape
-    shared_r = r.shape[0] == 1
-    shapes = {"qu": qu.shape, "r": r.shape, "flags": None if extras.get("flags") is None else extras["flags"].shape}
-    args = [scalars, qu, qv, k, v, r] + [
-        extras[key] for key in ("ef", "flags", "starts") if extras.get(key) is not None
-    ]
-    row = lambda n_, b_, i: (b_, n_, i, 0)
-    whole = lambda n_, b_, i: (b_, n_, 0, 0)
-    out_specs, out_shape = [], []
-    if st.segments:
-        out_specs.append(pl.BlockSpec((None, None, 2, st.rows), lambda n_, b_, i: (b_, n_, 0, i)))
-        out_shape.append(_struct((b, n, 2, q), jnp.float32, qu))
-    out_specs += [
-        pl.BlockSpec((None, None, st.rows, d), row),
-        pl.BlockSpec((None, None, st.rows, d), row),
-        _once((None, None, st.klen, d), whole),
-        _once((None, None, st.klen, d), whole),
-        _once((None, None, st.rlen, d), (lambda n_, b_, i: (0, n_, 0, 0)) if shared_r else whole),
-    ]
-    out_shape += [_struct(x.shape, x.dtype, qu) for x in (qu, qv, k, v, r)]
     from jax.experimental.pallas import tpu as pltpu
 
-    outs = pl.pallas_call(
-        functools.partial(_backward_kernel, st, shared_r),
-        grid=(n, b, q // st.rows),
-        in_specs=_specs(st, shapes) + [pl.BlockSpec((None, None, st.rows, d), row)],
-        out_specs=out_specs,
-        out_shape=out_shape,
-        scratch_shapes=[pltpu.VMEM((st.klen, d), jnp.float32)] * 2 + [pltpu.VMEM((st.rlen, d), jnp.float32)],
-        cost_estimate=_cost(st, b, n, q, d, backward=True),
-        interpret=interpret,
-    )(*args, do)
-    d_ef = outs[0] if st.segments else None
-    return (*outs[-5:], d_ef)
-
-
-def _cost(st: _Static, b: int, n: int, q: int, d: int, backward: bool):
-    """The kernel's matmul FLOPs (forward: content, position, probabilities by values; backward: the content and
-    position products again, then dP, dv, dqu, dk, dqv, dr) and exponentials, for the roofline."""
-    from jax.experimental import pallas as pl
-
-    per_row = 5 * st.klen + 3 * st.rlen if backward else 2 * st.klen + st.rlen
-    return pl.CostEstimate(flops=2 * b * n * q * d * per_row, transcendentals=b * n * q * st.klen, bytes_accessed=0)
+    qu = inputs["qu"]
+    b, n, q, d = qu.shape
+    specs = _specs(st, inputs)
+    names = tuple(inputs)
+    row = pl.BlockSpec((None, None, st.rows, d), lambda n_, b_, i: (b_, n_, i, 0))
+    cost = pl.CostEstimate(
+        flops=_flops(st, inputs, do is not None), transcendentals=b * n * q * st.klen, bytes_accessed=0
+    )
+    common = dict(grid=(n, b, q // st.rows), cost_estimate=cost, interpret=interpret)
+    if do is None:
+        kernel = functools.partial(_forward_kernel, st, names + ("out",))
+        return pl.pallas_call(
+            kernel,
+            in_specs=[specs[k] for k in names],
+            out_specs=row,
+            out_shape=_struct(qu.shape, qu.dtype, qu),
+            **common,
+        )(*inputs.values())
+    outs = {"dqu": (row, qu), "dqv": (row, inputs["qv"])}  # name -> (spec, like)
+    for name in ("k", "v", "r", "w_r", "w_s"):
+        if name in inputs:
+            outs["d" + name] = (specs[name], inputs[name])
+    if "ef" in inputs:
+        outs["d_ef"] = (specs["ef"], inputs["ef"])
+    shared = {"dk": False, "dv": False, "dr": "r" in inputs and inputs["r"].shape[0] == 1, "dw_r": True, "dw_s": True}
+    accumulated = [name for name in _ACCUMULATED if name in outs]
+    kernel = functools.partial(
+        _backward_kernel,
+        st,
+        names + ("do",) + tuple(outs) + tuple(name + "_acc" for name in accumulated),
+        shared,
+    )
+    results = pl.pallas_call(
+        kernel,
+        in_specs=[specs[k] for k in names] + [row],
+        out_specs=[spec for spec, _ in outs.values()],
+        out_shape=[_struct(like.shape, like.dtype, qu) for _, like in outs.values()],
+        scratch_shapes=[pltpu.VMEM(outs[name][1].shape[-2:], jnp.float32) for name in accumulated],
+        **common,
+    )(*inputs.values(), do)
+    return dict(zip(outs, results))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _attention(st, interpret, scalars, qu, qv, k, v, r, extras):
-    return _call_forward(st, interpret, scalars, qu, qv, k, v, r, extras)
+def _attention(st, interpret, inputs):
+    return _call(st, interpret, inputs)
 
 
-def _attention_fwd(st, interpret, scalars, qu, qv, k, v, r, extras):
-    return _call_forward(st, interpret, scalars, qu, qv, k, v, r, extras), (scalars, qu, qv, k, v, r, extras)
+def _attention_fwd(st, interpret, inputs):
+    return _call(st, interpret, inputs), inputs
 
 
-def _attention_bwd(st, interpret, residuals, do):
-    scalars, qu, qv, k, v, r, extras = residuals
-    dqu, dqv, dk, dv, dr, d_ef = _call_backward(st, interpret, scalars, qu, qv, k, v, r, extras, do)
-    d_extras = jax.tree.map(_zero_cotangent, extras)
-    if st.segments:
-        d_extras["ef"] = d_ef.astype(extras["ef"].dtype)  # (the transposed layout: swapaxes' vjp undoes it)
-    return _zero_cotangent(scalars), dqu, dqv, dk, dv, dr, d_extras
-
-
-def _zero_cotangent(x):
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        return jnp.zeros_like(x)
-    return np.zeros(x.shape, jax.dtypes.float0)
+def _attention_bwd(st, interpret, inputs, do):
+    grads = _call(st, interpret, inputs, do)
+    cotangents = {}
+    for name, x in inputs.items():
+        key = "d_ef" if name == "ef" else "d" + name
+        if key in grads:
+            cotangents[name] = grads[key]
+        elif jnp.issubdtype(x.dtype, jnp.floating):
+            cotangents[name] = jnp.zeros_like(x)  # constants: phi, pi, psi
+        else:
+            cotangents[name] = np.zeros(x.shape, jax.dtypes.float0)
+    return (cotangents,)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -425,37 +487,40 @@ def relative_attention(
     qv: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    r: jax.Array,
+    r: Optional[jax.Array] = None,
     *,
-    shift: Shift,
+    shift: Shift = Shift(),
+    factorized: Optional[Factorized] = None,
     scale: float,
     ef: Optional[jax.Array] = None,
     flags: Optional[jax.Array] = None,
     masks: bool = False,
+    exclude_first: bool = False,
     dropout: Optional[tuple] = None,
     interpret: bool = False,
 ) -> jax.Array:
-    """softmax(mask((qu·k^T + shift(qv·r^T) + ef[seg]) · scale)), dropped out, · v, heads-major:
+    """softmax(mask((qu·k^T + position + ef[seg]) · scale)), dropped out, · v, heads-major:
 
-    qu, qv `[b, n, q, d]`; k, v `[b, n, klen, d]`; r `[1 or b, n, rlen, d]` (position keys shared by the batch or
-    per row); `shift` where row i of qv·r^T is read (`Shift`); `ef` `[b, n, q, 2]` the segment scores (same,
-    different segment) or None; `flags` int8 `[1 or b, q, klen]` (bit 0 masked, if `masks`; bit 1 different
-    segment, if `ef` is given); `dropout` (seed uint32 `[2]` of `layers.keep_mask`, keep probability) or None.
-    Returns `[b, n, q, d]` in qu's dtype."""
+    qu, qv `[b, n, q, d]`; k, v `[b, n, klen, d]`; the position term shift(qv·r^T), r `[1 or b, n, rlen, d]`
+    (position keys shared by the batch or per row; `shift` says where row i of qv·r^T is read), and/or the
+    `factorized` term; `ef` `[b, n, q, 2]` the segment scores (same, different segment) or None; `flags` int8
+    `[1 or b, q, klen]` (bit 0 masked, if `masks`; bit 1 different segment, if `ef` is given); `exclude_first`:
+    no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32 `[2]` of
+    `layers.keep_mask`, keep probability) or None. Returns `[b, n, q, d]` in qu's dtype."""
     b, n, q, d = qu.shape
-    klen, rlen = k.shape[2], r.shape[2]
-    width = padded_width(rlen, klen)
+    klen = k.shape[2]
+    width = 0 if r is None else padded_width(r.shape[2], klen)
     seed, keep_prob = dropout if dropout is not None else (jnp.zeros((2,), jnp.uint32), 1.0)
     st = _Static(
-        rows=block_rows(q, width),
+        rows=block_rows(q, max(width, klen) + (0 if factorized is None else factorized.psi.shape[-1])),
         width=width,
         klen=klen,
-        rlen=rlen,
         offset=int(shift.offset),
         stride=int(shift.stride),
         dynamic=shift.starts is not None,
         segments=ef is not None,
         masks=masks,
+        exclude_first=exclude_first,
         dropout=dropout is not None,
         threshold=layers.keep_threshold(keep_prob),
         keep_prob=float(keep_prob),
@@ -466,47 +531,62 @@ def relative_attention(
     )
     if st.rows == 0:
         raise ValueError(f"tpu_attention: no block of rows fits {q} queries against {width} columns")
-    extras = {
-        "ef": None if ef is None else jnp.swapaxes(ef, -1, -2),  # [b, n, 2, q]: queries on the lanes
-        "flags": flags,
-        "starts": None if shift.starts is None else shift.starts[:, None, :].astype(jnp.int32),
-    }
-    extras = {key: val for key, val in extras.items() if val is not None}
+    inputs = {"qu": qu, "qv": qv, "k": k, "v": v, "r": r}
+    if ef is not None:
+        inputs["ef"] = jnp.swapaxes(ef, -1, -2)  # [b, n, 2, q]: queries on the lanes
+    inputs["flags"] = flags
+    if shift.starts is not None:
+        inputs["starts"] = shift.starts[:, None, :].astype(jnp.int32)
+    if factorized is not None:
+        inputs.update(factorized._asdict())
+    inputs = {name: x for name, x in inputs.items() if x is not None}
     seed_words = jax.lax.bitcast_convert_type(jnp.asarray(seed, jnp.uint32), jnp.int32)
-    return per_device(functools.partial(_attention, st, interpret), seed_words, qu, qv, k, v, r, extras)
+    return per_device(functools.partial(_attention, st, interpret), seed_words, inputs)
 
 
-def per_device(fn, seed_words, qu, qv, k, v, r, extras):
-    """`fn(scalars, qu, qv, k, v, r, extras)` on each device's batch rows and heads (`jax.shard_map` under the
-    active rules; a plain call off a mesh). scalars = (seed0, seed1, first batch row, first head) of the device."""
+# logical names of each input's axes, for the per-device split (batch-like leading axes of size 1 stay whole)
+_AXES = {
+    "qu": (BATCH, HEADS, None, None),
+    "qv": (BATCH, HEADS, None, None),
+    "k": (BATCH, HEADS, None, None),
+    "v": (BATCH, HEADS, None, None),
+    "r": (BATCH, HEADS, None, None),
+    "ef": (BATCH, HEADS, None, None),
+    "flags": (BATCH, None, None),
+    "starts": (BATCH, None, None),
+    "phi": (BATCH, None, None),
+    "pi": (BATCH, None, None),
+    "w_r": (HEADS, None, None),
+    "w_s": (HEADS, None, None),
+    "psi": (None, None),
+}
+
+
+def per_device(fn, seed_words, inputs: dict):
+    """`fn({"scalars": ..., **inputs})` on each device's batch rows and heads (`jax.shard_map` under the active
+    rules; a plain call off a mesh). scalars = (seed0, seed1, first batch row, first head) of the device."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or all(size == 1 for size in mesh.shape.values()):
-        return fn(jnp.concatenate([seed_words, jnp.zeros((2,), jnp.int32)]), qu, qv, k, v, r, extras)
+        return fn({"scalars": jnp.concatenate([seed_words, jnp.zeros((2,), jnp.int32)]), **inputs})
     rules = sharding.active_rules()
-    spec = sharding.activation_spec((BATCH, HEADS, None, None), qu.shape, rules, mesh)
+    spec = sharding.activation_spec((BATCH, HEADS, None, None), inputs["qu"].shape, rules, mesh)
     batch_axes, head_axes = (() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in spec[:2])
     P = jax.sharding.PartitionSpec
-    row_spec = lambda x, lead: P(*((spec[0] if x.shape[0] > 1 else None,) + lead + (None,) * (x.ndim - 1 - len(lead))))
-    in_specs = (
-        P(),
-        spec,
-        spec,
-        spec,
-        spec,
-        row_spec(r, (spec[1],)),
-        {key: (P(spec[0], spec[1], None, None) if key == "ef" else row_spec(x, ())) for key, x in extras.items()},
-    )
+    entry = {BATCH: spec[0], HEADS: spec[1], None: None}
+    in_specs = {
+        name: P(*(None if (axis == BATCH and x.shape[0] == 1) else entry[axis] for axis in _AXES[name]))
+        for name, x in inputs.items()
+    }
     split = batch_axes + head_axes
 
-    def body(seed_words, qu, qv, k, v, r, extras):
+    def body(seed_words, inputs):
         def varying(x):
             missing = tuple(a for a in split if a not in jax.typeof(x).manual_axis_type.varying)
             return jax.lax.pcast(x, missing, to="varying") if missing else x
 
         first_row = lambda axes, size: varying(jax.lax.axis_index(axes) * size if axes else jnp.int32(0))
-        b0, n0 = first_row(batch_axes, qu.shape[0]), first_row(head_axes, qu.shape[1])
+        b0, n0 = first_row(batch_axes, inputs["qu"].shape[0]), first_row(head_axes, inputs["qu"].shape[1])
         scalars = jnp.concatenate([varying(seed_words), jnp.stack([b0, n0]).astype(jnp.int32)])
-        qu, qv, k, v, r, extras = jax.tree.map(varying, (qu, qv, k, v, r, extras))
-        return fn(scalars, qu, qv, k, v, r, extras)
+        return fn({"scalars": scalars, **jax.tree.map(varying, inputs)})
 
-    return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=spec)(seed_words, qu, qv, k, v, r, extras)
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), in_specs), out_specs=spec)(seed_words, inputs)

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from xlgen.models import operands, tpu_attention
 from xlgen.models.layers import (
     Dense,
     Dropout,
@@ -56,6 +57,7 @@ from xlgen.models.relative_attention import (
     RelativeMultiHeadAttention,
     factorized_position_encodings,
     factorized_position_scores,
+    fused_relative_attention,
     position_scores,
     position_scores_at,
     relative_attention,
@@ -362,6 +364,10 @@ class FunnelAttention(RelativeMultiHeadAttention):
         rows = ai.q_rows
         if rows is not None and (ai.k_stride != 1 or ai.shift != 1 or klen != len(ai.k_pos)):
             raise ValueError("FunnelAttention: query rows (q_rows) need a full-length layer (stride 1, no pooling)")
+        if rows is None and operands.fused_attention():
+            attn_vec = self.fused_core(q_head, k_head, v_head, ai, b, dtype)
+            if attn_vec is not None:
+                return self.output(query, attn_vec)
         if self.attention_type == "factorized":
             (phi, pi), k_enc = factorized_position_encodings(
                 jnp.asarray(ai.q_pos) if rows is None else rows, jnp.asarray(ai.k_pos), self.d_model, dtype
@@ -405,6 +411,37 @@ class FunnelAttention(RelativeMultiHeadAttention):
             softmax_dtype=self.softmax_dtype,
         )
         return self.output(query, attn_vec)
+
+    def fused_core(self, q_head, k_head, v_head, ai: AttentionInputs, b: dict, dtype) -> Optional[jax.Array]:
+        """The attention core of `__call__` as one kernel for TPU lowering (`fused_relative_attention`; the same
+        terms, dropout keys drawn in the same order), or None where it does not apply."""
+        qlen, klen = q_head.shape[1], k_head.shape[1]
+        factorized_form = self.attention_type == "factorized"
+        dist = None if factorized_form else relative_distances(ai.q_pos, ai.k_pos, ai.k_stride, ai.shift)
+        fits = tpu_attention.applies(qlen, klen, klen, self.d_model) if factorized_form else (
+            tpu_attention.applies(qlen, klen, len(dist))
+        )  # fmt: skip
+        if not fits:  # (checked before drawing the encodings' dropout keys)
+            return None
+        common = dict(
+            klen=klen,
+            mask=(ai.key_real == 0)[:, None, None, :],
+            seg_mat=ai.segment_same(),
+            seg_embed=self.seg_embed[...],
+            dropatt=self.dropatt,
+            exclude_first=self.separate_cls,
+        )
+        if factorized_form:
+            q_enc, k_enc = factorized_position_encodings(
+                jnp.asarray(ai.q_pos), jnp.asarray(ai.k_pos), self.d_model, dtype
+            )
+            q_enc = (self.pos_drop(q_enc[0]), self.pos_drop(q_enc[1]))
+            factorized = (q_enc, k_enc, _unsharded_embed(self.r.kernel[...]))
+            return fused_relative_attention(q_head, k_head, v_head, None, b, factorized=factorized, **common)
+        enc = self.pos_drop(sinusoid_embedding(jnp.asarray(dist), self.d_model, dtype))
+        return fused_relative_attention(
+            q_head, k_head, v_head, self.position_heads(enc), b, offset=ai.shift * qlen, stride=ai.shift, **common
+        )
 
 
 class FunnelLayer(nnx.Module):
