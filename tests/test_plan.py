@@ -229,6 +229,33 @@ def test_jaxpr_matmul_flops_counts_scan_iterations():
         assert flops == 3 * fwd  # forward + grad w.r.t. weights + grad w.r.t. activations
 
 
+def test_jaxpr_matmul_flops_counts_every_device_of_a_shard_map_and_kernels_declared_flops():
+    """A `shard_map` body has one device's shapes and every device runs it; a Pallas kernel's body runs once per
+    grid step, so its declared `pl.CostEstimate` is counted instead."""
+    from jax.experimental import pallas as pl
+
+    mesh = jax.make_mesh((2, 2), ("a", "b"), devices=jax.devices()[:4])
+    spec = jax.sharding.PartitionSpec("a", None)
+    with jax.set_mesh(mesh):
+        per_device = jax.shard_map(lambda x: x @ x.T, in_specs=spec, out_specs=spec)
+        jaxpr = jax.make_jaxpr(per_device)(jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=spec)).jaxpr
+    assert plan_lib.jaxpr_matmul_flops(jaxpr)[0] == 4 * (2 * 4 * 4 * 4)  # 4 devices, [4, 4] @ [4, 4] each
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] @ x_ref[...]
+
+    call = pl.pallas_call(
+        kernel,
+        grid=(3,),
+        in_specs=[pl.BlockSpec((8, 8), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 8), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((24, 8), jnp.float32),
+        cost_estimate=pl.CostEstimate(flops=3 * 2 * 8 * 8 * 8, transcendentals=0, bytes_accessed=0),
+        interpret=True,
+    )
+    assert plan_lib.jaxpr_matmul_flops(jax.make_jaxpr(call)(jnp.zeros((24, 8))).jaxpr)[0] == 3 * 2 * 8 * 8 * 8
+
+
 def test_jaxpr_matmul_flops_skips_dead_code():
     """What no output depends on is not executed (XLA removes it), so it is not counted; e.g. XLNet's last content
     stream when the loss is on the query stream."""

@@ -34,7 +34,8 @@ def dead_code_eliminated(jaxpr):
 
 
 def jaxpr_matmul_flops(jaxpr, *, dce: bool = True) -> tuple[float, bool]:
-    """Global FLOPs of every `dot_general` in `jaxpr` (2·out·contracted), scan bodies × length, cond = max branch.
+    """Global FLOPs of every `dot_general` in `jaxpr` (2·out·contracted), scan bodies × length, `shard_map` bodies ×
+    the devices that run them, cond = max branch, a Pallas kernel's declared FLOPs (`pl.CostEstimate`).
 
     With `dce` (the default) dead equations are removed first (`dead_code_eliminated`), as XLA does, so the count
     is of the matmuls the compiled step executes. Remat recompute IS counted (it is executed work); so is work whose
@@ -62,7 +63,13 @@ def _count(jaxpr) -> tuple[float, bool]:
             total += max(f for f, _ in branch)
             saw_while |= any(w for _, w in branch)
             continue
+        if name == "pallas_call" and eqn.params.get("cost_estimate") is not None:
+            total += float(eqn.params["cost_estimate"].flops)  # a kernel's declared matmul FLOPs, its grid included
+            continue
         mult = eqn.params.get("length", 1) if name == "scan" else 1
+        if name == "shard_map":  # the body's shapes are one device's: every device of its manual axes runs it
+            mesh = eqn.params["mesh"]
+            mult = math.prod(mesh.shape[a] for a in eqn.params.get("newly_manual_axes", mesh.axis_names))
         saw_while |= name == "while"
         for _, sub in _subjaxprs(eqn.params):
             f, w = _count(sub)
