@@ -1,6 +1,8 @@
 """The fused relative-attention kernel for TPU (`xlgen.models.tpu_attention`), run through JAX (`interpret=True`),
 against the XLA form of the same equation: outputs and every input's gradient."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,3 +160,22 @@ def test_factorized_position_term_with_cls_excluded():
     ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(6)))(*xs)
     for name, g, rg in zip(("qu", "qv", "k", "v", "ef", "w"), grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_declared_flops_are_the_xla_forms_plus_the_recomputed_scores():
+    """The kernels' `pl.CostEstimate` FLOPs (what the plan and the roofline count): the XLA form's products, forward
+    and backward, plus the backward kernel's recomputation of the content and position products."""
+    from xlgen.plan.cost import jaxpr_matmul_flops
+
+    b, n, q, klen, rlen, stride, offset = 2, 3, 40, 72, 72, 1, 39
+    args, flags = _inputs(0, b, n, q, klen, rlen, 64, True, False, 1)
+    kw = dict(shift=tpu_attention.Shift(offset, stride), scale=0.125, flags=flags, masks=True)
+    names = sorted(args)
+    xs = [args[key] for key in names]
+    cot = jax.random.normal(jax.random.key(2), (b, n, q, 64))  # (a sum's all-ones cotangent folds a product)
+    loss = lambda f: lambda *xs: jnp.vdot(f(**dict(zip(names, xs)), **kw), cot)
+    fused = functools.partial(tpu_attention.relative_attention, interpret=True)
+    step = lambda f: jax.value_and_grad(loss(f), argnums=tuple(range(5)))
+    count = lambda f: jaxpr_matmul_flops(jax.make_jaxpr(step(f))(*xs).jaxpr)[0]
+    recomputed = b * n * q * 2 * 64 * (klen + rlen)
+    assert count(fused) == count(reference) + recomputed

@@ -68,11 +68,26 @@ def kernels_interpreted() -> bool:
     return _EMULATED_TPU.get()
 
 
+_UNFUSED = contextvars.ContextVar("xlgen_unfused_attention", default=False)
+
+
 def fused_attention() -> bool:
     """Whether the relative-attention core is the fused kernel of `xlgen.models.tpu_attention` (scores, softmax and
     dropout in VMEM): in programs lowered for TPU, where each `[b, n, q, k]` pass of the XLA form is memory-bound
-    (docs/pod_scale.md)."""
-    return lowering_platform() == "tpu"
+    (docs/pod_scale.md), unless traced inside `unfused_attention()`."""
+    return lowering_platform() == "tpu" and not _UNFUSED.get()
+
+
+@contextlib.contextmanager
+def unfused_attention():
+    """Trace the attention core as XLA ops on every platform (the terms of `relative_attention.py`, the shift
+    kernel on TPU): for comparing the fused kernel with them, or counting the model's own FLOPs without the
+    kernel's recomputation in its backward pass."""
+    token = _UNFUSED.set(True)
+    try:
+        yield
+    finally:
+        _UNFUSED.reset(token)
 
 
 def tangent_row_width(width: int, stride: int) -> int:

@@ -401,6 +401,35 @@ def _flops(st: _Static, inputs: dict, backward: bool) -> int:
     return b * n * q * per_row
 
 
+def _block_bytes(block, dtype) -> int:
+    """HBM bytes of one block: the two minor dimensions padded to the (32 / itemsize, 128) tiles."""
+    dims = [1 if d is None else d for d in block]
+    size = jnp.dtype(dtype).itemsize
+    dims[-1] = -(-dims[-1] // LANES) * LANES
+    if len(dims) > 1:
+        dims[-2] = -(-dims[-2] // (32 // size)) * (32 // size)
+    return int(np.prod(dims)) * size
+
+
+def _bytes_moved(grid, specs, arrays) -> int:
+    """The HBM bytes a kernel's pipeline moves: per array, a block copy whenever its block index changes from one
+    grid step to the next (row-major over the grid), e.g. the masks fetched again for every head, where the
+    roofline's operand and result sizes count each array once."""
+    import itertools
+
+    total = 0
+    for spec, x in zip(specs, arrays):
+        if spec.block_shape is None:  # the SMEM scalars
+            continue
+        last, copies = None, 0
+        for step in itertools.product(*(range(g) for g in grid)):
+            index = spec.index_map(*step)
+            copies += index != last
+            last = index
+        total += copies * _block_bytes(spec.block_shape, x.dtype)
+    return total
+
+
 def _call(st: _Static, interpret: bool, inputs: dict, do=None):
     """The forward kernel (`do` None): out `[b, n, q, d]`; else the backward kernel: a dict of gradients."""
     from jax.experimental import pallas as pl
@@ -411,42 +440,47 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
     specs = _specs(st, inputs)
     names = tuple(inputs)
     row = pl.BlockSpec((None, None, st.rows, d), lambda n_, b_, i: (b_, n_, i, 0))
-    cost = pl.CostEstimate(
-        flops=_flops(st, inputs, do is not None), transcendentals=b * n * q * st.klen, bytes_accessed=0
-    )
-    common = dict(grid=(n, b, q // st.rows), cost_estimate=cost, interpret=interpret)
+    grid = (n, b, q // st.rows)
+    in_specs, in_arrays = [specs[k] for k in names], list(inputs.values())
     if do is None:
+        outs = {"out": (row, qu)}
         kernel = functools.partial(_forward_kernel, st, names + ("out",))
-        return pl.pallas_call(
-            kernel,
-            in_specs=[specs[k] for k in names],
-            out_specs=row,
-            out_shape=_struct(qu.shape, qu.dtype, qu),
-            **common,
-        )(*inputs.values())
-    outs = {"dqu": (row, qu), "dqv": (row, inputs["qv"])}  # name -> (spec, like)
-    for name in ("k", "v", "r", "w_r", "w_s"):
-        if name in inputs:
-            outs["d" + name] = (specs[name], inputs[name])
-    if "ef" in inputs:
-        outs["d_ef"] = (specs["ef"], inputs["ef"])
-    shared = {"dk": False, "dv": False, "dr": "r" in inputs and inputs["r"].shape[0] == 1, "dw_r": True, "dw_s": True}
-    accumulated = [name for name in _ACCUMULATED if name in outs]
-    kernel = functools.partial(
-        _backward_kernel,
-        st,
-        names + ("do",) + tuple(outs) + tuple(name + "_acc" for name in accumulated),
-        shared,
+        accumulated = []
+    else:
+        in_specs, in_arrays = in_specs + [row], in_arrays + [do]
+        outs = {"dqu": (row, qu), "dqv": (row, inputs["qv"])}  # name -> (spec, like)
+        for name in ("k", "v", "r", "w_r", "w_s"):
+            if name in inputs:
+                outs["d" + name] = (specs[name], inputs[name])
+        if "ef" in inputs:
+            outs["d_ef"] = (specs["ef"], inputs["ef"])
+        shared = {
+            "dk": False,
+            "dv": False,
+            "dr": "r" in inputs and inputs["r"].shape[0] == 1,
+            "dw_r": True,
+            "dw_s": True,
+        }
+        accumulated = [name for name in _ACCUMULATED if name in outs]
+        refs = names + ("do",) + tuple(outs) + tuple(name + "_acc" for name in accumulated)
+        kernel = functools.partial(_backward_kernel, st, refs, shared)
+    out_specs, out_like = [spec for spec, _ in outs.values()], [like for _, like in outs.values()]
+    cost = pl.CostEstimate(
+        flops=_flops(st, inputs, do is not None),
+        transcendentals=b * n * q * st.klen,
+        bytes_accessed=_bytes_moved(grid, in_specs + out_specs, in_arrays + out_like),
     )
     results = pl.pallas_call(
         kernel,
-        in_specs=[specs[k] for k in names] + [row],
-        out_specs=[spec for spec, _ in outs.values()],
-        out_shape=[_struct(like.shape, like.dtype, qu) for _, like in outs.values()],
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=[_struct(like.shape, like.dtype, qu) for like in out_like],
         scratch_shapes=[pltpu.VMEM(outs[name][1].shape[-2:], jnp.float32) for name in accumulated],
-        **common,
-    )(*inputs.values(), do)
-    return dict(zip(outs, results))
+        cost_estimate=cost,
+        interpret=interpret,
+    )(*in_arrays)
+    return results[0] if do is None else dict(zip(outs, results))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -537,8 +571,10 @@ def relative_attention(
     inputs["flags"] = flags
     if shift.starts is not None:
         inputs["starts"] = shift.starts[:, None, :].astype(jnp.int32)
-    if factorized is not None:
-        inputs.update(factorized._asdict())
+    if factorized is not None:  # W_r, W_s and psi, whole per head or call, enter in the products' dtype: no VMEM
+        inputs.update(factorized._asdict())  # copy converting them (tiny arrays, read once per head or call)
+        for name in ("w_r", "w_s", "psi"):
+            inputs[name] = inputs[name].astype(st.operands)
     inputs = {name: x for name, x in inputs.items() if x is not None}
     seed_words = jax.lax.bitcast_convert_type(jnp.asarray(seed, jnp.uint32), jnp.int32)
     return per_device(functools.partial(_attention, st, interpret), seed_words, inputs)

@@ -15,8 +15,9 @@ each, read from the module's text (`compiled.as_text()`):
             (a scanned layer's weights read from the stacked [L, ...] array; also where the slice sits in a fusion
             nested in the fusion, as XLA:TPU fuses `ws[i]` into the layer's matmul), and a dynamic-update-slice
             into an operand writes only the update (a scanned layer's outputs written into the stacked array).
-            A Pallas TPU kernel (a `tpu_custom_call`) counts the matmul FLOPs it declares (`pl.CostEstimate`: the
-            kernel's contents are not HLO) and its operands and results.
+            A Pallas TPU kernel (a `tpu_custom_call`) counts the matmul FLOPs and the bytes it declares
+            (`pl.CostEstimate`: the kernel's contents are not HLO; the bytes of every block its pipeline copies,
+            e.g. an input re-read per head), at least its operands and results.
             XLA:TPU's `AllocateBuffer` custom call (a scan's stacked outputs before the loop fills them) is an
             uninitialised allocation: no traffic
     trips   executions per step: the product of the trip counts of the `while` loops around it (`scan` over layers,
@@ -67,8 +68,11 @@ _FREE = {
 _SLICES = {"dynamic-slice", "slice", "gather"}
 # XLA:TPU's uninitialised buffer (a scan's stacked outputs before the loop writes them): an allocation, no traffic
 _ALLOCATE = 'custom_call_target="AllocateBuffer"'
-# a Mosaic (Pallas TPU) kernel's `pl.CostEstimate`, in its custom call's backend config: the matmul FLOPs it declares
-_KERNEL_FLOPS_RE = re.compile(r'"cost_estimate":\s*\{\s*"flops":\s*"?(\d+)')
+# a Mosaic (Pallas TPU) kernel's `pl.CostEstimate`, in its custom call's backend config: the matmul FLOPs and the
+# HBM bytes its pipeline moves, as the kernel declares them
+_KERNEL_COST_RE = re.compile(
+    r'"cost_estimate":\s*\{"flops":\s*"?(\d+)"?,\s*"transcendentals":\s*"?\d+"?,\s*"bytes_accessed":\s*"?(\d+)'
+)
 _ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{([^}]*)\})?")
 _TILE_RE = re.compile(r"T\(([0-9,]+)\)")
 _SPACE_RE = re.compile(r"S\((\d+)\)")
@@ -438,9 +442,10 @@ class _Module:
             op = f"fusion:{kind[1]}" if kind else op
         elif op == "dynamic-slice":
             nbytes = 2.0 * result
-        elif op == "custom-call" and _KERNEL_FLOPS_RE.search(ins.attrs):  # a Pallas kernel's declared FLOPs
-            flops += float(_KERNEL_FLOPS_RE.search(ins.attrs)[1])
-            nbytes = result + sum(type_bytes(types.get(o, "")) for o in ins.operands)
+        elif op == "custom-call" and _KERNEL_COST_RE.search(ins.attrs):  # a Pallas kernel's declared cost
+            declared = _KERNEL_COST_RE.search(ins.attrs)
+            flops += float(declared[1])
+            nbytes = max(result + sum(type_bytes(types.get(o, "")) for o in ins.operands), float(declared[2]))
         elif op == "dynamic-update-slice":
             nbytes = 2.0 * type_bytes(types.get(ins.operands[1], "")) if len(ins.operands) > 1 else result
         elif op == "copy-start":  # (destination, source, context): the source is read, the destination written
