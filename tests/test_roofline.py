@@ -213,3 +213,22 @@ ENTRY %main (q: bf16[8,512,12,64], k: bf16[8,1408,12,64]) -> bf16[8,12,512,1408]
     (op,), _ = roofline.module_ops(hlo)
     assert op.flops == 2 * 8 * 12 * 512 * 1408 * 64 == 8_858_370_048
     assert op.bytes == 2 * (8 * 512 * 12 * 64 + 8 * 1408 * 12 * 64 + 8 * 12 * 512 * 1408)
+
+
+def test_pallas_kernel_counts_its_declared_flops_and_bytes():
+    """A Mosaic kernel's contents are not HLO: its custom call counts the FLOPs and bytes of its `pl.CostEstimate`
+    (the bytes its pipeline copies, e.g. an input block fetched again per head), at least its operands and result."""
+    config = '"custom_call_config":{{"body":"TUxJUgAB","cost_estimate":{{"flops":"{f}","transcendentals":"7","bytes_accessed":"{b}"}}}}'
+    kernel = f"""HloModule jit_kernel, is_scheduled=true
+
+ENTRY %main (p0: bf16[256,128], p1: bf16[256,128]) -> bf16[256,128] {{
+  %p0 = bf16[256,128]{BF16_TILE} parameter(0)
+  %p1 = bf16[256,128]{BF16_TILE} parameter(1)
+  ROOT %k = bf16[256,128]{BF16_TILE} custom-call(%p0, %p1), custom_call_target="tpu_custom_call", backend_config={{{{CONFIG}}}}
+}}
+"""
+    arrays = 3 * 256 * 128 * 2
+    for flops, moved, nbytes in ((123_000_000, 10_000_000, 10_000_000), (5, 0, arrays)):
+        text = kernel.replace("{CONFIG}", config.format(f=flops, b=moved))
+        (op,) = roofline.module_ops(text, 1.0, 1.0)[0]
+        assert (op.opcode, op.flops, op.bytes) == ("custom-call", flops, nbytes)
