@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from xlgen.models import operands
 from xlgen.models.layers import normal, param, zeros
 from xlgen.sharding import per_shard
 
@@ -73,8 +74,12 @@ def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, block: in
 
     V <= block: one matmul (the backward pass keeps the `[N, V]` softmax). V > block: `vocab_blocks` equal blocks
     with an online logsumexp inside a checkpointed scan, so neither pass holds more than `[N, block]` logits (at
-    the price of recomputing each block's logits in the backward pass).
+    the price of recomputing each block's logits in the backward pass). Lowered for TPU (`operands.
+    fused_logsumexp_rows`): Pallas kernels that keep the logits in VMEM (`tpu_logsumexp`).
     """
+    fused = operands.fused_logsumexp_rows(h, table, bias)
+    if fused is not None:
+        return fused
     vocab, width = table.shape
     if vocab <= block:
         logits = jnp.einsum("nd,vd->nv", h, table.astype(h.dtype), preferred_element_type=jnp.float32)

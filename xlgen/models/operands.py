@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from xlgen import platforms
-from xlgen.models import tpu_shift
+from xlgen.models import tpu_logsumexp, tpu_shift
 
 _EMULATED_TPU = contextvars.ContextVar("xlgen_emulated_tpu", default=False)
 
@@ -146,6 +146,16 @@ def heads_major_position_scores(qv: jax.Array, k_head_r, *, klen: int, offset: i
         raw, klen, offset, stride, interpret=_EMULATED_TPU.get(), lead_axes=tpu_shift.HEADS_MAJOR
     )
     return jnp.transpose(shifted, (1, 0, 2, 3))
+
+
+def fused_logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array) -> Optional[jax.Array]:
+    """The adaptive softmax's log-normaliser `[N]` of h `[N, d]` over table `[V, d]` and bias `[V]` for TPU lowering
+    (`tpu_logsumexp`: logits formed and reduced in VMEM, never written to HBM), or None elsewhere and where the rows
+    do not fit the kernel's VMEM (checked with the rows as given: per device inside `shard_map`, the global count
+    outside); the caller then forms it with XLA (`adaptive_softmax.logsumexp_rows`)."""
+    if lowering_platform() != "tpu" or h.ndim != 2 or not tpu_logsumexp.applies(*h.shape, h.dtype):
+        return None
+    return tpu_logsumexp.logsumexp_rows(h, table, bias, interpret=_EMULATED_TPU.get())
 
 
 def cpu_layouts() -> bool:
