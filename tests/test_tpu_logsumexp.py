@@ -35,6 +35,7 @@ def _case(n, v, d, dtype, seed=0):
         (300, 1000, 64, jnp.float32, 256, 384),  # 2 row blocks (the second padded), 4 vocabulary blocks (last: 232)
         (70, 2100, 32, jnp.bfloat16, 1024, 512),  # bfloat16 rows, 3 vocabulary blocks (last: 52)
         (16, 129, 128, jnp.bfloat16, 128, 32768),  # last vocabulary block of one entry
+        (100, 700, 256, jnp.float32, 256, 32768),  # 3 vocabulary blocks (last: 188)
     ],
 )
 def test_kernels_equal_the_xla_logsumexp(monkeypatch, n, v, d, dtype, vocab_block, xla_block):
@@ -94,9 +95,10 @@ def test_adaptive_train_step_traced_for_tpu_equals_the_cpu_program():
 
 
 def test_compiled_for_tpu_the_logits_stay_in_vmem(monkeypatch):
-    """A tail cluster of WikiText-103 large at v3 per-core shapes (a chunk of 256 rows, 160,000 x 64 table, bfloat16
-    rows): forward and backward are one custom call each, moving the table, its gradient and the rows once; the
-    XLA form moves ~12x those bytes (its `[256, block]` float32 logits written and read back in both passes)."""
+    """A tail cluster at v3 per-core shapes (a chunk of 256 bfloat16 rows, as WikiText-103 large's; a 160,000-entry
+    table of width 128, whose `[V, d]` layout XLA keeps as it is): forward and backward are one custom call each,
+    moving the table twice, its gradient and the rows once; the XLA form moves ~6.5x those bytes (its `[256, block]`
+    float32 logits written and read back in both passes)."""
     from xlgen import topology
 
     if not topology.libtpu_available():
@@ -107,7 +109,7 @@ def test_compiled_for_tpu_the_logits_stay_in_vmem(monkeypatch):
     from xlgen.plan import roofline
 
     mesh = jax.sharding.Mesh(topology.topology_devices("v3:2x2")[:1], ("data",))
-    n, v, d = 256, 160000, 64
+    n, v, d = 256, 160000, 128
     shapes = (((n, d), jnp.bfloat16), ((v, d), jnp.float32), ((v,), jnp.float32), ((n,), jnp.float32))
     args = [jax.ShapeDtypeStruct(s, t, sharding=NamedSharding(mesh, P())) for s, t in shapes]
 
@@ -124,8 +126,8 @@ def test_compiled_for_tpu_the_logits_stay_in_vmem(monkeypatch):
         monkeypatch.setattr(operands, "fused_logsumexp_rows", lambda *a: None)
         _, xla_bytes = hbm(jax.jit(lambda *a: step(*a)).lower(*args).compile().as_text())  # (a new trace)
     calls = [op for op in kernel_ops if op.opcode == "custom-call"]
-    assert len(calls) == 2
+    assert sorted(op.flops for op in calls) == [2 * n * v * d, 6 * n * v * d]  # the roofline reads the estimates
     table = v * d * 4
     assert kernel_bytes < 3 * table + 12e6  # the table read twice, its gradient written; rows, bias: < 12 MB
-    assert xla_bytes > 10 * kernel_bytes
+    assert xla_bytes > 6 * kernel_bytes
     print(f"HBM bytes per step: XLA form {xla_bytes / 1e6:.1f} MB, kernels {kernel_bytes / 1e6:.1f} MB")

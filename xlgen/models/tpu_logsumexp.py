@@ -42,7 +42,7 @@ VOCAB_BLOCK = 1024  # at most this many vocabulary entries per block
 TABLE_BLOCK_BYTES = 2**20  # float32 bytes of one table block [d, bv] (bv reduced for wide tables)
 RESIDENT_BYTES = 8 * 2**20  # h and float32 dh, double-buffered, kept whole in VMEM by the backward kernel
 ROWS = ("activation_batch", None)  # h `[N, d]`: rows split as the tokens, the width whole
-TRANS_B = (((1,), (1,)), ((), ()))  # [n, v] x [d, v] -> [n, d]
+TRANS_B = (((1,), (1,)), ((), ()))  # [n, d] x [bv, d] -> [n, bv]
 _NEG = -1e30  # logit of vocabulary entries past V in the last block (as adaptive_softmax's padding)
 
 
@@ -72,14 +72,14 @@ def _operand(x, dtype):
 
 
 def _block(h, t_ref, b_ref, j, vocab: int):
-    """(h, vocabulary block j of the table `[d, bv]` with zeros past V, z = h · table block + bias `[rows, bv]` with
-    -1e30 past V), float32, the products' operands rounded to h's dtype."""
-    bv = t_ref.shape[-1]
-    valid = j * bv + jax.lax.broadcasted_iota(jnp.int32, (1, bv), 1) < vocab
-    t = jnp.where(valid, _operand(t_ref[...], h.dtype), 0.0)
+    """(h, vocabulary block j of the table `[bv, d]` with zero rows past V, z = h · block^T + bias `[rows, bv]`
+    with -1e30 past V), float32, the products' operands rounded to h's dtype."""
+    bv = t_ref.shape[0]
+    entries = j * bv + jax.lax.broadcasted_iota(jnp.int32, (bv, 1), 0) < vocab
+    t = jnp.where(entries, _operand(t_ref[...], h.dtype), 0.0)
     h = _operand(h, h.dtype)
-    z = jnp.dot(h, t, preferred_element_type=jnp.float32) + b_ref[...]
-    return h, t, jnp.where(valid, z, _NEG)
+    z = jax.lax.dot_general(h, t, TRANS_B, preferred_element_type=jnp.float32) + b_ref[...]
+    return h, t, jnp.where(j * bv + jax.lax.broadcasted_iota(jnp.int32, (1, bv), 1) < vocab, z, _NEG)
 
 
 def _forward_kernel(h_ref, t_ref, b_ref, o_ref, m_ref, s_ref, *, vocab: int):
@@ -120,8 +120,8 @@ def _backward_kernel(h_ref, t_ref, b_ref, lse_ref, g_ref, dh_ref, dt_ref, db_ref
     r = pl.ds(pl.multiple_of(i * rows, rows), rows)
     h, t, z = _block(h_ref[r, :], t_ref, b_ref, j, vocab)
     p = jnp.exp(z - lse_ref[r, :]) * g_ref[r, :]  # [rows, bv]: 0 past V
-    dh_ref[r, :] += jax.lax.dot_general(p, t, TRANS_B, preferred_element_type=jnp.float32)
-    dt_ref[...] += jnp.dot(h.T, p, preferred_element_type=jnp.float32)
+    dh_ref[r, :] += jnp.dot(p, t, preferred_element_type=jnp.float32)
+    dt_ref[...] += jnp.dot(p.T, h, preferred_element_type=jnp.float32)  # p transposed in float32
     db_ref[...] += p.sum(axis=0, keepdims=True)
 
 
@@ -131,13 +131,13 @@ def _mosaic(*semantics):
     return pltpu.CompilerParams(dimension_semantics=semantics)
 
 
-def _forward(h, table_t, bias, interpret):
-    """lse `[N]` of h `[N, d]` over the transposed table `[d, V]` and bias `[V]`."""
+def _forward(h, table, bias, interpret):
+    """lse `[N]` of h `[N, d]` over table `[V, d]` and bias `[V]` (float32)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
     n, width = h.shape
-    vocab = table_t.shape[1]
+    vocab = bias.shape[0]
     n_pad, rows = row_blocks(n)
     bv = vocab_block(vocab, width)
     hp = jnp.pad(h, ((0, n_pad - n), (0, 0)))
@@ -146,7 +146,7 @@ def _forward(h, table_t, bias, interpret):
         grid=(n_pad // rows, pl.cdiv(vocab, bv)),
         in_specs=[
             pl.BlockSpec((rows, width), lambda i, j: (i, 0)),
-            pl.BlockSpec((width, bv), lambda i, j: (0, j)),
+            pl.BlockSpec((bv, width), lambda i, j: (j, 0)),
             pl.BlockSpec((1, bv), lambda i, j: (0, j)),
         ],
         out_specs=pl.BlockSpec((rows, 1), lambda i, j: (i, 0)),
@@ -159,16 +159,16 @@ def _forward(h, table_t, bias, interpret):
             bytes_accessed=hp.nbytes + (n_pad // rows) * 4 * vocab * (width + 1) + 4 * n_pad,
         ),
         interpret=interpret,
-    )(hp, table_t, bias[None])
+    )(hp, table, bias[None])
     return out[:n, 0]
 
 
-def _backward(h, table_t, bias, lse, g, interpret):
-    """(dh `[N, d]`, dtable^T `[d, V]` float32, dbias `[V]`) for the cotangent g `[N]` of lse."""
+def _backward(h, table, bias, lse, g, interpret):
+    """(dh `[N, d]`, dtable `[V, d]` float32, dbias `[V]`) for the cotangent g `[N]` of lse."""
     from jax.experimental import pallas as pl
 
     n, width = h.shape
-    vocab = table_t.shape[1]
+    vocab = bias.shape[0]
     n_pad, rows = row_blocks(n)
     bv = vocab_block(vocab, width)
     hp = jnp.pad(h, ((0, n_pad - n), (0, 0)))
@@ -181,17 +181,17 @@ def _backward(h, table_t, bias, lse, g, interpret):
         grid=(pl.cdiv(vocab, bv), n_pad // rows),
         in_specs=[
             pl.BlockSpec((n_pad, width), whole),
-            pl.BlockSpec((width, bv), block),
+            pl.BlockSpec((bv, width), lambda j, i: (j, 0)),
             pl.BlockSpec((1, bv), block),
             pl.BlockSpec((n_pad, 1), whole),
             pl.BlockSpec((n_pad, 1), whole),
         ],
-        out_specs=[pl.BlockSpec((n_pad, width), whole), pl.BlockSpec((width, bv), block), pl.BlockSpec((1, bv), block)],
-        out_shape=[
-            typed((n_pad, width), jnp.float32),
-            typed((width, vocab), jnp.float32),
-            typed((1, vocab), jnp.float32),
+        out_specs=[
+            pl.BlockSpec((n_pad, width), whole),
+            pl.BlockSpec((bv, width), lambda j, i: (j, 0)),
+            pl.BlockSpec((1, bv), block),
         ],
+        out_shape=[typed((n_pad, width), jnp.float32), typed(table.shape, jnp.float32), typed((1, vocab), jnp.float32)],
         compiler_params=_mosaic("arbitrary", "arbitrary"),  # dh is revisited by every vocabulary block
         cost_estimate=pl.CostEstimate(
             flops=6 * n_pad * vocab * width,
@@ -199,18 +199,18 @@ def _backward(h, table_t, bias, lse, g, interpret):
             bytes_accessed=hp.nbytes + 8 * (width + 1) * vocab + 4 * n_pad * (width + 2),
         ),
         interpret=interpret,
-    )(hp, table_t, bias[None], column(lse, -_NEG), column(g, 0.0))  # padded rows: p = exp(z - 1e30) · 0 = 0
+    )(hp, table, bias[None], column(lse, -_NEG), column(g, 0.0))  # padded rows: p = exp(z - 1e30) · 0 = 0
     return dh[:n].astype(h.dtype), dt, db[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _logsumexp(h, table_t, bias, interpret):
-    return _forward(h, table_t, bias, interpret)
+def _logsumexp(h, table, bias, interpret):
+    return _forward(h, table, bias, interpret)
 
 
-def _logsumexp_fwd(h, table_t, bias, interpret):
-    lse = _forward(h, table_t, bias, interpret)
-    return lse, (h, table_t, bias, lse)
+def _logsumexp_fwd(h, table, bias, interpret):
+    lse = _forward(h, table, bias, interpret)
+    return lse, (h, table, bias, lse)
 
 
 def _logsumexp_bwd(interpret, residuals, g):
@@ -225,7 +225,7 @@ def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, interpret
     """logsumexp_v (h · table[v] + bias[v]) in float32 for h `[N, d]`, table `[V, d]`, bias `[V]` -> `[N]`
     (`adaptive_softmax.logsumexp_rows`), by the kernels above, per device."""
     bias = bias.astype(jnp.float32)
-    fn = lambda h, table, bias: _logsumexp(h, table.T, bias, interpret)  # noqa: E731
+    fn = lambda h, table, bias: _logsumexp(h, table, bias, interpret)  # noqa: E731
     if jax.sharding.get_abstract_mesh().manual_axes:  # already per device (inside shard_map)
         return fn(h, table, bias)
     return sharding.per_shard(fn, (ROWS, None, None), ("activation_batch",))(h, table, bias)
