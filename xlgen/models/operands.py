@@ -23,6 +23,9 @@ only to programs lowered for it:
   into a sorted scatter, ~5x the HBM traffic).
 * `fused_attention`: on TPU the whole core (scores, softmax, dropout, probabilities by values) is one Pallas
   kernel per direction (`xlgen.models.tpu_attention`), the shift a rotation of rows inside it.
+* `fused_logsumexp_rows`: the adaptive softmax's log-normaliser, lowered for TPU, as the Pallas kernels of
+  `xlgen.models.tpu_logsumexp` (the logits kept in VMEM); None elsewhere, where `adaptive_softmax.logsumexp_rows`
+  forms it with XLA.
 * `rotated_factorized_position`: Funnel's factorized position term as the rotation of (q + v)·W_r^T by the query's
   angles, contracted over d_model rather than the original's 2·d_model (`rotated_factorized_position_scores`), for
   programs lowered for any platform but XLA:CPU, whose program and speed were measured with the original form.

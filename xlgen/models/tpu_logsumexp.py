@@ -9,21 +9,30 @@ For h `[N, d]`, table `[V, d]`, bias `[V]` (float32 results, products accumulate
 
 The XLA form (`adaptive_softmax.logsumexp_rows`) writes every `[N, block]` float32 logits block to HBM and reads it
 back, in the forward pass and again in the backward pass that recomputes it; with the tail clusters' widths (d = 64
-to 256 against v3's ridge of 137 FLOP/byte) that traffic, not the products, sets the time: 34.3 of the 114 ms
-per-core roofline of Transformer-XL WikiText-103 large on v3:4x8. Here the forward kernel runs over a grid of
-(row blocks, vocabulary blocks), the vocabulary axis innermost, with the running max m and sum s of an online
-logsumexp in VMEM scratch (s <- s·exp(m - m') + sum_v exp(z - m')); the backward kernel runs over (vocabulary
-blocks, row blocks), recomputes each block's logits in VMEM and accumulates dtable and dbias in the output block of
-its vocabulary block (resident while the inner row axis runs), dh in an output holding all N rows (resident for the
-whole grid). HBM traffic is the table, h and the gradients, each once per pass (the table once per row block in
-the forward pass). Measured at WikiText-103 large per-core shapes on v3 (docs/pod_scale.md): see there.
+to 256 against v3's ridge of 137 FLOP/byte) that traffic, not the products, sets the time. Here the forward kernel
+runs over a grid of (row blocks, vocabulary blocks), the vocabulary axis innermost, with the running max m and sum
+s of an online logsumexp in VMEM scratch (s <- s·exp(m - m') + sum_v exp(z - m'), m' = max(m, max_v z)); the
+backward kernel runs over (vocabulary blocks, row blocks), recomputes each block's logits in VMEM and accumulates
+dtable and dbias in the output block of its vocabulary block (resident while the inner row axis runs) and dh in an
+output holding all N rows (resident for the whole grid, hence the VMEM bound of `applies`). HBM traffic: the table
+once per row block in the forward pass, the table read and its gradient written once in the backward pass, the rows
+once each. Mosaic's matmuls on v3 take float32 operands only: the operands are rounded to h's dtype (as the XLA
+form's) and multiplied in float32 (the kernels' FLOPs, 2·N·V·d forward and 6·N·V·d backward, are the XLA form's,
+which recomputes the logits too; they reach the roofline through the kernels' cost estimates).
 
-Padding: the vocabulary to whole blocks of a multiple of 128 rows (zero rows, bias -1e30), the rows to whole row
-blocks (zero rows, zero cotangent, log-normaliser 1e30), both cut off again. A `custom_vjp` (the kernels are not differentiable). Runs per
-device: called inside `shard_map` (the adaptive softmax's tail clusters run per device already) as it is, else
-under `xlgen.sharding.per_shard` (rows split as the tokens, weights whole), so the partitioner never gathers a
-custom call's operand. `interpret=True` runs the same kernels through JAX on any backend (the tests compare them with
-the XLA form on the CPU).
+Measured (v3, per core, `xlgen.plan.roofline`): Transformer-XL WikiText-103 large's adaptive softmax loss and
+gradient at its per-core shapes (768 bfloat16 rows, cutoffs 20000/40000/200000, div_val 4; tail clusters in
+chunks of 256 rows) 34.8 -> 18.0 ms roofline, 15.3 -> 7.7 GB of HBM traffic, 3.7 ms of matmul FLOPs at peak
+either way; one chunk against a 160,000 x 128 table, forward and backward, 1656 -> 255 MB (docs/pod_scale.md).
+
+Blocks: the last vocabulary block runs past V (its table rows are zeroed and its logits set to -1e30 in VMEM: no
+padded copy of the table); the rows are padded to whole row blocks (zero rows, zero cotangent, log-normaliser
+1e30) and cut off again. The table is taken as `[V, d]`, the layout XLA:TPU gives it inside the tail clusters'
+chunk scan (a `[d, V]` operand cost a copy each way there). A `custom_vjp` (the kernels are not differentiable).
+Runs per device: called inside `shard_map` (the adaptive softmax's tail clusters run per device already) as it
+is, else under `xlgen.sharding.per_shard` (rows split as the tokens, weights whole), so the partitioner never
+gathers a custom call's operand. `interpret=True` runs the same kernels through JAX on any backend (the tests
+compare them with the XLA form on the CPU).
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ ROW_BLOCK = 256  # rows of h per block
 ROW_MULTIPLE = 16  # bfloat16 vregs pack 16 sublanes
 LANES = 128
 VOCAB_BLOCK = 1024  # at most this many vocabulary entries per block
-TABLE_BLOCK_BYTES = 2**20  # float32 bytes of one table block [d, bv] (bv reduced for wide tables)
+TABLE_BLOCK_BYTES = 2**20  # float32 bytes of one table block [bv, d] (bv reduced for wide tables)
 RESIDENT_BYTES = 8 * 2**20  # h and float32 dh, double-buffered, kept whole in VMEM by the backward kernel
 ROWS = ("activation_batch", None)  # h `[N, d]`: rows split as the tokens, the width whole
 TRANS_B = (((1,), (1,)), ((), ()))  # [n, d] x [bv, d] -> [n, bv]
