@@ -152,6 +152,7 @@ def _forward(h, table, bias, interpret):
     hp = jnp.pad(h, ((0, n_pad - n), (0, 0)))
     out = pl.pallas_call(
         functools.partial(_forward_kernel, vocab=vocab),
+        name="logsumexp_forward",
         grid=(n_pad // rows, pl.cdiv(vocab, bv)),
         in_specs=[
             pl.BlockSpec((rows, width), lambda i, j: (i, 0)),
@@ -187,6 +188,7 @@ def _backward(h, table, bias, lse, g, interpret):
     typed = functools.partial(jax.ShapeDtypeStruct, manual_axis_type=jax.typeof(hp).manual_axis_type)
     dh, dt, db = pl.pallas_call(
         functools.partial(_backward_kernel, rows=rows, vocab=vocab),
+        name="logsumexp_backward",
         grid=(pl.cdiv(vocab, bv), n_pad // rows),
         in_specs=[
             pl.BlockSpec((n_pad, width), whole),
