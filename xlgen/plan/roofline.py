@@ -7,8 +7,7 @@ each, read from the module's text (`compiled.as_text()`):
             of its fused computation; contracted: of a convolution, the kernel's input features times the window
             taps that land on input elements, one per batch dimension of the batched dots XLA:TPU writes as
             convolutions over a dilated input); element-wise work is not counted (it runs on the vector units, and
-            on TPU it is bound by the bytes it moves, which are counted); a Pallas kernel (`tpu_custom_call`) counts the
-            FLOPs of the cost estimate its author attached (`pallas_call(cost_estimate=...)`), none without one
+            on TPU it is bound by the bytes it moves, which are counted)
     bytes   what it reads from and writes to HBM: its operands and results, each array at its physical size (the
             layout's tiles pad the minor dimensions, e.g. bf16[8, 64]{1,0:T(8,128)(2,1)} holds 8 × 128 elements;
             arrays placed in on-chip memory, layout memory space S(n) with n > 0, move no HBM bytes). Two in-place
@@ -80,7 +79,6 @@ _SPACE_RE = re.compile(r"S\((\d+)\)")
 _OPNAME_RE = re.compile(r'op_name="([^"]*)"')
 _SOURCE_RE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
 _KIND_RE = re.compile(r"\bkind=(k\w+)")
-_KERNEL_FLOPS_RE = re.compile(r'"cost_estimate":\{"flops":"(\d+)"')
 
 
 @dataclasses.dataclass
@@ -456,8 +454,6 @@ class _Module:
             nbytes = dest + sum(type_bytes(types.get(o, "")) for o in ins.operands)
         else:
             nbytes = result + sum(type_bytes(types.get(o, "")) for o in ins.operands)
-            kernel = _KERNEL_FLOPS_RE.search(ins.attrs) if op == "custom-call" else None
-            flops += float(kernel[1]) if kernel else 0.0
         opn = _OPNAME_RE.search(ins.attrs)
         src = _SOURCE_RE.search(ins.attrs)
         frame = _FRAME_ID_RE.search(ins.attrs)
