@@ -70,6 +70,36 @@ def test_blocks():
     assert not tpu_logsumexp.applies(49152, 1024, jnp.bfloat16)  # WikiText-103's head over the global batch
 
 
+def test_dense_tail_clusters_equal_the_chunked_ones():
+    """For TPU every tail cluster runs once over all of a device's tokens (`operands.dense_tail_clusters`); the
+    adaptive softmax's NLL and its gradients (rows and every weight) equal the CPU program's chunked tails (chunks of
+    4 tokens: several per cluster), ignored labels included."""
+    from flax import nnx
+
+    rng = np.random.default_rng(5)
+    n, vocab, cutoffs, d = 37, 60, (20, 40), 16
+    emb = asm.AdaptiveEmbedding(vocab, d, d, cutoffs, 2, rngs=nnx.Rngs(0))
+    softmax = asm.AdaptiveLogSoftmax(
+        vocab, d, d, cutoffs, 2, tie_projs=(False, True, True), chunk_size=4, rngs=nnx.Rngs(1)
+    )
+    graph, state = nnx.split((emb, softmax))
+    h = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+    labels = jnp.asarray(rng.integers(-1, vocab, size=n), jnp.int32)
+
+    def loss(state, h):
+        e, s = nnx.merge(graph, state)
+        return jnp.sum(s.nll(h, labels, e) * jnp.linspace(0.5, 1.5, n))
+
+    assert not operands.dense_tail_clusters(n, (8, 4), jnp.float32)
+    want = jax.value_and_grad(loss, argnums=(0, 1))(state, h)
+    with operands.emulate_tpu():
+        assert operands.dense_tail_clusters(n, (8, 4), jnp.float32)
+        got = jax.value_and_grad(loss, argnums=(0, 1))(state, h)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_adaptive_train_step_traced_for_tpu_equals_the_cpu_program():
     """Transformer-XL with an adaptive softmax (div_val 2: every tail its own width and projection), float32, dropout
     on: the loss and gradients with the TPU forms (both kernels interpreted) equal the CPU program's."""
