@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from xlgen.models import operands
 from xlgen.models.layers import normal, param, zeros
 from xlgen.sharding import per_shard
 
@@ -73,8 +74,12 @@ def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, block: in
 
     V <= block: one matmul (the backward pass keeps the `[N, V]` softmax). V > block: `vocab_blocks` equal blocks
     with an online logsumexp inside a checkpointed scan, so neither pass holds more than `[N, block]` logits (at
-    the price of recomputing each block's logits in the backward pass).
+    the price of recomputing each block's logits in the backward pass). Lowered for TPU (`operands.
+    fused_logsumexp_rows`): Pallas kernels that keep the logits in VMEM (`tpu_logsumexp`).
     """
+    fused = operands.fused_logsumexp_rows(h, table, bias)
+    if fused is not None:
+        return fused
     vocab, width = table.shape
     if vocab <= block:
         logits = jnp.einsum("nd,vd->nv", h, table.astype(h.dtype), preferred_element_type=jnp.float32)
@@ -280,6 +285,8 @@ class AdaptiveLogSoftmax(nnx.Module):
         original GPU code, but with static shapes: they are sorted by cluster into `chunk_size` chunks (each
         cluster padded to whole chunks) and a checkpointed scan runs `lax.switch` to the chunk's cluster
         (gathered target logit minus the cluster's blocked logsumexp). Nothing of size `[tokens, V]` is built.
+        Lowered for TPU, where the log-normaliser is a kernel that keeps the logits in VMEM, every tail cluster runs
+        once over all tokens instead (`operands.dense_tail_clusters`).
         """
         lead = labels.shape
         h = h.reshape(-1, h.shape[-1])
@@ -318,6 +325,8 @@ class AdaptiveLogSoftmax(nnx.Module):
         return local(h, labels, cluster, weights)
 
     def _tail_log_probs_local(self, h: jax.Array, labels: jax.Array, cluster: jax.Array, weights) -> jax.Array:
+        if operands.dense_tail_clusters(h.shape[0], [w[0].shape[1] for w in weights[1:]], h.dtype):
+            return self._tail_log_probs_dense(h, labels, cluster, weights)
         n, n_tails, c = labels.shape[0], self.n_clusters, self.chunk_size
         key = jnp.where(cluster > 0, cluster, n_tails + 1)  # tails first, by cluster; head tokens last
         order = jnp.argsort(key, stable=True)
@@ -359,6 +368,19 @@ class AdaptiveLogSoftmax(nnx.Module):
 
         _, out = jax.lax.scan(step, None, (chunk_src, branch))
         return jnp.zeros((n + 1,), jnp.float32).at[src].set(out.reshape(-1))[:n]
+
+    def _tail_log_probs_dense(self, h: jax.Array, labels: jax.Array, cluster: jax.Array, weights) -> jax.Array:
+        """`_tail_log_probs_local` with every tail cluster run once over all of the device's tokens, each token's
+        value taken from its own cluster (`operands.dense_tail_clusters`: for TPU lowering, the logits in VMEM)."""
+        out = jnp.zeros(labels.shape, jnp.float32)
+        for k in range(1, self.n_clusters + 1):
+            s, e = self.bounds[k]
+            table, bias, proj = weights[k]
+            hk = self._project(h, proj)
+            local = jnp.clip(labels - s, 0, e - s - 1)
+            lp = _target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
+            out = jnp.where(cluster == k, lp, out)
+        return out
 
 
 def _target_logit(h: jax.Array, table: jax.Array, bias: jax.Array, idx: jax.Array) -> jax.Array:
