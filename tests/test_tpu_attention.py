@@ -2,6 +2,7 @@
 against the XLA form of the same equation: outputs and every input's gradient."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -245,3 +246,25 @@ def test_sharded_factorized_kernel_equals_one_device():
     devices; the query factors (shared) and <cls> exclusion per device as on one."""
     fused, ref, xs, names = _factorized_problem(4, 4, q=16, klen=32, d=32, width=64)
     _assert_sharded_equals_one_device(fused, ref, xs, names, (1, 2))
+
+
+@pytest.mark.parametrize(
+    "config_file,over",
+    [
+        ("txl_tiny.py", {}),
+        pytest.param("xlnet_tiny.py", {}, marks=pytest.mark.slow),
+        pytest.param("funnel_tiny.py", {"model.attention_type": "factorized"}, marks=pytest.mark.slow),
+    ],
+)
+def test_sharded_train_step_traced_for_tpu_equals_one_device_cpu(config_file, over):
+    """A float32 train step (dropout on) traced for TPU (the fused kernel interpreted) on a (data 2, fsdp 2,
+    tensor 2) mesh with the fsdp_tp rules, the kernel per device on one batch row and half the heads, gives the
+    loss and gradients of the one-device CPU program."""
+    from test_remat_precision import SMALL, _program
+    from test_tpu_shift import assert_tpu_forms_give_the_cpu_step
+
+    mesh222 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.num_devices": 0, "mesh.rules": "fsdp_tp"}
+    jaxpr = assert_tpu_forms_give_the_cpu_step(config_file, {"model.dropatt": 0.1, **over}, tpu_mesh=mesh222)["tpu"]
+    assert SMALL[config_file]["data.batch_size"] == 4 and "pallas_call" in jaxpr and "shard_map" in jaxpr
+    heads = _program(config_file, over)[0].config.model.n_head
+    assert re.search(rf"f32\[1,{heads // 2},\d+,\d+\]", jaxpr)  # per device: one of 4 batch rows, half the heads
