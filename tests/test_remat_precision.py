@@ -57,7 +57,7 @@ def _program(config_file, over):
     from xlgen.config import load_config
     from xlgen.train import build_program
 
-    over = dict(SMALL[config_file], **ONE, **over)
+    over = {**SMALL[config_file], **ONE, **over}  # `over` may replace the one-device mesh
     config = load_config(f"{REPO}/configs/pretrain/{config_file}", {k: str(v) for k, v in over.items()})
     mesh = sharding.make_mesh(config.mesh)
     return build_program(config, mesh), mesh

@@ -2,6 +2,7 @@
 against the XLA form of the same equation: outputs and every input's gradient."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -115,10 +116,9 @@ def test_in_kernel_keep_mask_is_layers_keep_mask():
     np.testing.assert_array_equal(keep, expected)
 
 
-def test_factorized_position_term_with_cls_excluded():
-    """Funnel: the rotated factorized position term formed in the kernel from qv (`Factorized`), pooled queries,
-    no position or segment term on <cls>'s row and column, dropout on: equals the XLA form and its gradients."""
-    b, n, q, klen, d, width = 2, 2, 32, 64, 64, 128
+def _factorized_problem(b, n, q=32, klen=64, d=64, width=128):
+    """Funnel's fused attention with the factorized position term (pooled queries, <cls> excluded, dropout on) and
+    its XLA form: (fused, reference, inputs, names), functions of (qu, qv, k, v, ef, w), w the `r` projection."""
     args, flags = _inputs(7, b, n, q, klen, klen, d, True, True, b)
     del args["r"]
     keys = jax.random.split(jax.random.key(8), 2)
@@ -154,11 +154,18 @@ def test_factorized_position_term_with_cls_excluded():
         return jnp.einsum("bnqk,bnkd->bnqd", jnp.where(kept, p / dropout[1], 0.0), v)
 
     xs = [args["qu"], args["qv"], args["k"], args["v"], args["ef"], r_kernel]
+    return fused, ref, xs, ("qu", "qv", "k", "v", "ef", "w")
+
+
+def test_factorized_position_term_with_cls_excluded():
+    """Funnel: the rotated factorized position term formed in the kernel from qv (`Factorized`), pooled queries,
+    no position or segment term on <cls>'s row and column, dropout on: equals the XLA form and its gradients."""
+    fused, ref, xs, names = _factorized_problem(2, 2)
     np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
-    cot = jax.random.normal(jax.random.key(9), (b, n, q, d))
+    cot = jax.random.normal(jax.random.key(9), xs[0].shape)
     grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(6)))(*xs)
     ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(6)))(*xs)
-    for name, g, rg in zip(("qu", "qv", "k", "v", "ef", "w"), grads, ref_grads):
+    for name, g, rg in zip(names, grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
@@ -179,3 +186,85 @@ def test_declared_flops_are_the_xla_forms_plus_the_recomputed_scores():
     count = lambda f: jaxpr_matmul_flops(jax.make_jaxpr(step(f))(*xs).jaxpr)[0]
     recomputed = b * n * q * 2 * 64 * (klen + rlen)
     assert count(fused) == count(reference) + recomputed
+
+
+SHARDED = {
+    # name: (b, n, shared_r, segments, per-row starts) on a (data 2, fsdp 2, tensor 2) mesh with the fsdp_tp rules,
+    # the batch split over data x fsdp (as far as it divides), the heads over tensor (if they divide)
+    "txl_shared_keys": (4, 4, True, False, False),  # per device: one batch row, two heads
+    "xlnet_query_stream": (4, 4, False, True, True),
+    "heads_not_split": (2, 3, True, True, False),  # 2 rows on data only, 3 heads whole: fsdp, tensor replicate
+}
+
+
+def _assert_sharded_equals_one_device(fused, ref, xs, names, local):
+    """Output and every gradient of `fused` (jitted; a random cotangent) on a (data 2, fsdp 2, tensor 2) mesh
+    with the fsdp_tp rules, where the kernel sees `local` (rows, heads), equal one device's and the XLA form's."""
+    from xlgen import sharding
+
+    cot = jax.random.normal(jax.random.key(4), jax.eval_shape(fused, *xs).shape)
+    value_and_grads = lambda attend: jax.jit(
+        jax.value_and_grad(lambda *xs: jnp.vdot(attend(*xs), cot), argnums=tuple(range(len(xs))))
+    )
+    one, want = value_and_grads(fused)(*xs), value_and_grads(ref)(*xs)
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    with jax.set_mesh(mesh), sharding.activation_rules("fsdp_tp"):
+        jaxpr = str(jax.make_jaxpr(value_and_grads(fused))(*xs))
+        got = value_and_grads(fused)(*xs)
+    b, n, q, d = cot.shape
+    assert "shard_map" in jaxpr and f"f32[{local[0]},{local[1]},{q},{d}]" in jaxpr, local
+    for label, expected, tol in (("one device", one, 2e-6), ("XLA form", want, 1e-4)):
+        np.testing.assert_allclose(got[0], expected[0], rtol=tol, atol=1e-5, err_msg=label)  # a sum of b·n·q·d terms
+        for name, g, w in zip(names, got[1], expected[1]):
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{label}: {name}")
+
+
+@pytest.mark.parametrize("case", sorted(SHARDED))
+def test_sharded_kernel_equals_one_device_with_dropout(case):
+    """Batch and heads split over the mesh: each device's dropout mask is its block of the global `[b, n, q, k]`
+    mask (offsets of its first row and head), the gradient of position keys shared by the batch is summed over the
+    devices holding its rows; output and gradients equal the one-device kernel's and the XLA form's."""
+    b, n, shared_r, segments, per_row = SHARDED[case]
+    q, klen, d = 16, 48, 32
+    rlen = klen if shared_r else 2 * klen  # per-row windows start in [1, klen]: all in range
+    args, flags = _inputs(2, b, n, q, klen, rlen, d, shared_r, segments, 1 if shared_r and not segments else b)
+    if per_row:
+        positions = jax.random.randint(jax.random.key(9), (b, q), 0, klen)
+        shift = tpu_attention.Shift(starts=(klen - positions).astype(jnp.int32))
+    else:
+        shift = tpu_attention.Shift(q - 1, 1)
+    kw = dict(shift=shift, scale=0.125, flags=flags, masks=True, dropout=(jnp.array([7, 99], jnp.uint32), 0.7))
+    names = sorted(args)
+    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
+    local = (1, 2) if n == 4 else (1, 3)  # (rows, heads) per device
+    _assert_sharded_equals_one_device(fused, ref, [args[key] for key in names], names, local)
+
+
+def test_sharded_factorized_kernel_equals_one_device():
+    """Funnel's factorized term sharded: W_r (shared by the batch) gets its gradient summed over the batch's
+    devices; the query factors (shared) and <cls> exclusion per device as on one."""
+    fused, ref, xs, names = _factorized_problem(4, 4, q=16, klen=32, d=32, width=64)
+    _assert_sharded_equals_one_device(fused, ref, xs, names, (1, 2))
+
+
+@pytest.mark.parametrize(
+    "config_file,over",
+    [
+        ("txl_tiny.py", {}),
+        pytest.param("xlnet_tiny.py", {}, marks=pytest.mark.slow),
+        pytest.param("funnel_tiny.py", {"model.attention_type": "factorized"}, marks=pytest.mark.slow),
+    ],
+)
+def test_sharded_train_step_traced_for_tpu_equals_one_device_cpu(config_file, over):
+    """A float32 train step (dropout on) traced for TPU (the fused kernel interpreted) on a (data 2, fsdp 2,
+    tensor 2) mesh with the fsdp_tp rules, the kernel per device on one batch row and half the heads, gives the
+    loss and gradients of the one-device CPU program."""
+    from test_remat_precision import SMALL, _program
+    from test_tpu_shift import assert_tpu_forms_give_the_cpu_step
+
+    mesh222 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.num_devices": 0, "mesh.rules": "fsdp_tp"}
+    jaxpr = assert_tpu_forms_give_the_cpu_step(config_file, {"model.dropatt": 0.1, **over}, tpu_mesh=mesh222)["tpu"]
+    assert SMALL[config_file]["data.batch_size"] == 4 and "pallas_call" in jaxpr and "shard_map" in jaxpr
+    heads = _program(config_file, over)[0].config.model.n_head
+    assert re.search(rf"f32\[1,{heads // 2},\d+,\d+\]", jaxpr)  # per device: one of 4 batch rows, half the heads

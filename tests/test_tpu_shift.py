@@ -10,6 +10,7 @@
   XLA form moved ~20x those bytes through copy loops).
 """
 
+import contextlib
 import functools
 import itertools
 import re
@@ -97,24 +98,24 @@ def test_train_step_traced_for_tpu_equals_the_cpu_program(config_file, over):
     assert len(fused) == {"txl_tiny.py": 2, "xlnet_tiny.py": 4, "funnel_tiny.py": 4}[config_file], fused
 
 
-def assert_tpu_forms_give_the_cpu_step(config_file, over) -> dict:
+def assert_tpu_forms_give_the_cpu_step(config_file, over, tpu_mesh=None) -> dict:
     """Asserts that a float32 train step (no remat, dropout on) traced with the TPU forms (`operands.emulate_tpu`,
-    the kernels interpreted) gives the loss and gradients of the CPU program; returns the traced steps' jaxprs (text),
-    by platform."""
-    program, mesh = _program(config_file, {"model.remat": "none", **over})
-    results, jaxprs = {}, {}
-    with jax.set_mesh(mesh):
-        params = program.init_state()[0]["params"]
-        batch, mems = _batch_and_mems(program)
-        for platform in ("cpu", "tpu"):
-            if platform == "tpu":
-                with operands.emulate_tpu():
-                    traced = _grad_fn(program).trace(params, batch, mems)
-            else:
-                traced = _grad_fn(program).trace(params, batch, mems)
+    the kernels interpreted) gives the loss and gradients of the CPU program (one device; the TPU-traced step on the
+    mesh of the `tpu_mesh` overrides if given); returns the traced steps' jaxprs (text), by platform."""
+    over = {"model.remat": "none", **over}
+    programs = {"cpu": _program(config_file, over)}
+    programs["tpu"] = programs["cpu"] if tpu_mesh is None else _program(config_file, {**over, **tpu_mesh})
+    results, jaxprs, inputs = {}, {}, {}
+    for platform, (program, mesh) in programs.items():
+        with jax.set_mesh(mesh):
+            if id(program) not in inputs:
+                inputs[id(program)] = (program.init_state()[0]["params"], *_batch_and_mems(program))
+            with operands.emulate_tpu() if platform == "tpu" else contextlib.nullcontext():
+                traced = _grad_fn(program).trace(*inputs[id(program)])
             jaxprs[platform] = str(traced.jaxpr)
             compiled = traced.lower().compile(compiler_options=_CPU_FAST)
-            results[platform] = jax.tree.map(np.asarray, compiled(params, batch, mems))
+            results[platform] = jax.tree.map(np.asarray, compiled(*inputs[id(program)]))
+    assert "pallas_call" not in jaxprs["cpu"]
     (loss_cpu, g_cpu), (loss_tpu, g_tpu) = results["cpu"], results["tpu"]
     assert np.isfinite(loss_cpu)
     np.testing.assert_allclose(loss_tpu, loss_cpu, rtol=1e-6)

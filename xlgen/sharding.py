@@ -182,8 +182,7 @@ def constrain(x: jax.Array, logical: Sequence[Optional[str]]) -> jax.Array:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
-    rules = _ACTIVE_RULES.get() or RULE_PRESETS["dp"]
-    return jax.lax.with_sharding_constraint(x, activation_spec(logical, x.shape, rules, mesh))
+    return jax.lax.with_sharding_constraint(x, activation_spec(logical, x.shape, active_rules(), mesh))
 
 
 def active_rules() -> Dict[str, object]:
@@ -191,7 +190,7 @@ def active_rules() -> Dict[str, object]:
     return _ACTIVE_RULES.get() or RULE_PRESETS["dp"]
 
 
-def per_shard(fn, in_logical: Sequence, out_logical: Sequence[Optional[str]]):
+def per_shard(fn, in_logical: Sequence, out_logical: Sequence[Optional[str]], check_vma: bool = True):
     """`fn` run by every device on its own block of the arguments (`jax.shard_map`), the blocks given by logical
     names under the active rules; a plain call outside a mesh (or on a one-device mesh).
 
@@ -199,7 +198,8 @@ def per_shard(fn, in_logical: Sequence, out_logical: Sequence[Optional[str]]):
     argument (any pytree, e.g. weights) that every device gets whole, gathered before the call. `out_logical`
     names the (single array) output's axes; its sizes are taken from the first argument's leading axes. For
     token-wise computations whose data-dependent control flow (sorting tokens by cluster, per-chunk `switch`)
-    the partitioner cannot split: each device then works on its own tokens, as a data-parallel worker does."""
+    the partitioner cannot split: each device then works on its own tokens, as a data-parallel worker does.
+    `check_vma=False` for Pallas kernels run through their interpreter (`tpu_attention.per_device` says why)."""
 
     def call(*args):
         mesh = jax.sharding.get_abstract_mesh()
@@ -228,7 +228,7 @@ def per_shard(fn, in_logical: Sequence, out_logical: Sequence[Optional[str]]):
                 ]
             return fn(*blocks)
 
-        return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec)(*args)
+        return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=check_vma)(*args)
 
     return call
 

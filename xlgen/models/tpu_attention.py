@@ -577,7 +577,7 @@ def relative_attention(
             inputs[name] = inputs[name].astype(st.operands)
     inputs = {name: x for name, x in inputs.items() if x is not None}
     seed_words = jax.lax.bitcast_convert_type(jnp.asarray(seed, jnp.uint32), jnp.int32)
-    return per_device(functools.partial(_attention, st, interpret), seed_words, inputs)
+    return per_device(functools.partial(_attention, st, interpret), seed_words, inputs, check_vma=not interpret)
 
 
 # logical names of each input's axes, for the per-device split (batch-like leading axes of size 1 stay whole)
@@ -598,9 +598,14 @@ _AXES = {
 }
 
 
-def per_device(fn, seed_words, inputs: dict):
+def per_device(fn, seed_words, inputs: dict, check_vma: bool = True):
     """`fn({"scalars": ..., **inputs})` on each device's batch rows and heads (`jax.shard_map` under the active
-    rules; a plain call off a mesh). scalars = (seed0, seed1, first batch row, first head) of the device."""
+    rules; a plain call off a mesh). scalars = (seed0, seed1, first batch row, first head) of the device.
+
+    `check_vma=False` for interpreted kernels: Pallas traces a kernel's body with no varying manual axes and its
+    interpreter evaluates that body on the device's (varying) blocks, where a constant meeting a block fails the
+    check (e.g. the zeros padding a row). Unchecked, `shard_map`'s transpose itself sums the gradient of an input
+    shared over split axes (position keys shared by the batch), as the checked `pcast` to varying does."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or all(size == 1 for size in mesh.shape.values()):
         return fn({"scalars": jnp.concatenate([seed_words, jnp.zeros((2,), jnp.int32)]), **inputs})
@@ -625,4 +630,5 @@ def per_device(fn, seed_words, inputs: dict):
         scalars = jnp.concatenate([varying(seed_words), jnp.stack([b0, n0]).astype(jnp.int32)])
         return fn({"scalars": scalars, **jax.tree.map(varying, inputs)})
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(), in_specs), out_specs=spec)(seed_words, inputs)
+    specs = dict(in_specs=(P(), in_specs), out_specs=spec, check_vma=check_vma)
+    return jax.shard_map(body, mesh=mesh, **specs)(seed_words, inputs)
