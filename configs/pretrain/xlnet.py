@@ -9,8 +9,8 @@ Architecture and data flags of the official README command (zihangdai/xlnet; ref
 perm_size 256, bi_data, mask_alpha 6 / mask_beta 1, num_predict 85, SentencePiece 32K (cased). Optimiser from the
 paper's appendix (v2, recalled in the notes): Adam(W) lr 4e-4, 40K warmup then linear decay, eps 1e-6, weight decay
 0.01, clip 1.0, dropout = dropatt = 0.1. Execution choices for a v3 pod (not architecture; `xlgen plan` shows they
-fit 16 GiB per core): bfloat16 compute with float32 parameters and Adam moments, layers scanned (and
-rematerialised at batch 8192; at 2048 the roofline is lowest without), parameters + optimizer state sharded 16-way (mesh.fsdp) inside groups that are replicated
+fit 16 GiB per core): bfloat16 compute with float32 parameters and Adam moments, layers scanned and not
+rematerialised (the roofline is lowest without), parameters + optimizer state sharded 16-way (mesh.fsdp) inside groups that are replicated
 data-parallel (mesh.data fills the rest), 2 rows per core.
 
 `large_bsz8192`: the final paper's batch of 8192 (same steps and optimiser).
@@ -122,10 +122,9 @@ def paper_config(*, batch_size: int, learning_rate: float, warmup_steps: int, to
 def large(batch_size: int = 2048):
     c = paper_config(batch_size=batch_size, learning_rate=4e-4, warmup_steps=40_000, total_steps=500_000, fsdp=16)
     c.checkpoint.save_mems = True
-    if batch_size == 2048:
-        # 2 rows per core: no remat fits (5.2 GiB per core) and has the lowest roofline step time, 126 vs 145 ms
-        # with `full`, since the step is HBM-bound (docs/pod_scale.md "Remat policies")
-        c.model.remat = "none"
+    # no remat fits at 2 and 8 rows per core (batch 2048: 4.1 GiB per core; 8192: 13.3 GiB of 16) and has the lower
+    # roofline step time, since the steps are HBM-bound (docs/pod_scale.md "Remat policies")
+    c.model.remat = "none"
     return c
 
 
