@@ -14,8 +14,10 @@ from xlgen.models import relative_attention as ra
 from xlgen.models.relative_attention import MASK_VALUE, relative_shift
 
 
-def reference(qu, qv, k, v, r, *, shift, scale, ef=None, flags=None, masks=False, dropout=None):
-    """The XLA form: scores `[b,n,q,k]` through `relative_shift` (or per-row windows), float32 softmax."""
+def reference(q, u, vb, k, v, r, *, shift, scale, ef=None, flags=None, masks=False, dropout=None):
+    """The XLA form: scores `[b,n,q,k]` through `relative_shift` (or per-row windows), float32 softmax; qu = q + u,
+    qv = q + vb (biases `[n, d]`)."""
+    qu, qv = q + u[:, None], q + vb[:, None]
     b, n, q, _ = qu.shape
     klen, rlen = k.shape[2], r.shape[2]
     s = jnp.einsum("bnqd,bnkd->bnqk", qu, k)
@@ -43,8 +45,9 @@ def _inputs(seed, b, n, q, klen, rlen, d, shared_r, segments, mask_rows):
     keys = jax.random.split(jax.random.key(seed), 8)
     normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32)
     args = dict(
-        qu=normal(keys[0], (b, n, q, d)),
-        qv=normal(keys[1], (b, n, q, d)),
+        q=normal(keys[0], (b, n, q, d)),
+        u=normal(keys[1], (n, d)),
+        vb=normal(jax.random.fold_in(keys[1], 1), (n, d)),
         k=normal(keys[2], (b, n, klen, d)),
         v=normal(keys[3], (b, n, klen, d)),
         r=normal(keys[4], (1 if shared_r else b, n, rlen, d)),
@@ -118,7 +121,7 @@ def test_in_kernel_keep_mask_is_layers_keep_mask():
 
 def _factorized_problem(b, n, q=32, klen=64, d=64, width=128):
     """Funnel's fused attention with the factorized position term (pooled queries, <cls> excluded, dropout on) and
-    its XLA form: (fused, reference, inputs, names), functions of (qu, qv, k, v, ef, w), w the `r` projection."""
+    its XLA form: (fused, reference, inputs, names), functions of (q, u, vb, k, v, ef, w), w the `r` projection."""
     args, flags = _inputs(7, b, n, q, klen, klen, d, True, True, b)
     del args["r"]
     keys = jax.random.split(jax.random.key(8), 2)
@@ -131,7 +134,7 @@ def _factorized_problem(b, n, q=32, klen=64, d=64, width=128):
     dropout = (jnp.array([5, 6], jnp.uint32), 0.9)
     keep = np.pad(np.ones((q - 1, klen - 1), bool), ((1, 0), (1, 0)))
 
-    def fused(qu, qv, k, v, ef, w):
+    def fused(q, u, vb, k, v, ef, w):
         fact = tpu_attention.Factorized(
             phi=phi[None],
             pi=jnp.concatenate([pi[:, half:], -pi[:, :half]], -1)[None],
@@ -140,12 +143,12 @@ def _factorized_problem(b, n, q=32, klen=64, d=64, width=128):
             psi=psi,
         )
         return tpu_attention.relative_attention(
-            qu, qv, k, v, factorized=fact, scale=0.125, ef=ef, flags=flags, masks=True, exclude_first=True,
+            q, u, vb, k, v, factorized=fact, scale=0.125, ef=ef, flags=flags, masks=True, exclude_first=True,
             dropout=dropout, interpret=True,
         )  # fmt: skip
 
-    def ref(qu, qv, k, v, ef, w):
-        q_head = jnp.swapaxes(qv, 1, 2)
+    def ref(q, u, vb, k, v, ef, w):
+        qu, q_head = q + u[:, None], jnp.swapaxes(q + vb[:, None], 1, 2)
         pos = ra.rotated_factorized_position_scores(q_head, w, jnp.zeros((n, d)), (phi, pi), (psi, omega))
         seg = jnp.where((flags[:, None] & 2) != 0, ef[..., 1:2], ef[..., 0:1])
         s = (jnp.einsum("bnqd,bnkd->bnqk", qu, k) + jnp.where(keep, pos + seg, 0.0)) * 0.125
@@ -153,8 +156,8 @@ def _factorized_problem(b, n, q=32, klen=64, d=64, width=128):
         kept = layers.hashed_bits(dropout[0], p.shape) < jnp.uint32(layers.keep_threshold(dropout[1]))
         return jnp.einsum("bnqk,bnkd->bnqd", jnp.where(kept, p / dropout[1], 0.0), v)
 
-    xs = [args["qu"], args["qv"], args["k"], args["v"], args["ef"], r_kernel]
-    return fused, ref, xs, ("qu", "qv", "k", "v", "ef", "w")
+    names = ("q", "u", "vb", "k", "v", "ef")
+    return fused, ref, [args[key] for key in names] + [r_kernel], names + ("w",)
 
 
 def test_factorized_position_term_with_cls_excluded():
@@ -163,8 +166,8 @@ def test_factorized_position_term_with_cls_excluded():
     fused, ref, xs, names = _factorized_problem(2, 2)
     np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
     cot = jax.random.normal(jax.random.key(9), xs[0].shape)
-    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(6)))(*xs)
-    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(6)))(*xs)
+    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(7)))(*xs)
+    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(7)))(*xs)
     for name, g, rg in zip(names, grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -182,7 +185,7 @@ def test_declared_flops_are_the_xla_forms_plus_the_recomputed_scores():
     cot = jax.random.normal(jax.random.key(2), (b, n, q, 64))  # (a sum's all-ones cotangent folds a product)
     loss = lambda f: lambda *xs: jnp.vdot(f(**dict(zip(names, xs)), **kw), cot)
     fused = functools.partial(tpu_attention.relative_attention, interpret=True)
-    step = lambda f: jax.value_and_grad(loss(f), argnums=tuple(range(5)))
+    step = lambda f: jax.value_and_grad(loss(f), argnums=tuple(range(len(xs))))
     count = lambda f: jaxpr_matmul_flops(jax.make_jaxpr(step(f))(*xs).jaxpr)[0]
     recomputed = b * n * q * 2 * 64 * (klen + rlen)
     assert count(fused) == count(reference) + recomputed

@@ -369,7 +369,7 @@ def fused_relative_attention(
         return None
     heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, n, d] -> [b, n, l, d]
     cast = lambda bias: bias.astype(q_head.dtype)
-    qu, qv = heads_major(q_head + cast(biases["r_w_bias"])), heads_major(q_head + cast(biases["r_r_bias"]))
+    u, v = cast(biases["r_w_bias"]), cast(biases["r_r_bias"])  # added in the kernel
     r, fact = None, None
     if k_head_r is not None:
         r = heads_major(k_head_r if k_head_r.ndim == 4 else k_head_r[None]).astype(q_head.dtype)
@@ -397,8 +397,9 @@ def fused_relative_attention(
         different = seg_mat.astype(jnp.int8) * jnp.int8(tpu_attention.DIFFERENT_SEGMENT)
         flags = different if flags is None else flags | different
     out = tpu_attention.relative_attention(
-        qu,
-        qv,
+        heads_major(q_head),
+        u,
+        v,
         heads_major(k_head),
         heads_major(v_head),
         r,

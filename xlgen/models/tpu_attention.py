@@ -198,9 +198,10 @@ class _Block(NamedTuple):
 
 def _load(x: dict, st: _Static) -> _Block:
     cast = lambda name: x[name][...].astype(st.operands) if name in x else None
+    q = cast("q")
     return _Block(
-        qu=cast("qu"),
-        qv=cast("qv"),
+        qu=q + cast("u"),  # q + u, q + v: the biases `[1, d]` added in VMEM
+        qv=q + cast("vb"),
         k=cast("k"),
         r=cast("r"),
         ef=x["ef"][...].astype(jnp.float32).T if "ef" in x else None,  # arrives as [2, tq]
@@ -272,7 +273,7 @@ def _forward_kernel(st: _Static, names: tuple, *refs):
 
 
 # gradients accumulated over the grid in float32 VMEM: name -> whether the block is shared by the batch rows
-_ACCUMULATED = ("dk", "dv", "dr", "dw_r", "dw_s")
+_ACCUMULATED = ("dk", "dv", "dr", "dw_r", "dw_s", "du", "dvb")
 
 
 def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
@@ -302,7 +303,7 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
     if st.masks:
         ds = jnp.where((blk.flags & MASKED) != 0, 0.0, ds)
     ds = ds * st.scale  # d(content + position + segment)
-    x["dqu"][...] = jnp.dot(ds.astype(blk.k.dtype), blk.k, preferred_element_type=jnp.float32).astype(x["dqu"].dtype)
+    dqu = jnp.dot(ds.astype(blk.k.dtype), blk.k, preferred_element_type=jnp.float32)
     x["dk_acc"][...] += jnp.dot(ds.T.astype(blk.qu.dtype), blk.qu, preferred_element_type=jnp.float32)
     ds_pos = jnp.where(_first_excluded(st, q_block), ds, 0.0) if st.exclude_first else ds
     dqv = jnp.zeros(blk.qv.shape, jnp.float32)
@@ -320,7 +321,9 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
         )
         x["dw_r_acc"][...] += jnp.dot(dq_r.T, blk.qv, preferred_element_type=jnp.float32)
         x["dw_s_acc"][...] += jnp.dot(dq_s.T, blk.qv, preferred_element_type=jnp.float32)
-    x["dqv"][...] = dqv.astype(x["dqv"].dtype)
+    x["dq"][...] = (dqu + dqv).astype(x["dq"].dtype)
+    x["du_acc"][...] += dqu.sum(axis=0, keepdims=True)
+    x["dvb_acc"][...] += dqv.sum(axis=0, keepdims=True)
     if st.segments:
         different = (blk.flags & DIFFERENT_SEGMENT) != 0
         same_sum = jnp.where(different, 0.0, ds_pos).sum(axis=-1, keepdims=True)
@@ -353,12 +356,13 @@ def _specs(st: _Static, inputs: dict) -> dict:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    d = inputs["qu"].shape[-1]
+    d = inputs["q"].shape[-1]
     lead = lambda name: (lambda n, b: b) if inputs[name].shape[0] > 1 else (lambda n, b: 0)
     specs = {
         "scalars": pl.BlockSpec(memory_space=pltpu.SMEM),
-        "qu": pl.BlockSpec((None, None, st.rows, d), lambda n, b, i: (b, n, i, 0)),
-        "qv": pl.BlockSpec((None, None, st.rows, d), lambda n, b, i: (b, n, i, 0)),
+        "q": pl.BlockSpec((None, None, st.rows, d), lambda n, b, i: (b, n, i, 0)),
+        "u": _once((None, 1, d), lambda n, b, i: (n, 0, 0)),
+        "vb": _once((None, 1, d), lambda n, b, i: (n, 0, 0)),
         "k": _once((None, None, st.klen, d), lambda n, b, i: (b, n, 0, 0)),
         "v": _once((None, None, st.klen, d), lambda n, b, i: (b, n, 0, 0)),
     }
@@ -390,7 +394,7 @@ def _struct(shape, dtype, like):
 def _flops(st: _Static, inputs: dict, backward: bool) -> int:
     """The kernel's matmul FLOPs: forward content, position and segment products and probabilities by values;
     backward the score products again, then dP, dv, dqu, dk and the position term's gradients."""
-    b, n, q, d = inputs["qu"].shape
+    b, n, q, d = inputs["q"].shape
     k = st.klen
     per_row = (10 if backward else 4) * d * k
     if "r" in inputs:
@@ -435,7 +439,7 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    qu = inputs["qu"]
+    qu = inputs["q"]
     b, n, q, d = qu.shape
     specs = _specs(st, inputs)
     names = tuple(inputs)
@@ -448,13 +452,15 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
         accumulated = []
     else:
         in_specs, in_arrays = in_specs + [row], in_arrays + [do]
-        outs = {"dqu": (row, qu), "dqv": (row, inputs["qv"])}  # name -> (spec, like)
-        for name in ("k", "v", "r", "w_r", "w_s"):
+        outs = {"dq": (row, qu)}  # name -> (spec, like)
+        for name in ("u", "vb", "k", "v", "r", "w_r", "w_s"):
             if name in inputs:
                 outs["d" + name] = (specs[name], inputs[name])
         if "ef" in inputs:
             outs["d_ef"] = (specs["ef"], inputs["ef"])
         shared = {
+            "du": True,
+            "dvb": True,
             "dk": False,
             "dv": False,
             "dr": "r" in inputs and inputs["r"].shape[0] == 1,
@@ -517,8 +523,9 @@ BATCH, HEADS = "activation_batch", "activation_heads"
 
 
 def relative_attention(
-    qu: jax.Array,
-    qv: jax.Array,
+    q: jax.Array,
+    u: jax.Array,
+    vb: jax.Array,
     k: jax.Array,
     v: jax.Array,
     r: Optional[jax.Array] = None,
@@ -533,20 +540,20 @@ def relative_attention(
     dropout: Optional[tuple] = None,
     interpret: bool = False,
 ) -> jax.Array:
-    """softmax(mask((qu·k^T + position + ef[seg]) · scale)), dropped out, · v, heads-major:
+    """softmax(mask((qu·k^T + position + ef[seg]) · scale)), dropped out, · v, heads-major, qu = q + u, qv = q + vb:
 
-    qu, qv `[b, n, q, d]`; k, v `[b, n, klen, d]`; the position term shift(qv·r^T), r `[1 or b, n, rlen, d]`
+    q `[b, n, q, d]` and the content and position biases u, vb `[n, d]` (added in VMEM); k, v `[b, n, klen, d]`; the position term shift(qv·r^T), r `[1 or b, n, rlen, d]`
     (position keys shared by the batch or per row; `shift` says where row i of qv·r^T is read), and/or the
     `factorized` term; `ef` `[b, n, q, 2]` the segment scores (same, different segment) or None; `flags` int8
     `[1 or b, q, klen]` (bit 0 masked, if `masks`; bit 1 different segment, if `ef` is given); `exclude_first`:
     no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32 `[2]` of
-    `layers.keep_mask`, keep probability) or None. Returns `[b, n, q, d]` in qu's dtype."""
-    b, n, q, d = qu.shape
+    `layers.keep_mask`, keep probability) or None. Returns `[b, n, q, d]` in q's dtype."""
+    b, n, qlen, d = q.shape
     klen = k.shape[2]
     width = 0 if r is None else padded_width(r.shape[2], klen)
     seed, keep_prob = dropout if dropout is not None else (jnp.zeros((2,), jnp.uint32), 1.0)
     st = _Static(
-        rows=block_rows(q, max(width, klen) + (0 if factorized is None else factorized.psi.shape[-1])),
+        rows=block_rows(qlen, max(width, klen) + (0 if factorized is None else factorized.psi.shape[-1])),
         width=width,
         klen=klen,
         offset=int(shift.offset),
@@ -560,12 +567,13 @@ def relative_attention(
         keep_prob=float(keep_prob),
         scale=float(scale),
         heads=n,
-        qlen=q,
-        operands=product_dtype(qu.dtype),
+        qlen=qlen,
+        operands=product_dtype(q.dtype),
     )
     if st.rows == 0:
-        raise ValueError(f"tpu_attention: no block of rows fits {q} queries against {width} columns")
-    inputs = {"qu": qu, "qv": qv, "k": k, "v": v, "r": r}
+        raise ValueError(f"tpu_attention: no block of rows fits {qlen} queries against {width} columns")
+    bias = lambda x: x.astype(q.dtype).reshape(n, 1, d)
+    inputs = {"q": q, "u": bias(u), "vb": bias(vb), "k": k, "v": v, "r": r}
     if ef is not None:
         inputs["ef"] = jnp.swapaxes(ef, -1, -2)  # [b, n, 2, q]: queries on the lanes
     inputs["flags"] = flags
@@ -582,8 +590,9 @@ def relative_attention(
 
 # logical names of each input's axes, for the per-device split (batch-like leading axes of size 1 stay whole)
 _AXES = {
-    "qu": (BATCH, HEADS, None, None),
-    "qv": (BATCH, HEADS, None, None),
+    "q": (BATCH, HEADS, None, None),
+    "u": (HEADS, None, None),
+    "vb": (HEADS, None, None),
     "k": (BATCH, HEADS, None, None),
     "v": (BATCH, HEADS, None, None),
     "r": (BATCH, HEADS, None, None),
@@ -610,7 +619,7 @@ def per_device(fn, seed_words, inputs: dict, check_vma: bool = True):
     if mesh.empty or all(size == 1 for size in mesh.shape.values()):
         return fn({"scalars": jnp.concatenate([seed_words, jnp.zeros((2,), jnp.int32)]), **inputs})
     rules = sharding.active_rules()
-    spec = sharding.activation_spec((BATCH, HEADS, None, None), inputs["qu"].shape, rules, mesh)
+    spec = sharding.activation_spec((BATCH, HEADS, None, None), inputs["q"].shape, rules, mesh)
     batch_axes, head_axes = (() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in spec[:2])
     P = jax.sharding.PartitionSpec
     entry = {BATCH: spec[0], HEADS: spec[1], None: None}
@@ -626,7 +635,7 @@ def per_device(fn, seed_words, inputs: dict, check_vma: bool = True):
             return jax.lax.pcast(x, missing, to="varying") if missing else x
 
         first_row = lambda axes, size: varying(jax.lax.axis_index(axes) * size if axes else jnp.int32(0))
-        b0, n0 = first_row(batch_axes, inputs["qu"].shape[0]), first_row(head_axes, inputs["qu"].shape[1])
+        b0, n0 = first_row(batch_axes, inputs["q"].shape[0]), first_row(head_axes, inputs["q"].shape[1])
         scalars = jnp.concatenate([varying(seed_words), jnp.stack([b0, n0]).astype(jnp.int32)])
         return fn({"scalars": scalars, **jax.tree.map(varying, inputs)})
 
