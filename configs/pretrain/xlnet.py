@@ -122,7 +122,7 @@ def paper_config(*, batch_size: int, learning_rate: float, warmup_steps: int, to
 def large(batch_size: int = 2048):
     c = paper_config(batch_size=batch_size, learning_rate=4e-4, warmup_steps=40_000, total_steps=500_000, fsdp=16)
     c.checkpoint.save_mems = True
-    # no remat fits at 2 and 8 rows per core (batch 2048: 3.6 GiB per core; 8192: 12.8 GiB of 16) and has the lower
+    # no remat fits at 2 and 8 rows per core (batch 2048: 3.5 GiB per core; 8192: 12.3 GiB of 16) and has the lower
     # roofline step time, since the steps are HBM-bound (docs/pod_scale.md "Remat policies")
     c.model.remat = "none"
     return c
