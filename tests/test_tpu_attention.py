@@ -41,6 +41,20 @@ def reference(q, u, vb, k, v, r, *, shift, scale, ef=None, flags=None, masks=Fal
     return jnp.einsum("bnqk,bnkd->bnqd", p, v)
 
 
+def merged(x):
+    """`[b, n, l, d]` -> the kernel's token-major `[b, l, n·d]`."""
+    b, n, l, d = x.shape
+    return jnp.swapaxes(x, 1, 2).reshape(b, l, n * d)
+
+
+def kernel(q, u, vb, k, v, r=None, **kw):
+    """`tpu_attention.relative_attention` (interpreted) on heads-major operands: `[b, n, q, d]` out."""
+    b, n, qlen, d = q.shape
+    r = None if r is None else merged(r)
+    out = tpu_attention.relative_attention(merged(q), u, vb, merged(k), merged(v), r, interpret=True, **kw)
+    return jnp.swapaxes(out.reshape(b, qlen, n, d), 1, 2)
+
+
 def _inputs(seed, b, n, q, klen, rlen, d, shared_r, segments, mask_rows):
     keys = jax.random.split(jax.random.key(seed), 8)
     normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32)
@@ -62,25 +76,27 @@ def _inputs(seed, b, n, q, klen, rlen, d, shared_r, segments, mask_rows):
 
 
 CASES = {
-    # name: (b, n, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, dropout)
-    "xlnet_bi": (2, 2, 64, 96, 160, 1, 64, False, True, 2, 0.1),
-    "txl_shared_keys": (2, 3, 40, 72, 72, 1, 39, True, False, 1, None),
-    "funnel_stride2": (1, 2, 32, 64, 128, 2, 64, True, True, 1, None),
-    "row_blocks": (1, 1, 512, 1024, 1536, 1, 512, True, False, 1, 0.2),
+    # name: (b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, dropout); heads per block of
+    # lanes (`heads_per_block`): 2 (d 64: two heads in 128 lanes), 3 (the whole 192 lanes), 1 (d 128)
+    "xlnet_bi": (2, 4, 64, 64, 96, 160, 1, 64, False, True, 2, 0.1),
+    "txl_shared_keys": (2, 3, 64, 40, 72, 72, 1, 39, True, False, 1, None),
+    "funnel_stride2": (1, 2, 64, 32, 64, 128, 2, 64, True, True, 1, None),
+    "lane_dense_heads": (2, 2, 128, 32, 48, 80, 1, 32, False, True, 2, 0.1),
+    "row_blocks": (1, 1, 64, 512, 1024, 1536, 1, 512, True, False, 1, 0.2),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernel_equals_xla_form_and_gradients(case):
-    b, n, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, rate = CASES[case]
-    args, flags = _inputs(0, b, n, q, klen, rlen, 64, shared_r, segments, mask_rows)
+    b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, rate = CASES[case]
+    args, flags = _inputs(0, b, n, q, klen, rlen, d, shared_r, segments, mask_rows)
     kw = dict(shift=tpu_attention.Shift(offset, stride), scale=0.125, flags=flags, masks=True)
     if rate is not None:
         kw["dropout"] = (jnp.array([12345, 678], jnp.uint32), 1.0 - rate)
     if case == "row_blocks":
         assert tpu_attention.block_rows(q, tpu_attention.padded_width(rlen, klen)) < q  # several query blocks
     names = sorted(args)
-    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
     xs = [args[key] for key in names]
     out, ref_out = fused(*xs), ref(*xs)
@@ -101,7 +117,7 @@ def test_per_row_starts_equal_windows():
     kw = dict(shift=tpu_attention.Shift(starts=starts), scale=0.125, flags=flags, masks=True)
     names = sorted(args)
     xs = [args[key] for key in names]
-    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
     np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
     grads = jax.grad(lambda *xs: fused(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
@@ -138,13 +154,13 @@ def _factorized_problem(b, n, q=32, klen=64, d=64, width=128):
         fact = tpu_attention.Factorized(
             phi=phi[None],
             pi=jnp.concatenate([pi[:, half:], -pi[:, :half]], -1)[None],
-            w_r=jnp.transpose(w, (1, 0, 2)),
-            w_s=jnp.transpose(jnp.concatenate([w[half:], w[:half]], 0), (1, 0, 2)),
+            w_r=w.reshape(width, n * d),
+            w_s=jnp.concatenate([w[half:], w[:half]], 0).reshape(width, n * d),
             psi=psi,
         )
-        return tpu_attention.relative_attention(
+        return kernel(
             q, u, vb, k, v, factorized=fact, scale=0.125, ef=ef, flags=flags, masks=True, exclude_first=True,
-            dropout=dropout, interpret=True,
+            dropout=dropout,
         )  # fmt: skip
 
     def ref(q, u, vb, k, v, ef, w):
@@ -184,7 +200,7 @@ def test_declared_flops_are_the_xla_forms_plus_the_recomputed_scores():
     xs = [args[key] for key in names]
     cot = jax.random.normal(jax.random.key(2), (b, n, q, 64))  # (a sum's all-ones cotangent folds a product)
     loss = lambda f: lambda *xs: jnp.vdot(f(**dict(zip(names, xs)), **kw), cot)
-    fused = functools.partial(tpu_attention.relative_attention, interpret=True)
+    fused = kernel
     step = lambda f: jax.value_and_grad(loss(f), argnums=tuple(range(len(xs))))
     count = lambda f: jaxpr_matmul_flops(jax.make_jaxpr(step(f))(*xs).jaxpr)[0]
     recomputed = b * n * q * 2 * 64 * (klen + rlen)
@@ -215,7 +231,7 @@ def _assert_sharded_equals_one_device(fused, ref, xs, names, local):
         jaxpr = str(jax.make_jaxpr(value_and_grads(fused))(*xs))
         got = value_and_grads(fused)(*xs)
     b, n, q, d = cot.shape
-    assert "shard_map" in jaxpr and f"f32[{local[0]},{local[1]},{q},{d}]" in jaxpr, local
+    assert "shard_map" in jaxpr and f"f32[{local[0]},{q},{local[1] * d}]" in jaxpr, local
     for label, expected, tol in (("one device", one, 2e-6), ("XLA form", want, 1e-4)):
         np.testing.assert_allclose(got[0], expected[0], rtol=tol, atol=1e-5, err_msg=label)  # a sum of b·n·q·d terms
         for name, g, w in zip(names, got[1], expected[1]):
@@ -238,7 +254,7 @@ def test_sharded_kernel_equals_one_device_with_dropout(case):
         shift = tpu_attention.Shift(q - 1, 1)
     kw = dict(shift=shift, scale=0.125, flags=flags, masks=True, dropout=(jnp.array([7, 99], jnp.uint32), 0.7))
     names = sorted(args)
-    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
     local = (1, 2) if n == 4 else (1, 3)  # (rows, heads) per device
     _assert_sharded_equals_one_device(fused, ref, [args[key] for key in names], names, local)
@@ -269,5 +285,6 @@ def test_sharded_train_step_traced_for_tpu_equals_one_device_cpu(config_file, ov
     mesh222 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.num_devices": 0, "mesh.rules": "fsdp_tp"}
     jaxpr = assert_tpu_forms_give_the_cpu_step(config_file, {"model.dropatt": 0.1, **over}, tpu_mesh=mesh222)["tpu"]
     assert SMALL[config_file]["data.batch_size"] == 4 and "pallas_call" in jaxpr and "shard_map" in jaxpr
-    heads = _program(config_file, over)[0].config.model.n_head
-    assert re.search(rf"f32\[1,{heads // 2},\d+,\d+\]", jaxpr)  # per device: one of 4 batch rows, half the heads
+    model = _program(config_file, over)[0].config.model
+    width = model.n_head // 2 * model.d_head
+    assert re.search(rf"f32\[1,\d+,{width}\]", jaxpr)  # per device: one of 4 batch rows, half the heads

@@ -247,8 +247,10 @@ def position_keys(k_head_r: jax.Array, batch: int, direction: Optional[jax.Array
     as the per-example `[b,r,n,d]` keys `direction[b] @ k_head_r` (as the original implementations form them)."""
     if cpu_layouts():
         return position_key_operand(k_head_r, batch, direction)
-    if direction is not None:
-        return jnp.einsum("bs,srnd->brnd", direction.astype(k_head_r.dtype), k_head_r)
+    if direction is not None:  # over the merged heads `[2, r, n·d]`, as the projection forms them on TPU
+        s, r, n, d = k_head_r.shape
+        keys = jnp.einsum("bs,srx->brx", direction.astype(k_head_r.dtype), k_head_r.reshape(s, r, n * d))
+        return keys.reshape(-1, r, n, d)
     return k_head_r
 
 

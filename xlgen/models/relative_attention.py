@@ -358,7 +358,8 @@ def fused_relative_attention(
     arbitrary positions), or `factorized` = (q_enc, k_enc, r_kernel) as for `factorized_position_scores` (then
     `k_head_r` is None); `mask` broadcastable to `[b,1,q,k]`, `seg_mat [b,q,k]` with `seg_embed [2,n,d]`;
     `exclude_first`: no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropatt` the
-    probabilities' `Dropout`. Returns attn_vec `[b,q,n,d]`."""
+    probabilities' `Dropout`. Returns attn_vec `[b,q,n·d]`, the heads merged (`RelativeMultiHeadAttention.output`
+    takes it so)."""
     if not operands.fused_attention() or isinstance(k_head, ContentKeyOperand) or isinstance(v_head, ValueOperand):
         return None
     if isinstance(k_head_r, PositionKeyOperand) or (mask is not None and mask.ndim == 4 and mask.shape[1] != 1):
@@ -367,12 +368,12 @@ def fused_relative_attention(
     rlen = klen if k_head_r is None else k_head_r.shape[-3]
     if not tpu_attention.applies(q, klen, rlen, 0 if factorized is None else factorized[2].shape[0]):
         return None
-    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, n, d] -> [b, n, l, d]
+    merge = lambda x: x.reshape(*x.shape[:-2], n * d)  # [..., l, n, d] -> [..., l, n·d]: cancels `split_heads`
     cast = lambda bias: bias.astype(q_head.dtype)
     u, v = cast(biases["r_w_bias"]), cast(biases["r_r_bias"])  # added in the kernel
     r, fact = None, None
     if k_head_r is not None:
-        r = heads_major(k_head_r if k_head_r.ndim == 4 else k_head_r[None]).astype(q_head.dtype)
+        r = merge(k_head_r if k_head_r.ndim == 4 else k_head_r[None]).astype(q_head.dtype)
     if factorized is not None:
         (phi, pi), (psi, _), r_kernel = factorized  # the rotated form: see rotated_factorized_position_scores
         half = r_kernel.shape[0] // 2
@@ -381,27 +382,30 @@ def fused_relative_attention(
         fact = tpu_attention.Factorized(
             phi=lead(phi),
             pi=lead(jnp.concatenate([pi[..., half:], -pi[..., :half]], -1)),
-            w_r=jnp.transpose(w, (1, 0, 2)),
-            w_s=jnp.transpose(jnp.concatenate([w[half:], w[:half]], 0), (1, 0, 2)),
+            w_r=merge(w),
+            w_s=merge(jnp.concatenate([w[half:], w[:half]], 0)),
             psi=psi.astype(q_head.dtype),
         )
+    q_flat = merge(q_head)
     ef, flags = None, None
     rows = b if (mask is not None and mask.shape[0] > 1) or seg_mat is not None else 1
     if mask is not None:
         mask = mask[:, 0] if mask.ndim == 4 else mask
         flags = jnp.broadcast_to(mask, (mask.shape[0], q, klen)).astype(jnp.int8)
         flags = jnp.broadcast_to(flags, (rows, q, klen))
-    if seg_mat is not None:
-        qs = q_head + cast(biases["r_s_bias"])
-        ef = jnp.einsum("bind,snd->bnis", qs, seg_embed.astype(q_head.dtype)).astype(jnp.float32)
+    if seg_mat is not None:  # ef[b,n,i,s] = (q + b_s)_{b,i,n} · s_{s,n}, from the merged heads through the
+        # block-diagonal [n·d, n, 2] of the segment embeddings (2n outputs per token: no split of the queries)
+        seg = jnp.einsum("snd,nm->ndms", seg_embed.astype(q_head.dtype), jnp.eye(n, dtype=q_head.dtype))
+        qs = q_flat + merge(cast(biases["r_s_bias"]))
+        ef = jnp.einsum("bix,xns->bnis", qs, seg.reshape(n * d, n, 2)).astype(jnp.float32)
         different = seg_mat.astype(jnp.int8) * jnp.int8(tpu_attention.DIFFERENT_SEGMENT)
         flags = different if flags is None else flags | different
-    out = tpu_attention.relative_attention(
-        heads_major(q_head),
+    return tpu_attention.relative_attention(
+        q_flat,
         u,
         v,
-        heads_major(k_head),
-        heads_major(v_head),
+        merge(k_head),
+        merge(v_head),
         r,
         shift=tpu_attention.Shift(offset, stride, starts),
         factorized=fact,
@@ -413,7 +417,6 @@ def fused_relative_attention(
         dropout=None if dropatt is None else dropatt.keep_seed(),
         interpret=operands.kernels_interpreted(),
     )
-    return heads_major(out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -486,7 +489,15 @@ class RelativeMultiHeadAttention(nnx.Module):
     def position_heads(self, pos_emb: jax.Array) -> jax.Array:
         """W_r R: position keys `[r, n, d]` (or `[..., r, n, d]`) of the encodings `pos_emb [..., r, d_model]`,
         with W_r's `embed` gathered first (the encodings are whole on every device; see `Dense`)."""
+        if operands.fused_attention():
+            return self.split_heads(self.r(pos_emb, gather_input_dims=True, merged=True))
         return self.r(pos_emb, gather_input_dims=True)
+
+    def split_heads(self, x: jax.Array) -> jax.Array:
+        """`[..., n·d]` -> `[..., n, d]`. Where the fused kernel runs (`operands.fused_attention`) the projections
+        are formed merged (`Dense(merged=True)`) and split by this reshape, which the kernel's own reshape back to
+        `[..., n·d]` cancels in XLA: no heads-major transposes, no `[rows, d_head]` arrays padded to 128 lanes."""
+        return x.reshape(*x.shape[:-1], self.n_head, self.d_head)
 
     def content_keys(self, k_head):
         """The key heads as the content product's operand: in training `operands.content_keys` (the `[b,n,d,k]`
@@ -499,11 +510,13 @@ class RelativeMultiHeadAttention(nnx.Module):
         """Key and value heads `[b, m+l, n, d]` of `[mem; h]` for h `[b,l,d]` and a stop-gradient memory mem
         `[b,m,d]` (or None). Memory and segment are projected separately, `[k(mem); k(h)]`: one matmul over the
         concatenation would also form the memory rows' input gradient in the backward pass, only to drop it."""
-        k, v = (lambda x: self.heads(self.k, x)), (lambda x: self.heads(self.v, x))
+        merged = operands.fused_attention()  # concatenated merged, then split: see `split_heads`
+        k, v = (lambda x: self.heads(self.k, x, merged)), (lambda x: self.heads(self.v, x, merged))
+        split = self.split_heads if merged else (lambda x: x)
         if mem is None or mem.shape[1] == 0:
-            return k(h), v(h)
+            return split(k(h)), split(v(h))
         mem = mem.astype(h.dtype)
-        return jnp.concatenate([k(mem), k(h)], axis=1), jnp.concatenate([v(mem), v(h)], axis=1)
+        return split(jnp.concatenate([k(mem), k(h)], axis=1)), split(jnp.concatenate([v(mem), v(h)], axis=1))
 
     def attend(
         self,
@@ -524,7 +537,7 @@ class RelativeMultiHeadAttention(nnx.Module):
         heads (lets XLNet's query stream reuse the content stream's heads). `position_term` overrides the
         shifted position scores (Funnel's factorized form)."""
         b = self.biases(shared_biases)
-        q_head = self.heads(self.q, query_input)
+        q_head = self.query_heads(query_input)
         k_head = self.content_keys(k_head)
         if position_term is None:
             segments = self.segments and seg_mat is not None
@@ -565,12 +578,21 @@ class RelativeMultiHeadAttention(nnx.Module):
 
     def output(self, query_input: jax.Array, attn_vec: jax.Array) -> jax.Array:
         """The sub-layer's output LN(query_input + drop(attn_vec · W_o)) `[b, q, d]` (the product named
-        `attention_out` for the remat policies, `xlgen.models.layers.REMAT_POLICIES`)."""
-        return self.layer_norm(query_input + self.drop(named(self.o(attn_vec), ATTENTION_OUT)))
+        `attention_out` for the remat policies, `xlgen.models.layers.REMAT_POLICIES`); attn_vec `[b, q, n, d]`, or
+        `[b, q, n·d]` as the fused kernel writes it."""
+        out = self.o(attn_vec, merged=attn_vec.ndim == 3)
+        return self.layer_norm(query_input + self.drop(named(out, ATTENTION_OUT)))
 
-    def heads(self, proj: Dense, x: jax.Array) -> jax.Array:
-        """`x · W` `[b, l, n, d_head]` for the query / key / value projection `proj`, named `qkv_proj`."""
-        return named(proj(x), QKV_PROJ)
+    def heads(self, proj: Dense, x: jax.Array, merged: bool = False) -> jax.Array:
+        """`x · W` `[b, l, n, d_head]` (`[b, l, n·d_head]` if `merged`) for the query / key / value projection
+        `proj`, named `qkv_proj`."""
+        return named(proj(x, merged=merged), QKV_PROJ)
+
+    def query_heads(self, x: jax.Array) -> jax.Array:
+        """The query heads `[b, q, n, d]` (formed merged and split where the fused kernel runs: `split_heads`)."""
+        if operands.fused_attention():
+            return self.split_heads(self.heads(self.q, x, merged=True))
+        return self.heads(self.q, x)
 
     def __call__(
         self,
@@ -585,10 +607,11 @@ class RelativeMultiHeadAttention(nnx.Module):
         shared_biases=None,
     ) -> jax.Array:
         """query_input `[b,q,d]`, kv_input `[b,k,d]` (e.g. concat(memory, h)), pos_emb `[r,d]` or `[b,r,d]`."""
+        k_head, v_head = self.kv_heads(kv_input)
         return self.attend(
             query_input,
-            self.heads(self.k, kv_input),
-            self.heads(self.v, kv_input),
+            k_head,
+            v_head,
             self.position_heads(pos_emb),
             klen=kv_input.shape[1],
             offset=offset,

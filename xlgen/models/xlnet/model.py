@@ -314,7 +314,7 @@ def query_stream_attention(
     content stream's k/v/position heads; computed for the m targets only. Rows of `target_mapping` that are all
     zero (padding targets) get a zero attention vector, as in the original's einsum formulation."""
     b = attn.biases(shared_biases)
-    q_head = attn.heads(attn.q, g)  # [b,m,n,d]
+    q_head = attn.query_heads(g)  # [b,m,n,d]
     mask = None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None]
     attn_vec = fused_relative_attention(  # target t reads the position scores from offset - z_t (see below)
         q_head,
@@ -329,8 +329,8 @@ def query_stream_attention(
         seg_embed=None if ctx["seg_rows"] is None else attn.seg_embed[...],
         dropatt=attn.dropatt,
     )
-    if attn_vec is not None:
-        attn_vec = attn_vec * ctx["target_weight"][:, :, None, None].astype(attn_vec.dtype)
+    if attn_vec is not None:  # [b,m,n·d]
+        attn_vec = attn_vec * ctx["target_weight"][:, :, None].astype(attn_vec.dtype)
         return attn.output(g, attn_vec)
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
     # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift);
