@@ -50,7 +50,7 @@ def merged(x):
 def kernel(q, u, vb, k, v, r=None, **kw):
     """`tpu_attention.relative_attention` (interpreted) on heads-major operands: `[b, n, q, d]` out."""
     b, n, qlen, d = q.shape
-    r = None if r is None else merged(r)
+    r = None if r is None else merged(r)  # with kw["directions"]: [2, n, rlen, d] -> [2, rlen, n·d]
     out = tpu_attention.relative_attention(merged(q), u, vb, merged(k), merged(v), r, interpret=True, **kw)
     return jnp.swapaxes(out.reshape(b, qlen, n, d), 1, 2)
 
@@ -122,6 +122,27 @@ def test_per_row_starts_equal_windows():
     np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
     grads = jax.grad(lambda *xs: fused(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
     ref_grads = jax.grad(lambda *xs: ref(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
+    for name, g, rg in zip(names, grads, ref_grads):
+        np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_directed_keys_equal_per_row_keys():
+    """XLNet's bidirectional rows: keys of both directions `[2, r, n·d]` read per row by its direction equal the
+    per-row keys r[direction[b]]; the keys' gradient sums each direction's rows."""
+    b, n, q, klen, rlen = 3, 4, 24, 40, 80
+    args, flags = _inputs(11, b, n, q, klen, rlen, 32, False, True, b)
+    args["r"] = args["r"][:2]  # [2, n, rlen, d]: forward and backward keys
+    directions = jnp.array([0, 1, 1], jnp.int32)
+    kw = dict(shift=tpu_attention.Shift(q, 1), scale=0.125, flags=flags, masks=True)
+    kw["dropout"] = (jnp.array([3, 4], jnp.uint32), 0.8)
+    names = sorted(args)
+    xs = [args[key] for key in names]
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), directions=directions, **kw)
+    ref = lambda *xs: reference(**dict(zip(names, xs), r=dict(zip(names, xs))["r"][directions]), **kw)
+    np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
+    cot = jax.random.normal(jax.random.key(12), (b, n, q, 32))
+    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
+    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
     for name, g, rg in zip(names, grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 

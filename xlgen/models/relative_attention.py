@@ -355,7 +355,8 @@ def fused_relative_attention(
     chosen by `operands.fused_attention`), or None where it does not apply (the caller then forms the terms
     itself). q `[b,q,n,d]`, k/v `[b,k,n,d]`; the position term either shifted, position keys `[r,n,d]` or
     `[b,r,n,d]` with row i reading the position scores from offset - stride·i or from `starts [b,q]` (queries at
-    arbitrary positions), or `factorized` = (q_enc, k_enc, r_kernel) as for `factorized_position_scores` (then
+    arbitrary positions), XLNet's `operands.DirectedKeys` (keys `[2,r,n,d]` read per row), or `factorized` =
+    (q_enc, k_enc, r_kernel) as for `factorized_position_scores` (then
     `k_head_r` is None); `mask` broadcastable to `[b,1,q,k]`, `seg_mat [b,q,k]` with `seg_embed [2,n,d]`;
     `exclude_first`: no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropatt` the
     probabilities' `Dropout`. Returns attn_vec `[b,q,n·d]`, the heads merged (`RelativeMultiHeadAttention.output`
@@ -365,6 +366,9 @@ def fused_relative_attention(
     if isinstance(k_head_r, PositionKeyOperand) or (mask is not None and mask.ndim == 4 and mask.shape[1] != 1):
         return None
     b, q, n, d = q_head.shape
+    directions = None
+    if isinstance(k_head_r, operands.DirectedKeys):  # keys [2, r, n, d], row b reads keys[index[b]]
+        k_head_r, directions = k_head_r.keys, k_head_r.index
     rlen = klen if k_head_r is None else k_head_r.shape[-3]
     if not tpu_attention.applies(q, klen, rlen, 0 if factorized is None else factorized[2].shape[0]):
         return None
@@ -408,6 +412,7 @@ def fused_relative_attention(
         merge(v_head),
         r,
         shift=tpu_attention.Shift(offset, stride, starts),
+        directions=directions,
         factorized=fact,
         scale=1.0 / math.sqrt(d),
         ef=ef,

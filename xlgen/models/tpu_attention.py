@@ -221,7 +221,9 @@ def _load(x: dict, st: _Static) -> _Block:
         qu=q + cast("u"),  # q + u, q + v: the biases `[1, hb·d]` added in VMEM
         qv=q + cast("vb"),
         k=cast("k"),
-        r=cast("r"),
+        r=(x["r"][x["directions"][x["row"]]] if "directions" in x else x["r"][...]).astype(st.operands)
+        if "r" in x
+        else None,
         ef=x["ef"][...].astype(jnp.float32) if "ef" in x else None,  # [hb, 2, tq]: queries on the lanes
         flags=x["flags"][...].astype(jnp.int32) if "flags" in x else None,
         starts=x["starts"][...].T if "starts" in x else None,  # arrives as [1, tq]
@@ -302,7 +304,7 @@ def _forward_kernel(st: _Static, names: tuple, *refs):
 
     x = dict(zip(names, refs))
     group, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    blk = _load(x, st)
+    blk = _load(dict(x, row=b), st)
     v = x["v"][...].astype(st.operands)
     out = None
     for h, lanes in enumerate(_lane_heads(st)):
@@ -331,7 +333,7 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
             first = (q_block == 0) & ((b == 0) | (not shared[name]))
             pl.when(first)(functools.partial(lambda acc: acc.__setitem__(..., jnp.zeros_like(acc)), x[name + "_acc"]))
 
-    blk = _load(x, st)
+    blk = _load(dict(x, row=b), st)
     do = x["do"][...].astype(st.operands)
     v = x["v"][...].astype(st.operands)
     dq, du, dvb, d_ef = 0.0, 0.0, 0.0, []
@@ -359,7 +361,11 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
             first, rest, largest = _row_amounts(st, q_block, bh.starts, inverse=True)
             draw = _rotate_rows(_pad_columns(ds_pos, st.width), rest, first, st.width, largest)[:, : bh.r.shape[0]]
             dqv += jnp.dot(draw.astype(bh.r.dtype), bh.r, preferred_element_type=jnp.float32)
-            x["dr_acc"][...] += jnp.dot(draw.T.astype(bh.qv.dtype), bh.qv, preferred_element_type=jnp.float32)
+            dr = jnp.dot(draw.T.astype(bh.qv.dtype), bh.qv, preferred_element_type=jnp.float32)
+            if "directions" in x:  # both directions' keys accumulated, row b's into its own
+                x["dr_acc"][x["directions"][b]] += dr
+            else:
+                x["dr_acc"][...] += dr
         if bh.fact is not None:
             phi, pi, w_r, w_s, psi = bh.fact
             dxy = jnp.dot(ds_pos.astype(psi.dtype), psi, preferred_element_type=jnp.float32)  # [tq, D]
@@ -419,7 +425,10 @@ def _specs(st: _Static, inputs: dict) -> dict:
         "k": _once((None, st.klen, bw), lambda g, b, i: (b, 0, g)),
         "v": _once((None, st.klen, bw), lambda g, b, i: (b, 0, g)),
     }
-    if "r" in inputs:
+    if "directions" in inputs:  # the keys of both directions, per block of heads; each row's direction in SMEM
+        specs["directions"] = pl.BlockSpec(memory_space=pltpu.SMEM)
+        specs["r"] = _once((2, inputs["r"].shape[1], bw), lambda g, b, i: (0, 0, g))
+    elif "r" in inputs:
         rb, rlen = lead("r"), inputs["r"].shape[1]
         specs["r"] = _once((None, rlen, bw), lambda g, b, i: (rb(g, b), 0, g))
     if "ef" in inputs:
@@ -518,7 +527,7 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
             "dvb": True,
             "dk": False,
             "dv": False,
-            "dr": "r" in inputs and inputs["r"].shape[0] == 1,
+            "dr": "r" in inputs and (inputs["r"].shape[0] == 1 or "directions" in inputs),
             "dw_r": True,
             "dw_s": True,
         }
@@ -587,6 +596,7 @@ def relative_attention(
     r: Optional[jax.Array] = None,
     *,
     shift: Shift = Shift(),
+    directions: Optional[jax.Array] = None,
     factorized: Optional[Factorized] = None,
     scale: float,
     ef: Optional[jax.Array] = None,
@@ -601,7 +611,8 @@ def relative_attention(
 
     q `[b, q, n·d]` and the content and position biases u, vb `[n, d]` (added in VMEM); k, v `[b, klen, n·d]`;
     the position term shift(qv·r^T), r `[1 or b, rlen, n·d]` (position keys shared by the batch or per row;
-    `shift` says where row i of qv·r^T is read), and/or the `factorized` term (its w_r, w_s `[D, n·d]`); `ef`
+    `shift` says where row i of qv·r^T is read; with `directions` int32 `[b]`, r `[2, rlen, n·d]` holds the keys
+    of both directions and row b reads r[directions[b]]: XLNet's bidirectional rows), and/or the `factorized` term (its w_r, w_s `[D, n·d]`); `ef`
     `[b, n, q, 2]` the segment scores (same, different segment) or None; `flags` int8 `[1 or b, q, klen]` (bit 0
     masked, if `masks`; bit 1 different segment, if `ef` is given); `exclude_first`: no position and segment
     terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32 `[2]` of `layers.keep_mask`, keep
@@ -639,6 +650,8 @@ def relative_attention(
     inputs["flags"] = flags
     if shift.starts is not None:
         inputs["starts"] = shift.starts[:, None, :].astype(jnp.int32)
+    if directions is not None:
+        inputs["directions"] = directions.astype(jnp.int32)
     if factorized is not None:  # W_r, W_s and psi, whole per head or call, enter in the products' dtype: no VMEM
         inputs.update(factorized._asdict())  # copy converting them (tiny arrays, read once per head or call)
         for name in ("w_r", "w_s", "psi"):
@@ -660,6 +673,7 @@ _AXES = {
     "ef": (BATCH, HEADS, None, None),
     "flags": (BATCH, None, None),
     "starts": (BATCH, None, None),
+    "directions": (BATCH,),
     "phi": (BATCH, None, None),
     "pi": (BATCH, None, None),
     "w_r": (None, HEADS),
@@ -686,8 +700,9 @@ def per_device(fn, seed_words, inputs: dict, heads: int, check_vma: bool = True)
     batch_axes, head_axes = (() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in spec[:2])
     P = jax.sharding.PartitionSpec
     entry = {BATCH: spec[0], HEADS: spec[1], None: None}
+    axes = dict(_AXES, r=(None, None, HEADS)) if "directions" in inputs else _AXES  # r: [2 directions, rlen, n·d]
     in_specs = {
-        name: P(*(None if (axis == BATCH and x.shape[0] == 1) else entry[axis] for axis in _AXES[name]))
+        name: P(*(None if (axis == BATCH and x.shape[0] == 1) else entry[axis] for axis in axes[name]))
         for name, x in inputs.items()
     }
     split = batch_axes + head_axes
