@@ -322,10 +322,11 @@ def _forward_kernel(st: _Static, names: tuple, *refs):
 _ACCUMULATED = ("dk", "dv", "dr", "dw_r", "dw_s", "du", "dvb")
 
 
-def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
+def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *refs):
     from jax.experimental import pallas as pl
 
     x = dict(zip(names, refs))
+    x.update({name + "_acc": x[name] for name in direct})  # float32 outputs accumulated in place
     group, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     last_b, last_q = pl.num_programs(1) - 1, pl.num_programs(2) - 1
     for name in _ACCUMULATED:
@@ -389,7 +390,7 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
         x["d_ef"][...] = jnp.stack(d_ef).astype(x["d_ef"].dtype)
 
     for name in _ACCUMULATED:
-        if name in x:
+        if name in x and name not in direct:
             last = (q_block == last_q) & ((b == last_b) | (not shared[name]))
             write = lambda out, acc: out.__setitem__(..., acc[...].astype(out.dtype))
             pl.when(last)(functools.partial(write, x[name], x[name + "_acc"]))
@@ -531,9 +532,14 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
             "dw_r": True,
             "dw_s": True,
         }
-        accumulated = [name for name in _ACCUMULATED if name in outs]
+        # the keys of both directions' gradient: a float32 output accumulated in place (no scratch: with the keys,
+        # the `[2, rlen, 128]` blocks of XLNet-Base's content stream would not fit v3's VMEM)
+        direct = ("dr",) if "directions" in inputs else ()
+        for name in direct:
+            outs[name] = (outs[name][0], jax.ShapeDtypeStruct(outs[name][1].shape, jnp.float32))
+        accumulated = [name for name in _ACCUMULATED if name in outs and name not in direct]
         refs = names + ("do",) + tuple(outs) + tuple(name + "_acc" for name in accumulated)
-        kernel = functools.partial(_backward_kernel, st, refs, shared)
+        kernel = functools.partial(_backward_kernel, st, refs, shared, direct)
     out_specs, out_like = [spec for spec, _ in outs.values()], [like for _, like in outs.values()]
     cost = pl.CostEstimate(
         flops=_flops(st, inputs, do is not None),
@@ -569,7 +575,7 @@ def _attention_bwd(st, interpret, inputs, do):
     for name, x in inputs.items():
         key = "d_ef" if name == "ef" else "d" + name
         if key in grads:
-            cotangents[name] = grads[key]
+            cotangents[name] = grads[key].astype(x.dtype)
         elif jnp.issubdtype(x.dtype, jnp.floating):
             cotangents[name] = jnp.zeros_like(x)  # constants: phi, pi, psi
         else:
