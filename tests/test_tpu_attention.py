@@ -1,7 +1,6 @@
 """The fused relative-attention kernel for TPU (`xlgen.models.tpu_attention`), run through JAX (`interpret=True`),
 against the XLA form of the same equation: outputs and every input's gradient."""
 
-import functools
 import re
 
 import jax
@@ -47,11 +46,16 @@ def merged(x):
     return jnp.swapaxes(x, 1, 2).reshape(b, l, n * d)
 
 
-def kernel(q, u, vb, k, v, r=None, **kw):
-    """`tpu_attention.relative_attention` (interpreted) on heads-major operands: `[b, n, q, d]` out."""
+def kernel(q, u, vb, k, v, r=None, memory_rows=0, **kw):
+    """`tpu_attention.relative_attention` (interpreted) on heads-major operands: `[b, n, q, d]` out; the first
+    `memory_rows` keys and values given apart (`memory`)."""
     b, n, qlen, d = q.shape
     r = None if r is None else merged(r)  # with kw["directions"]: [2, n, rlen, d] -> [2, rlen, n·d]
-    out = tpu_attention.relative_attention(merged(q), u, vb, merged(k), merged(v), r, interpret=True, **kw)
+    k, v = merged(k), merged(v)
+    if memory_rows:
+        kw["memory"] = (k[:, :memory_rows], v[:, :memory_rows])
+        k, v = k[:, memory_rows:], v[:, memory_rows:]
+    out = tpu_attention.relative_attention(merged(q), u, vb, k, v, r, interpret=True, **kw)
     return jnp.swapaxes(out.reshape(b, qlen, n, d), 1, 2)
 
 
@@ -76,19 +80,19 @@ def _inputs(seed, b, n, q, klen, rlen, d, shared_r, segments, mask_rows):
 
 
 CASES = {
-    # name: (b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, dropout); heads per block of
-    # lanes (`heads_per_block`): 2 (d 64: two heads in 128 lanes), 3 (the whole 192 lanes), 1 (d 128)
-    "xlnet_bi": (2, 4, 64, 64, 96, 160, 1, 64, False, True, 2, 0.1),
-    "txl_shared_keys": (2, 3, 64, 40, 72, 72, 1, 39, True, False, 1, None),
-    "funnel_stride2": (1, 2, 64, 32, 64, 128, 2, 64, True, True, 1, None),
-    "lane_dense_heads": (2, 2, 128, 32, 48, 80, 1, 32, False, True, 2, 0.1),
-    "row_blocks": (1, 1, 64, 512, 1024, 1536, 1, 512, True, False, 1, 0.2),
+    # name: (b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, dropout, memory rows apart);
+    # heads per block of lanes (`heads_per_block`): 2 (d 64: two heads in 128 lanes), 3 (the whole 192 lanes), 1
+    "xlnet_bi": (2, 4, 64, 64, 96, 160, 1, 64, False, True, 2, 0.1, 32),
+    "txl_shared_keys": (2, 3, 64, 40, 72, 72, 1, 39, True, False, 1, None, 32),
+    "funnel_stride2": (1, 2, 64, 32, 64, 128, 2, 64, True, True, 1, None, 0),
+    "lane_dense_heads": (2, 2, 128, 32, 48, 80, 1, 32, False, True, 2, 0.1, 0),
+    "row_blocks": (1, 1, 64, 512, 1024, 1536, 1, 512, True, False, 1, 0.2, 512),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernel_equals_xla_form_and_gradients(case):
-    b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, rate = CASES[case]
+    b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, rate, memory_rows = CASES[case]
     args, flags = _inputs(0, b, n, q, klen, rlen, d, shared_r, segments, mask_rows)
     kw = dict(shift=tpu_attention.Shift(offset, stride), scale=0.125, flags=flags, masks=True)
     if rate is not None:
@@ -96,7 +100,7 @@ def test_kernel_equals_xla_form_and_gradients(case):
     if case == "row_blocks":
         assert tpu_attention.block_rows(q, tpu_attention.padded_width(rlen, klen)) < q  # several query blocks
     names = sorted(args)
-    fused = lambda *xs: kernel(**dict(zip(names, xs)), **kw)
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), memory_rows=memory_rows, **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
     xs = [args[key] for key in names]
     out, ref_out = fused(*xs), ref(*xs)

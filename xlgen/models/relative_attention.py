@@ -28,7 +28,7 @@ i.e. the row holding distance mlen + i - j. Funnel's pooled queries use `stride`
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -333,6 +333,28 @@ def relative_attention(
     return (attn_vec, probs) if return_probs else attn_vec
 
 
+class SegmentHeads(NamedTuple):
+    """Key or value heads `[b, m+l, n, d]` kept as the memory's `[b, m, n, d]` and the segment's `[b, l, n, d]`
+    projections, where the fused kernel runs (`RelativeMultiHeadAttention.kv_heads`): the kernel reads the two in
+    place of their concatenation, a copy of both in HBM. `whole()` forms the concatenation (the XLA form)."""
+
+    memory: jax.Array
+    current: jax.Array
+
+    @property
+    def shape(self) -> tuple:
+        b, m, n, d = self.memory.shape
+        return (b, m + self.current.shape[1], n, d)
+
+    def whole(self) -> jax.Array:
+        return jnp.concatenate([self.memory, self.current], axis=1)
+
+
+def whole_heads(x):
+    """Key or value heads as one array (`SegmentHeads` concatenated; anything else as it is)."""
+    return x.whole() if isinstance(x, SegmentHeads) else x
+
+
 def fused_relative_attention(
     q_head: jax.Array,
     k_head: jax.Array,
@@ -373,6 +395,11 @@ def fused_relative_attention(
     if not tpu_attention.applies(q, klen, rlen, 0 if factorized is None else factorized[2].shape[0]):
         return None
     merge = lambda x: x.reshape(*x.shape[:-2], n * d)  # [..., l, n, d] -> [..., l, n·d]: cancels `split_heads`
+    memory = None
+    if isinstance(k_head, SegmentHeads) and isinstance(v_head, SegmentHeads):  # read apart, concatenated in VMEM
+        memory = (merge(k_head.memory), merge(v_head.memory))
+        k_head, v_head = k_head.current, v_head.current
+    k_head, v_head = whole_heads(k_head), whole_heads(v_head)
     cast = lambda bias: bias.astype(q_head.dtype)
     u, v = cast(biases["r_w_bias"]), cast(biases["r_r_bias"])  # added in the kernel
     r, fact = None, None
@@ -413,6 +440,7 @@ def fused_relative_attention(
         r,
         shift=tpu_attention.Shift(offset, stride, starts),
         directions=directions,
+        memory=memory,
         factorized=fact,
         scale=1.0 / math.sqrt(d),
         ef=ef,
@@ -514,14 +542,17 @@ class RelativeMultiHeadAttention(nnx.Module):
     def kv_heads(self, h: jax.Array, mem: Optional[jax.Array] = None) -> tuple:
         """Key and value heads `[b, m+l, n, d]` of `[mem; h]` for h `[b,l,d]` and a stop-gradient memory mem
         `[b,m,d]` (or None). Memory and segment are projected separately, `[k(mem); k(h)]`: one matmul over the
-        concatenation would also form the memory rows' input gradient in the backward pass, only to drop it."""
-        merged = operands.fused_attention()  # concatenated merged, then split: see `split_heads`
+        concatenation would also form the memory rows' input gradient in the backward pass, only to drop it.
+        Where the fused kernel runs, the two stay apart (`SegmentHeads`)."""
+        merged = operands.fused_attention()  # formed merged and split (`split_heads`), memory and segment apart
         k, v = (lambda x: self.heads(self.k, x, merged)), (lambda x: self.heads(self.v, x, merged))
         split = self.split_heads if merged else (lambda x: x)
         if mem is None or mem.shape[1] == 0:
             return split(k(h)), split(v(h))
         mem = mem.astype(h.dtype)
-        return split(jnp.concatenate([k(mem), k(h)], axis=1)), split(jnp.concatenate([v(mem), v(h)], axis=1))
+        if merged:
+            return SegmentHeads(split(k(mem)), split(k(h))), SegmentHeads(split(v(mem)), split(v(h)))
+        return jnp.concatenate([k(mem), k(h)], axis=1), jnp.concatenate([v(mem), v(h)], axis=1)
 
     def attend(
         self,
@@ -562,6 +593,7 @@ class RelativeMultiHeadAttention(nnx.Module):
             )
             if attn_vec is not None:
                 return self.output(query_input, attn_vec)
+        k_head, v_head = whole_heads(k_head), whole_heads(v_head)
         if position_term is None:
             position_term = position_scores(q_head, k_head_r, b["r_r_bias"], klen=klen, offset=offset, stride=stride)
         segment_term = None

@@ -214,13 +214,22 @@ class _Block(NamedTuple):
     fact: Optional[tuple]  # (phi, pi [tq, D], w_r, w_s [D, d], psi [klen, D])
 
 
+def _keys(x: dict, name: str, st: _Static):
+    """The keys (`k`) or values (`v`) `[klen, hb·d]`: the memory's rows (`k_mem`, `v_mem`, when given apart) and
+    the segment's, concatenated in VMEM."""
+    rows = x[name][...].astype(st.operands)
+    if name + "_mem" in x:
+        rows = jnp.concatenate([x[name + "_mem"][...].astype(st.operands), rows], axis=0)
+    return rows
+
+
 def _load(x: dict, st: _Static) -> _Block:
     cast = lambda name: x[name][...].astype(st.operands) if name in x else None
     q = cast("q")
     return _Block(
         qu=q + cast("u"),  # q + u, q + v: the biases `[1, hb·d]` added in VMEM
         qv=q + cast("vb"),
-        k=cast("k"),
+        k=_keys(x, "k", st),
         r=(x["r"][x["directions"][x["row"]]] if "directions" in x else x["r"][...]).astype(st.operands)
         if "r" in x
         else None,
@@ -305,7 +314,7 @@ def _forward_kernel(st: _Static, names: tuple, *refs):
     x = dict(zip(names, refs))
     group, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     blk = _load(dict(x, row=b), st)
-    v = x["v"][...].astype(st.operands)
+    v = _keys(x, "v", st)
     out = None
     for h, lanes in enumerate(_lane_heads(st)):
         s, _ = _scores(st, q_block, _head(blk, h, lanes))
@@ -336,7 +345,7 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *re
 
     blk = _load(dict(x, row=b), st)
     do = x["do"][...].astype(st.operands)
-    v = x["v"][...].astype(st.operands)
+    v = _keys(x, "v", st)
     dq, du, dvb, d_ef = 0.0, 0.0, 0.0, []
     for h, lanes in enumerate(_lane_heads(st)):
         bh = _head(blk, h, lanes)
@@ -392,8 +401,19 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *re
     for name in _ACCUMULATED:
         if name in x and name not in direct:
             last = (q_block == last_q) & ((b == last_b) | (not shared[name]))
-            write = lambda out, acc: out.__setitem__(..., acc[...].astype(out.dtype))
-            pl.when(last)(functools.partial(write, x[name], x[name + "_acc"]))
+            pl.when(last)(functools.partial(_write, x, name))
+
+
+def _write(x: dict, name: str):
+    """An accumulated gradient to its output; the keys' and values' split into the memory's rows and the segment's
+    when these came apart."""
+    acc = x[name + "_acc"]
+    if name + "_mem" in x:
+        m = x[name + "_mem"].shape[0]
+        x[name + "_mem"][...] = acc[:m].astype(x[name + "_mem"].dtype)
+        x[name][...] = acc[m:].astype(x[name].dtype)
+    else:
+        x[name][...] = acc[...].astype(x[name].dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -423,9 +443,10 @@ def _specs(st: _Static, inputs: dict) -> dict:
         "q": pl.BlockSpec((None, st.rows, bw), lambda g, b, i: (b, i, g)),
         "u": _once((1, bw), lambda g, b, i: (0, g)),
         "vb": _once((1, bw), lambda g, b, i: (0, g)),
-        "k": _once((None, st.klen, bw), lambda g, b, i: (b, 0, g)),
-        "v": _once((None, st.klen, bw), lambda g, b, i: (b, 0, g)),
     }
+    for name in ("k", "v", "k_mem", "v_mem"):
+        if name in inputs:
+            specs[name] = _once((None, inputs[name].shape[1], bw), lambda g, b, i: (b, 0, g))
     if "directions" in inputs:  # the keys of both directions, per block of heads; each row's direction in SMEM
         specs["directions"] = pl.BlockSpec(memory_space=pltpu.SMEM)
         specs["r"] = _once((2, inputs["r"].shape[1], bw), lambda g, b, i: (0, 0, g))
@@ -518,7 +539,7 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
     else:
         in_specs, in_arrays = in_specs + [row], in_arrays + [do]
         outs = {"dq": (row, qu)}  # name -> (spec, like)
-        for name in ("u", "vb", "k", "v", "r", "w_r", "w_s"):
+        for name in ("u", "vb", "k", "v", "r", "w_r", "w_s", "k_mem", "v_mem"):
             if name in inputs:
                 outs["d" + name] = (specs[name], inputs[name])
         if "ef" in inputs:
@@ -547,13 +568,14 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
         bytes_accessed=_bytes_moved(grid, in_specs + out_specs, in_arrays + out_like),
     )
     block = lambda spec: tuple(size for size in spec.block_shape if size is not None)
+    acc_shape = lambda name: (st.klen, block(outs[name][0])[1]) if name in ("dk", "dv") else block(outs[name][0])
     results = pl.pallas_call(
         kernel,
         grid=grid,
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=[_struct(like.shape, like.dtype, qu) for like in out_like],
-        scratch_shapes=[pltpu.VMEM(block(outs[name][0]), jnp.float32) for name in accumulated],
+        scratch_shapes=[pltpu.VMEM(acc_shape(name), jnp.float32) for name in accumulated],
         cost_estimate=cost,
         interpret=interpret,
     )(*in_arrays)
@@ -603,6 +625,7 @@ def relative_attention(
     *,
     shift: Shift = Shift(),
     directions: Optional[jax.Array] = None,
+    memory: Optional[tuple] = None,
     factorized: Optional[Factorized] = None,
     scale: float,
     ef: Optional[jax.Array] = None,
@@ -618,14 +641,15 @@ def relative_attention(
     q `[b, q, n·d]` and the content and position biases u, vb `[n, d]` (added in VMEM); k, v `[b, klen, n·d]`;
     the position term shift(qv·r^T), r `[1 or b, rlen, n·d]` (position keys shared by the batch or per row;
     `shift` says where row i of qv·r^T is read; with `directions` int32 `[b]`, r `[2, rlen, n·d]` holds the keys
-    of both directions and row b reads r[directions[b]]: XLNet's bidirectional rows), and/or the `factorized` term (its w_r, w_s `[D, n·d]`); `ef`
+    of both directions and row b reads r[directions[b]]: XLNet's bidirectional rows), and/or the `factorized` term;
+    `memory` (k_mem, v_mem) `[b, m, n·d]`: the memory's keys and values given apart, the first m of the klen (its w_r, w_s `[D, n·d]`); `ef`
     `[b, n, q, 2]` the segment scores (same, different segment) or None; `flags` int8 `[1 or b, q, klen]` (bit 0
     masked, if `masks`; bit 1 different segment, if `ef` is given); `exclude_first`: no position and segment
     terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32 `[2]` of `layers.keep_mask`, keep
     probability) or None. Returns `[b, q, n·d]` in q's dtype."""
     n, d = u.shape
     b, qlen, _ = q.shape
-    klen = k.shape[1]
+    klen = k.shape[1] + (0 if memory is None else memory[0].shape[1])
     width = 0 if r is None else padded_width(r.shape[1], klen)
     seed, keep_prob = dropout if dropout is not None else (jnp.zeros((2,), jnp.uint32), 1.0)
     st = _Static(
@@ -651,6 +675,8 @@ def relative_attention(
         raise ValueError(f"tpu_attention: no block of rows fits {qlen} queries against {width} columns")
     bias = lambda x: x.astype(q.dtype).reshape(1, n * d)
     inputs = {"q": q, "u": bias(u), "vb": bias(vb), "k": k, "v": v, "r": r}
+    if memory is not None:
+        inputs["k_mem"], inputs["v_mem"] = memory
     if ef is not None:
         inputs["ef"] = jnp.swapaxes(ef, -1, -2)  # [b, n, 2, q]: queries on the lanes
     inputs["flags"] = flags
@@ -675,6 +701,8 @@ _AXES = {
     "vb": (None, HEADS),
     "k": (BATCH, None, HEADS),
     "v": (BATCH, None, HEADS),
+    "k_mem": (BATCH, None, HEADS),
+    "v_mem": (BATCH, None, HEADS),
     "r": (BATCH, None, HEADS),
     "ef": (BATCH, HEADS, None, None),
     "flags": (BATCH, None, None),

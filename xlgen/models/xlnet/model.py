@@ -57,6 +57,7 @@ from xlgen.models.relative_attention import (
     segment_scores,
     shift_offset,
     sinusoid_embedding,
+    whole_heads,
 )
 from xlgen.sharding import constrain
 
@@ -332,6 +333,7 @@ def query_stream_attention(
     if attn_vec is not None:  # [b,m,n·d]
         attn_vec = attn_vec * ctx["target_weight"][:, :, None].astype(attn_vec.dtype)
         return attn.output(g, attn_vec)
+    k_head, v_head = whole_heads(k_head), whole_heads(v_head)
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
     # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift);
     # out-of-range rows only occur where the causal mask applies
