@@ -83,6 +83,18 @@ def unrolled(ws, x):
 for name, f in (("scanned", scanned), ("unrolled", unrolled)):
     r = plan.compile_and_measure(jax.jit(jax.grad(f, argnums=(0, 1))), (ws, x), mesh, 16 * 2**30, peak=61.5e12, hbm_bandwidth=4.5e11)
     json.dump({k: v for k, v in r.items() if k != "_collectives"}, open(f"{out}/{name}.json", "w"))
+# The same layers compute-bound (d 16384, 512 rows per core), forward only (an inference step), scanned and unrolled
+L = 4
+ws = jax.ShapeDtypeStruct((L, 16384, 16384), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+x = jax.ShapeDtypeStruct((4096, 16384), jnp.bfloat16, sharding=sharding.batch_sharding(mesh, 2))
+forward_scanned = lambda ws, x: jax.lax.scan(lambda h, w: (layer(h, w), None), x, ws)[0]
+def forward_unrolled(ws, x):
+    for i in range(L):
+        x = layer(x, ws[i])
+    return x
+for name, f in (("forward_scanned", forward_scanned), ("forward_unrolled", forward_unrolled)):
+    r = plan.compile_and_measure(jax.jit(f), (ws, x), mesh, 16 * 2**30, peak=61.5e12, hbm_bandwidth=4.5e11)
+    json.dump({k: v for k, v in r.items() if k != "_collectives"}, open(f"{out}/{name}.json", "w"))
 """
 
 
@@ -90,7 +102,8 @@ for name, f in (("scanned", scanned), ("unrolled", unrolled)):
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("plans")
     run_plans_subprocess(RUNNER, json.dumps(CASES), str(out))
-    return {name: json.load(open(out / f"{name}.json")) for name in [*CASES, "oom", "tiny", "scanned", "unrolled"]}
+    names = [*CASES, "oom", "tiny", "scanned", "unrolled", "forward_scanned", "forward_unrolled"]
+    return {name: json.load(open(out / f"{name}.json")) for name in names}
 
 
 # ------------------------------------------------------------------------------------------------ compiled plans

@@ -224,10 +224,11 @@ def position_encodings(
 
 
 def cache_mems(h: jax.Array, mem: Optional[jax.Array], mem_len: int, reuse_len: Optional[int]) -> jax.Array:
-    """New memory for one layer: the last `mem_len` of [mem; h[:, :reuse_len]], stop-gradient. `[b, <=mem_len, d]`."""
-    cur = h[:, :reuse_len] if reuse_len else h
-    cat = cur if mem is None or mem.shape[1] == 0 else jnp.concatenate([mem.astype(cur.dtype), cur], axis=1)
-    return jax.lax.stop_gradient(cat[:, -mem_len:])
+    """New memory: the last `mem_len` of [mem; h[..., :reuse_len, :]], stop-gradient, for one layer (h `[b, l, d]`,
+    mem `[b, m, d]`) or all (`[n_layer, b, l, d]`, `[n_layer, b, m, d]`). `[..., b, <=mem_len, d]`."""
+    cur = h[..., :reuse_len, :] if reuse_len else h
+    cat = cur if mem is None or mem.shape[-2] == 0 else jnp.concatenate([mem.astype(cur.dtype), cur], axis=-2)
+    return jax.lax.stop_gradient(cat[..., -mem_len:, :])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -484,21 +485,23 @@ class XLNetModel(nnx.Module):
         keep_mems = bool(mem_len) and mem_len > 0
 
         def make_layer_fn(content: bool):
-            def layer_fn(layer, h, g, mem):
-                new_mem = cache_mems(h, mem, mem_len, reuse_len) if keep_mems else None
+            def layer_fn(layer, h, g, mem):  # -> (h, g, the input rows the memory keeps)
+                kept = (h[:, :reuse_len] if reuse_len else h) if keep_mems else None
                 h, g = layer(h, g, mem, pos_emb, ctx, shared, content=content)
-                return h, g, new_mem
+                return h, g, kept
 
             return rematerialize(layer_fn, cfg.remat)
 
         layer_fn = make_layer_fn(True)
 
+        # the new memory is formed after the layers from their stacked inputs (as Transformer-XL's `update_mems`):
+        # written inside a scan, over the donated memory it reads, XLA:TPU copied the whole stack every layer
         if cfg.scan_layers:
 
             def body(carry, layer, mem):
                 h, g = carry
-                h, g, new_mem = layer_fn(layer, h, g, mem)
-                return (h, g), new_mem
+                h, g, kept = layer_fn(layer, h, g, mem)
+                return (h, g), kept
 
             def scan_layers(h, g, layers, mems):
                 if mems is None:
@@ -508,7 +511,7 @@ class XLNetModel(nnx.Module):
                 return scan((h, g), layers, mems)
 
             if g is None or cfg.n_layer < 2:
-                (h, g), new_mems = scan_layers(h, g, self.layers, mems)
+                (h, g), kept = scan_layers(h, g, self.layers, mems)
             else:
                 # Only the query stream leaves the model: the last layer's content stream is dead. XLA removes dead
                 # code, but not from one iteration of a loop, so scan the first n-1 layers and run the last one
@@ -516,16 +519,17 @@ class XLNetModel(nnx.Module):
                 graphdef, state = nnx.split(self.layers)
                 first = nnx.merge(graphdef, jax.tree.map(lambda x: x[:-1], state))
                 last = nnx.merge(graphdef, jax.tree.map(lambda x: x[-1], state))
-                (h, g), new_mems = scan_layers(h, g, first, None if mems is None else mems[:-1])
-                h, g, last_mem = make_layer_fn(False)(last, h, g, None if mems is None else mems[-1])
+                (h, g), kept = scan_layers(h, g, first, None if mems is None else mems[:-1])
+                h, g, last_kept = make_layer_fn(False)(last, h, g, None if mems is None else mems[-1])
                 if keep_mems:
-                    new_mems = jnp.concatenate([new_mems, last_mem[None]], axis=0)
+                    kept = jnp.concatenate([kept, last_kept[None]], axis=0)
         else:
-            new_mems = []
+            kept = []
             for i, layer in enumerate(self.layers):
-                h, g, new_mem = layer_fn(layer, h, g, None if mems is None else mems[i])
-                new_mems.append(new_mem)
-            new_mems = jnp.stack(new_mems) if keep_mems else None
+                h, g, kept_i = layer_fn(layer, h, g, None if mems is None else mems[i])
+                kept.append(kept_i)
+            kept = jnp.stack(kept) if keep_mems else None
+        new_mems = cache_mems(kept, mems, mem_len, None) if keep_mems else None
 
         output = self.drop(g if g is not None else h)
         return output, new_mems
