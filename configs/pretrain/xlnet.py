@@ -10,8 +10,8 @@ perm_size 256, bi_data, mask_alpha 6 / mask_beta 1, num_predict 85, SentencePiec
 paper's appendix (v2, recalled in the notes): Adam(W) lr 4e-4, 40K warmup then linear decay, eps 1e-6, weight decay
 0.01, clip 1.0, dropout = dropatt = 0.1. Execution choices for a v3 pod (not architecture; `xlgen plan` shows they
 fit 16 GiB per core): bfloat16 compute with float32 parameters and Adam moments, layers scanned and not
-rematerialised (the roofline is lowest without), parameters + optimizer state sharded 16-way (mesh.fsdp) inside groups that are replicated
-data-parallel (mesh.data fills the rest), 2 rows per core.
+rematerialised (the roofline is lowest without), parameters + optimizer state sharded 16-way (mesh.fsdp) inside
+groups that are replicated data-parallel (mesh.data fills the rest), 2 rows per core.
 
 `large_bsz8192`: the final paper's batch of 8192 (same steps and optimiser).
 
@@ -129,7 +129,7 @@ def large(batch_size: int = 2048):
 
 
 def base():
-    return paper_config(
+    c = paper_config(
         batch_size=256,
         learning_rate=1e-4,
         warmup_steps=10_000,
@@ -140,6 +140,10 @@ def base():
         n_head=12,
         d_inner=3072,
     )
+    # no remat fits at 8 rows per core (4.3 GiB per core on v3:4x4) and has the lower roofline step time, as for
+    # Large (docs/pod_scale.md "Remat policies")
+    c.model.remat = "none"
+    return c
 
 
 def tiny():
