@@ -593,6 +593,23 @@ def test_roofline_counts_a_scanned_body_by_its_trips(reports):
 
 
 @pytest.mark.slow
+def test_roofline_of_a_scanned_compute_bound_model_is_the_unrolled_ones(reports):
+    """The same layers h + gelu(h W_l) compute-bound (d 16384, 512 rows per core, bf16, 4 layers), forward only (an
+    inference step), scanned and unrolled: roofline times within 3%. Every layer is one output fusion (the product
+    with gelu and the residual add), compute-bound at 4.47 ms per layer against 1.27 ms for its 570 MB; the scanned
+    program adds only copies of the carried h, once into the loop state and once per trip (2 H each, H = one
+    [512, 16384] bf16 activation): 10 H = 168 MB, 0.37 ms in all. Counted once, as XLA's cost analysis counts a loop
+    body, the scanned program would be 4x faster than the unrolled one."""
+    s, u = reports["forward_scanned"]["_roofline"], reports["forward_unrolled"]["_roofline"]
+    assert s["unknown_trip_counts"] == 0
+    assert s["flops"] == u["flops"] == 4 * 2 * 512 * 16384 * 16384
+    assert u["roofline_time_s"] == pytest.approx(u["compute_time_s"], rel=1e-12)  # every op compute-bound
+    H = 512 * 16384 * 2
+    assert s["hbm_bytes"] - u["hbm_bytes"] == pytest.approx(10 * H, abs=1024)
+    assert 1.0 < s["roofline_time_s"] / u["roofline_time_s"] < 1.03
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_plan_reports_the_roofline(reports, case):
     """Every compiled plan has the roofline keys of the contract, at least its own compute-only bound."""

@@ -36,8 +36,8 @@ def get_config():
         dropout=0.15,
         dropatt=0.15,
         scan_layers=True,
-        # the matmul outputs saved, the element-wise work recomputed: the lowest roofline step time (88 ms per step
-        # against 91 ms without remat and 98 ms with `full`; 1.35 GiB per core, docs/pod_scale.md "Remat policies")
+        # the matmul outputs saved, the element-wise work recomputed: the lowest roofline step time (docs/pod_scale.md
+        # "Remat policies": against no remat and `full`; 1.35 GiB per core)
         remat="dots_no_batch",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
