@@ -494,8 +494,7 @@ class XLNetModel(nnx.Module):
 
         layer_fn = make_layer_fn(True)
 
-        # the new memory is formed after the layers from their stacked inputs (as Transformer-XL's `update_mems`):
-        # written inside a scan, over the donated memory it reads, XLA:TPU copied the whole stack every layer
+        # the new memory is formed after the layers from their stacked inputs (as Transformer-XL's `update_mems`)
         if cfg.scan_layers:
 
             def body(carry, layer, mem):
@@ -507,8 +506,12 @@ class XLNetModel(nnx.Module):
                 if mems is None:
                     scan = nnx.scan(lambda c, l: body(c, l, None), in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
                     return scan((h, g), layers)
-                scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))
-                return scan((h, g), layers, mems)
+                # the memory enters the loop whole and layer i reads its own rows: scanned over, it was saved again
+                # as a stacked residual (the input of the memory's key and value projections, for their weight
+                # gradients), and XLA:TPU copied that whole stack in every iteration
+                read = lambda c, l, i: body(c, l, jax.lax.dynamic_index_in_dim(mems, i, keepdims=False))
+                scan = nnx.scan(read, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))
+                return scan((h, g), layers, jnp.arange(mems.shape[0]))
 
             if g is None or cfg.n_layer < 2:
                 (h, g), kept = scan_layers(h, g, self.layers, mems)
