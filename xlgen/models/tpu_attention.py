@@ -16,14 +16,16 @@ softmax needs no online rescaling; the backward kernel recomputes S and P from t
 the inputs: not even the log-normaliser) and forms dqu, dqv, dk, dv, dr and the segment scores' gradient, the
 position term's through the transposed rotation. Every `[b, n, q, k]` pass of the XLA form (content product,
 position product and shift, sum, scale and mask, softmax and its backward, dropout, probabilities by values:
-each memory-bound on v3 at d_head = 64) becomes VMEM traffic; HBM sees q, k, v, r once per (row, head) and the
-masks as one int8 `[q, k]` array per row (bit 0: masked, bit 1: different segment).
+each memory-bound on v3 at d_head = 64) becomes VMEM traffic; HBM sees q, k, v, r once per (row, block of heads)
+and the masks as one int8 `[q, k]` array per row and block of heads (bit 0: masked, bit 1: different segment).
 
 Operands are token-major with the heads merged, `[b, l, n·d]`, as the projections write them (one 2-D product
-each, `layers.Dense.flat`): no transposes to and from a heads-major layout, and a block of `LANES` lanes holds
-128 / d heads at d_head < 128 (a `[rows, 64]` block would be padded to the 128 lanes in HBM). The kernel takes
-the block's heads one after another, each product over the whole block with the other heads' lanes zeroed: the
-MXU's contraction and output are 128 wide either way.
+each, `layers.Dense(merged=True)`): no transposes to and from a heads-major layout, and a block of `LANES` lanes
+holds 128 / d heads at d_head < 128 (a `[rows, 64]` block would be padded to the 128 lanes in HBM). The kernel
+takes the block's heads one after another, each product over the whole block with the other heads' lanes zeroed:
+the MXU's contraction and output are 128 wide either way. XLNet's keys of both directions are read per row by its
+direction (`directions`), and the memory's keys and values may come apart from the segment's (`memory`), joined in
+VMEM.
 
 Scores and softmax are float32 inside the kernel whatever `scores_dtype` says (that key sets the bytes of the
 XLA form's passes, which do not exist here); products take the operands' dtype (bfloat16 on TPU) with float32
@@ -422,8 +424,8 @@ def _write(x: dict, name: str):
 
 
 def _once(block, index):
-    """A block that changes at most once per (row, head), every q / tq steps: one VMEM buffer, not two (its next
-    block's copy waits for the last step on this one, a stall per (row, head) that keeps the keys, values,
+    """A block that changes at most once per (row, block of heads), every q / tq steps: one VMEM buffer, not two (its
+    next block's copy waits for the last step on this one, a stall per (row, block) that keeps the keys, values,
     position keys and their gradients of d_head = 128 and klen = 1536 within v3's 16 MiB of VMEM)."""
     from jax.experimental import pallas as pl
 
