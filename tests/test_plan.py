@@ -398,7 +398,7 @@ def _head_flops(name, overrides):
 def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path):
     """`xlgen.plan --refresh` re-derives model FLOPs, traced matmul FLOPs, step time and MFU of a saved report from
     its own config + overrides (no compile) and rewrites it; memory / fits / XLA's numbers are left as measured.
-    A setup with full remat (Transformer-XL WikiText-103 large)."""
+    Transformer-XL WikiText-103 large, with full remat as an override of the report."""
     from xlgen import flops
 
     saved = os.path.join(ROOT, "docs", "pod_plans", "txl_wt103_large.json")
@@ -408,11 +408,12 @@ def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path
     report["flops_per_step"]["analytic_model"] *= 2  # stale values, as from an older xlgen.flops
     report["flops_per_step"]["matmul_jaxpr"] *= 3
     report["mfu"] = 1.0
+    report["overrides"] = ["--config.model.remat=full"]
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(report))
     assert plan_lib.main(["--refresh", str(path)]) == 0
     new = json.loads(path.read_text())
-    config = _load("txl_wt103_large")
+    config = _load("txl_wt103_large", "--config.model.remat=full")
     fl = new["flops_per_step"]
     assert fl["analytic_model"] == flops.train_flops_per_step(config)
     assert fl["matmul_jaxpr"] == plan_lib.traced_matmul_flops(config, topology.topology_devices(report["topology"]))
