@@ -235,19 +235,20 @@ def _load(x: dict, st: _Static) -> _Block:
         r=(x["r"][x["directions"][x["row"]]] if "directions" in x else x["r"][...]).astype(st.operands)
         if "r" in x
         else None,
-        ef=x["ef"][...].astype(jnp.float32) if "ef" in x else None,  # [hb, 2, tq]: queries on the lanes
+        ef=None,  # read per head (`_head`)
         flags=x["flags"][...].astype(jnp.int32) if "flags" in x else None,
         starts=x["starts"][...].T if "starts" in x else None,  # arrives as [1, tq]
         fact=tuple(cast(name) for name in ("phi", "pi", "w_r", "w_s", "psi")) if "psi" in x else None,
     )
 
 
-def _lane_heads(st: _Static) -> list:
-    """Per head of the block, its lanes `[1, hb·d]` bool (None for a block of one head)."""
+def _per_head(st: _Static, body, carry):
+    """carry = body(h, lanes, carry) for each head h of the block, `lanes` its lanes `[1, hb·d]` bool (None for a
+    block of one head): a loop, so that one head's `[tq, klen]` temporaries are live at a time in VMEM."""
     if st.group == 1:
-        return [None]
+        return body(0, None, carry)
     head = jax.lax.broadcasted_iota(jnp.int32, (1, st.group * st.d_head), 1) // st.d_head
-    return [head == h for h in range(st.group)]
+    return jax.lax.fori_loop(0, st.group, lambda h, c: body(h, head == h, c), carry)
 
 
 def _only(lanes, x):
@@ -255,10 +256,10 @@ def _only(lanes, x):
     return x if lanes is None else jnp.where(lanes, x, jnp.zeros_like(x))
 
 
-def _head(blk: _Block, h: int, lanes) -> _Block:
+def _head(blk: _Block, x: dict, h, lanes) -> _Block:
     """The block's inputs for head h: its queries' lanes (the products then contract over its lanes only) and its
-    segment scores `[tq, 2]`."""
-    ef = None if blk.ef is None else blk.ef[h].T
+    segment scores `[tq, 2]` (`ef` arrives as `[hb, 2, tq]`, queries on the lanes)."""
+    ef = x["ef"][h].astype(jnp.float32).T if "ef" in x else None
     return blk._replace(qu=_only(lanes, blk.qu), qv=_only(lanes, blk.qv), ef=ef)
 
 
@@ -317,15 +318,16 @@ def _forward_kernel(st: _Static, names: tuple, *refs):
     group, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     blk = _load(dict(x, row=b), st)
     v = _keys(x, "v", st)
-    out = None
-    for h, lanes in enumerate(_lane_heads(st)):
-        s, _ = _scores(st, q_block, _head(blk, h, lanes))
+
+    def head(h, lanes, out):
+        s, _ = _scores(st, q_block, _head(blk, x, h, lanes))
         p = _softmax(s)
         if st.dropout:
             keep = _dropout_keep(st, x["scalars"], b, group * st.group + h, q_block)
             p = jnp.where(keep, p / st.keep_prob, 0.0)
-        o = _only(lanes, jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32))
-        out = o if out is None else out + o
+        return out + _only(lanes, jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32))
+
+    out = _per_head(st, head, jnp.zeros(blk.qu.shape, jnp.float32))
     x["out"][...] = out.astype(x["out"].dtype)
 
 
@@ -348,9 +350,10 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *re
     blk = _load(dict(x, row=b), st)
     do = x["do"][...].astype(st.operands)
     v = _keys(x, "v", st)
-    dq, du, dvb, d_ef = 0.0, 0.0, 0.0, []
-    for h, lanes in enumerate(_lane_heads(st)):
-        bh = _head(blk, h, lanes)
+
+    def head(h, lanes, carry):
+        dq, du, dvb = carry
+        bh = _head(blk, x, h, lanes)
         s, xy = _scores(st, q_block, bh)
         p = _softmax(s)
         do_h = _only(lanes, do)
@@ -368,7 +371,7 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *re
         dqu = _only(lanes, jnp.dot(ds.astype(bh.k.dtype), bh.k, preferred_element_type=jnp.float32))
         x["dk_acc"][...] += jnp.dot(ds.T.astype(bh.qu.dtype), bh.qu, preferred_element_type=jnp.float32)
         ds_pos = jnp.where(_first_excluded(st, q_block), ds, 0.0) if st.exclude_first else ds
-        dqv = 0.0
+        dqv = jnp.zeros(bh.qv.shape, jnp.float32)
         if bh.r is not None:
             first, rest, largest = _row_amounts(st, q_block, bh.starts, inverse=True)
             draw = _rotate_rows(_pad_columns(ds_pos, st.width), rest, first, st.width, largest)[:, : bh.r.shape[0]]
@@ -387,18 +390,19 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *re
             )
             x["dw_r_acc"][...] += jnp.dot(dq_r.T, bh.qv, preferred_element_type=jnp.float32)
             x["dw_s_acc"][...] += jnp.dot(dq_s.T, bh.qv, preferred_element_type=jnp.float32)
-        dqv = _only(lanes, dqv) if bh.r is not None or bh.fact is not None else jnp.zeros(bh.qv.shape, jnp.float32)
-        dq, du, dvb = dq + dqu + dqv, du + dqu.sum(axis=0, keepdims=True), dvb + dqv.sum(axis=0, keepdims=True)
+        dqv = _only(lanes, dqv)
         if st.segments:
             different = (bh.flags & DIFFERENT_SEGMENT) != 0
             same_sum = jnp.where(different, 0.0, ds_pos).sum(axis=-1, keepdims=True)
             diff_sum = jnp.where(different, ds_pos, 0.0).sum(axis=-1, keepdims=True)
-            d_ef.append(jnp.concatenate([same_sum, diff_sum], axis=1).T)  # [2, tq]
+            x["d_ef"][h] = jnp.concatenate([same_sum, diff_sum], axis=1).T.astype(x["d_ef"].dtype)  # [2, tq]
+        return dq + dqu + dqv, du + dqu.sum(axis=0, keepdims=True), dvb + dqv.sum(axis=0, keepdims=True)
+
+    zeros = lambda shape: jnp.zeros(shape, jnp.float32)
+    dq, du, dvb = _per_head(st, head, (zeros(blk.qu.shape), zeros((1, blk.qu.shape[1])), zeros((1, blk.qu.shape[1]))))
     x["dq"][...] = dq.astype(x["dq"].dtype)
     x["du_acc"][...] += du
     x["dvb_acc"][...] += dvb
-    if st.segments:
-        x["d_ef"][...] = jnp.stack(d_ef).astype(x["d_ef"].dtype)
 
     for name in _ACCUMULATED:
         if name in x and name not in direct:
