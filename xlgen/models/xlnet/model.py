@@ -494,7 +494,7 @@ class XLNetModel(nnx.Module):
 
         layer_fn = make_layer_fn(True)
 
-        # the new memory is formed after the layers from their stacked inputs (as Transformer-XL's `update_mems`)
+        # scanned, the new memory is formed after the loop from the layers' stacked inputs
         if cfg.scan_layers:
 
             def body(carry, layer, mem):
@@ -526,13 +526,14 @@ class XLNetModel(nnx.Module):
                 h, g, last_kept = make_layer_fn(False)(last, h, g, None if mems is None else mems[-1])
                 if keep_mems:
                     kept = jnp.concatenate([kept, last_kept[None]], axis=0)
+            new_mems = cache_mems(kept, mems, mem_len, None) if keep_mems else None
         else:
-            kept = []
+            new_mems = []
             for i, layer in enumerate(self.layers):
-                h, g, kept_i = layer_fn(layer, h, g, None if mems is None else mems[i])
-                kept.append(kept_i)
-            kept = jnp.stack(kept) if keep_mems else None
-        new_mems = cache_mems(kept, mems, mem_len, None) if keep_mems else None
+                mem = None if mems is None else mems[i]
+                h, g, kept = layer_fn(layer, h, g, mem)
+                new_mems.append(cache_mems(kept, mem, mem_len, None) if keep_mems else None)
+            new_mems = jnp.stack(new_mems) if keep_mems else None
 
         output = self.drop(g if g is not None else h)
         return output, new_mems
