@@ -418,8 +418,10 @@ def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path
     assert fl["analytic_model"] == flops.train_flops_per_step(config)
     assert fl["matmul_jaxpr"] == plan_lib.traced_matmul_flops(config, topology.topology_devices(report["topology"]))
     assert fl["analytic_model"] < fl["matmul_jaxpr"] < 1.45 * fl["analytic_model"]  # remat: ≈ 4/3 x model + a bit
-    assert new["step_time_s"] == fl["matmul_jaxpr"] / new["devices"] / new["peak_bf16_flops_per_device"]
-    assert new["mfu"] == pytest.approx(fl["analytic_model"] / fl["matmul_jaxpr"]) and new["mfu"] < 0.76
+    assert new["compute_only_time_s"] == fl["matmul_jaxpr"] / new["devices"] / new["peak_bf16_flops_per_device"]
+    assert new["step_time_s"] >= new["compute_only_time_s"]  # or XLA's own estimate, larger for an unscanned step
+    peak = new["devices"] * new["peak_bf16_flops_per_device"]
+    assert new["mfu"] == pytest.approx(fl["analytic_model"] / (peak * new["step_time_s"])) and new["mfu"] < 0.76
     for key in ("memory_per_device", "fits", "state_bytes_per_device", "compile_time_s", "xla_optimal_seconds"):
         assert new[key] == report[key]
     assert fl["xla_cost_analysis"] == report["flops_per_step"]["xla_cost_analysis"]
@@ -446,8 +448,9 @@ def test_remat_table_in_docs_is_generated_from_saved_plans():
     table = plan_lib.render_remat_table(reports)
     doc = open(os.path.join(ROOT, "docs", "pod_scale.md")).read()
     assert f"{plan_lib.REMAT_TABLE_BEGIN}\n{table}\n{plan_lib.REMAT_TABLE_END}" in doc
-    for r in reports:  # one compile per policy: the report is the plan of that policy
-        assert [f"--config.model.remat={row['policy']}" for row in r["remat_policies"]] == r["overrides"][-1:]
+    for r in reports:  # one compile per policy, the report's own among them
+        policies = [row["policy"] for row in r["remat_policies"]]
+        assert len(set(policies)) == len(policies) and r["model"]["remat"] in policies
     for cfg in {os.path.basename(r["config"]) for r in reports}:
         policies = [
             row["policy"] for r in reports if os.path.basename(r["config"]) == cfg for row in r["remat_policies"]
