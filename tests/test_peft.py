@@ -15,6 +15,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from xlgen import finetune as ft
 from xlgen.finetune.readers import synthetic
@@ -186,3 +187,21 @@ def test_every_finetune_config_takes_the_new_keys(path):
     assert (c.finetune.freeze, c.finetune.lora.rank, c.finetune.lora.alpha) == (over["finetune.freeze"], 8, 32.0)
     defaults = config_lib.load_config(path, {})
     assert defaults.max_segments == 0 and defaults.finetune.lora.rank == 0 and defaults.finetune.freeze == ""
+
+
+@pytest.mark.parametrize("shapes", [((16,), (4, 8)), ((4, 8), (16,))])
+def test_merged_dense_equals_the_heads_product_with_bias_and_adapter(shapes):
+    """`Dense(merged=True)` (the head projections where the fused TPU attention kernel runs: input and output head
+    dimensions merged into one, a 2-D product) equals the product over the separate dimensions, reshaped, with a
+    bias and a LoRA adapter (B nonzero)."""
+    from xlgen.models.layers import Dense
+
+    in_shape, out_shape = shapes
+    dense = Dense(in_shape, out_shape, ("a",) * len(in_shape), ("b",) * len(out_shape), rngs=nnx.Rngs(0))
+    dense.bias[...] = jax.random.normal(jax.random.key(1), out_shape)
+    lora.attach(dense, rank=3, alpha=6.0, targets="", rngs=nnx.Rngs(2))
+    dense.lora_b[...] = jax.random.normal(jax.random.key(3), dense.lora_b.shape)
+    x = jax.random.normal(jax.random.key(4), (2, 5) + in_shape)
+    want = dense(x).reshape(2, 5, -1)
+    got = dense(x.reshape(2, 5, -1), merged=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -1,7 +1,6 @@
 """The fused relative-attention kernel for TPU (`xlgen.models.tpu_attention`), run through JAX (`interpret=True`),
 against the XLA form of the same equation: outputs and every input's gradient."""
 
-import functools
 import re
 
 import jax
@@ -41,6 +40,25 @@ def reference(q, u, vb, k, v, r, *, shift, scale, ef=None, flags=None, masks=Fal
     return jnp.einsum("bnqk,bnkd->bnqd", p, v)
 
 
+def merged(x):
+    """`[b, n, l, d]` -> the kernel's token-major `[b, l, n·d]`."""
+    b, n, l, d = x.shape
+    return jnp.swapaxes(x, 1, 2).reshape(b, l, n * d)
+
+
+def kernel(q, u, vb, k, v, r=None, memory_rows=0, **kw):
+    """`tpu_attention.relative_attention` (interpreted) on heads-major operands: `[b, n, q, d]` out; the first
+    `memory_rows` keys and values given apart (`memory`)."""
+    b, n, qlen, d = q.shape
+    r = None if r is None else merged(r)  # with kw["directions"]: [2, n, rlen, d] -> [2, rlen, n·d]
+    k, v = merged(k), merged(v)
+    if memory_rows:
+        kw["memory"] = (k[:, :memory_rows], v[:, :memory_rows])
+        k, v = k[:, memory_rows:], v[:, memory_rows:]
+    out = tpu_attention.relative_attention(merged(q), u, vb, k, v, r, interpret=True, **kw)
+    return jnp.swapaxes(out.reshape(b, qlen, n, d), 1, 2)
+
+
 def _inputs(seed, b, n, q, klen, rlen, d, shared_r, segments, mask_rows):
     keys = jax.random.split(jax.random.key(seed), 8)
     normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32)
@@ -62,25 +80,27 @@ def _inputs(seed, b, n, q, klen, rlen, d, shared_r, segments, mask_rows):
 
 
 CASES = {
-    # name: (b, n, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, dropout)
-    "xlnet_bi": (2, 2, 64, 96, 160, 1, 64, False, True, 2, 0.1),
-    "txl_shared_keys": (2, 3, 40, 72, 72, 1, 39, True, False, 1, None),
-    "funnel_stride2": (1, 2, 32, 64, 128, 2, 64, True, True, 1, None),
-    "row_blocks": (1, 1, 512, 1024, 1536, 1, 512, True, False, 1, 0.2),
+    # name: (b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, dropout, memory rows apart);
+    # heads per block of lanes (`heads_per_block`): 2 (d 64: two heads in 128 lanes), 3 (the whole 192 lanes), 1
+    "xlnet_bi": (2, 4, 64, 64, 96, 160, 1, 64, False, True, 2, 0.1, 32),
+    "txl_shared_keys": (2, 3, 64, 40, 72, 72, 1, 39, True, False, 1, None, 32),
+    "funnel_stride2": (1, 2, 64, 32, 64, 128, 2, 64, True, True, 1, None, 0),
+    "lane_dense_heads": (2, 2, 128, 32, 48, 80, 1, 32, False, True, 2, 0.1, 0),
+    "row_blocks": (1, 1, 64, 512, 1024, 1536, 1, 512, True, False, 1, 0.2, 512),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernel_equals_xla_form_and_gradients(case):
-    b, n, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, rate = CASES[case]
-    args, flags = _inputs(0, b, n, q, klen, rlen, 64, shared_r, segments, mask_rows)
+    b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, rate, memory_rows = CASES[case]
+    args, flags = _inputs(0, b, n, q, klen, rlen, d, shared_r, segments, mask_rows)
     kw = dict(shift=tpu_attention.Shift(offset, stride), scale=0.125, flags=flags, masks=True)
     if rate is not None:
         kw["dropout"] = (jnp.array([12345, 678], jnp.uint32), 1.0 - rate)
     if case == "row_blocks":
         assert tpu_attention.block_rows(q, tpu_attention.padded_width(rlen, klen)) < q  # several query blocks
     names = sorted(args)
-    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), memory_rows=memory_rows, **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
     xs = [args[key] for key in names]
     out, ref_out = fused(*xs), ref(*xs)
@@ -101,11 +121,32 @@ def test_per_row_starts_equal_windows():
     kw = dict(shift=tpu_attention.Shift(starts=starts), scale=0.125, flags=flags, masks=True)
     names = sorted(args)
     xs = [args[key] for key in names]
-    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
     np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
     grads = jax.grad(lambda *xs: fused(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
     ref_grads = jax.grad(lambda *xs: ref(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
+    for name, g, rg in zip(names, grads, ref_grads):
+        np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_directed_keys_equal_per_row_keys():
+    """XLNet's bidirectional rows: keys of both directions `[2, r, n·d]` read per row by its direction equal the
+    per-row keys r[direction[b]]; the keys' gradient sums each direction's rows."""
+    b, n, q, klen, rlen = 3, 4, 24, 40, 80
+    args, flags = _inputs(11, b, n, q, klen, rlen, 32, False, True, b)
+    args["r"] = args["r"][:2]  # [2, n, rlen, d]: forward and backward keys
+    directions = jnp.array([0, 1, 1], jnp.int32)
+    kw = dict(shift=tpu_attention.Shift(q, 1), scale=0.125, flags=flags, masks=True)
+    kw["dropout"] = (jnp.array([3, 4], jnp.uint32), 0.8)
+    names = sorted(args)
+    xs = [args[key] for key in names]
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), directions=directions, **kw)
+    ref = lambda *xs: reference(**dict(zip(names, xs), r=dict(zip(names, xs))["r"][directions]), **kw)
+    np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
+    cot = jax.random.normal(jax.random.key(12), (b, n, q, 32))
+    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
+    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
     for name, g, rg in zip(names, grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -138,13 +179,13 @@ def _factorized_problem(b, n, q=32, klen=64, d=64, width=128):
         fact = tpu_attention.Factorized(
             phi=phi[None],
             pi=jnp.concatenate([pi[:, half:], -pi[:, :half]], -1)[None],
-            w_r=jnp.transpose(w, (1, 0, 2)),
-            w_s=jnp.transpose(jnp.concatenate([w[half:], w[:half]], 0), (1, 0, 2)),
+            w_r=w.reshape(width, n * d),
+            w_s=jnp.concatenate([w[half:], w[:half]], 0).reshape(width, n * d),
             psi=psi,
         )
-        return tpu_attention.relative_attention(
+        return kernel(
             q, u, vb, k, v, factorized=fact, scale=0.125, ef=ef, flags=flags, masks=True, exclude_first=True,
-            dropout=dropout, interpret=True,
+            dropout=dropout,
         )  # fmt: skip
 
     def ref(q, u, vb, k, v, ef, w):
@@ -184,7 +225,7 @@ def test_declared_flops_are_the_xla_forms_plus_the_recomputed_scores():
     xs = [args[key] for key in names]
     cot = jax.random.normal(jax.random.key(2), (b, n, q, 64))  # (a sum's all-ones cotangent folds a product)
     loss = lambda f: lambda *xs: jnp.vdot(f(**dict(zip(names, xs)), **kw), cot)
-    fused = functools.partial(tpu_attention.relative_attention, interpret=True)
+    fused = kernel
     step = lambda f: jax.value_and_grad(loss(f), argnums=tuple(range(len(xs))))
     count = lambda f: jaxpr_matmul_flops(jax.make_jaxpr(step(f))(*xs).jaxpr)[0]
     recomputed = b * n * q * 2 * 64 * (klen + rlen)
@@ -215,7 +256,7 @@ def _assert_sharded_equals_one_device(fused, ref, xs, names, local):
         jaxpr = str(jax.make_jaxpr(value_and_grads(fused))(*xs))
         got = value_and_grads(fused)(*xs)
     b, n, q, d = cot.shape
-    assert "shard_map" in jaxpr and f"f32[{local[0]},{local[1]},{q},{d}]" in jaxpr, local
+    assert "shard_map" in jaxpr and f"f32[{local[0]},{q},{local[1] * d}]" in jaxpr, local
     for label, expected, tol in (("one device", one, 2e-6), ("XLA form", want, 1e-4)):
         np.testing.assert_allclose(got[0], expected[0], rtol=tol, atol=1e-5, err_msg=label)  # a sum of b·n·q·d terms
         for name, g, w in zip(names, got[1], expected[1]):
@@ -238,7 +279,7 @@ def test_sharded_kernel_equals_one_device_with_dropout(case):
         shift = tpu_attention.Shift(q - 1, 1)
     kw = dict(shift=shift, scale=0.125, flags=flags, masks=True, dropout=(jnp.array([7, 99], jnp.uint32), 0.7))
     names = sorted(args)
-    fused = lambda *xs: tpu_attention.relative_attention(**dict(zip(names, xs)), interpret=True, **kw)
+    fused = lambda *xs: kernel(**dict(zip(names, xs)), **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
     local = (1, 2) if n == 4 else (1, 3)  # (rows, heads) per device
     _assert_sharded_equals_one_device(fused, ref, [args[key] for key in names], names, local)
@@ -269,5 +310,6 @@ def test_sharded_train_step_traced_for_tpu_equals_one_device_cpu(config_file, ov
     mesh222 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.num_devices": 0, "mesh.rules": "fsdp_tp"}
     jaxpr = assert_tpu_forms_give_the_cpu_step(config_file, {"model.dropatt": 0.1, **over}, tpu_mesh=mesh222)["tpu"]
     assert SMALL[config_file]["data.batch_size"] == 4 and "pallas_call" in jaxpr and "shard_map" in jaxpr
-    heads = _program(config_file, over)[0].config.model.n_head
-    assert re.search(rf"f32\[1,{heads // 2},\d+,\d+\]", jaxpr)  # per device: one of 4 batch rows, half the heads
+    model = _program(config_file, over)[0].config.model
+    width = model.n_head // 2 * model.d_head
+    assert re.search(rf"f32\[1,\d+,{width}\]", jaxpr)  # per device: one of 4 batch rows, half the heads

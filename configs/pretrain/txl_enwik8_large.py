@@ -10,9 +10,8 @@ evaluation with tgt 128 / mem 3800 / clamp 1000 (same_length).
 
 Data: `data.source` is a prepared byte-level enwik8 directory (`xlgen prepare`, docs/data.md). Execution choices for
 a v3 pod (not architecture): bfloat16 compute with float32 parameters, fully sharded parameters and optimizer state
-(mesh fsdp over all 32 cores, batch 2 rows per core), layers scanned, the matmul outputs saved and the rest
-recomputed (`dots_no_batch`: the remat policy of the lowest roofline step time that fits, docs/pod_scale.md "Remat
-policies").
+(mesh fsdp over all 32 cores, batch 2 rows per core), layers unrolled and not rematerialised (the lowest roofline step
+time that fits, docs/pod_scale.md "Remat policies" and "Scanned or unrolled").
 """
 
 import data_pipelines
@@ -35,10 +34,9 @@ def get_config():
         mem_len=768,
         dropout=0.15,
         dropatt=0.15,
-        scan_layers=True,
-        # the matmul outputs saved, the element-wise work recomputed: the lowest roofline step time (88 ms per step
-        # against 91 ms without remat and 98 ms with `full`; 1.35 GiB per core, docs/pod_scale.md "Remat policies")
-        remat="dots_no_batch",
+        scan_layers=False,  # unrolled: no stacked saved activations (docs/pod_scale.md "Scanned or unrolled")
+        # no remat: the lowest roofline step time, and it fits (2.4 GiB per core; docs/pod_scale.md "Remat policies")
+        remat="none",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")

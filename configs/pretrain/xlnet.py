@@ -9,9 +9,9 @@ Architecture and data flags of the official README command (zihangdai/xlnet; ref
 perm_size 256, bi_data, mask_alpha 6 / mask_beta 1, num_predict 85, SentencePiece 32K (cased). Optimiser from the
 paper's appendix (v2, recalled in the notes): Adam(W) lr 4e-4, 40K warmup then linear decay, eps 1e-6, weight decay
 0.01, clip 1.0, dropout = dropatt = 0.1. Execution choices for a v3 pod (not architecture; `xlgen plan` shows they
-fit 16 GiB per core): bfloat16 compute with float32 parameters and Adam moments, layers scanned and not
-rematerialised (the roofline is lowest without), parameters + optimizer state sharded 16-way (mesh.fsdp) inside groups that are replicated
-data-parallel (mesh.data fills the rest), 2 rows per core.
+fit 16 GiB per core): bfloat16 compute with float32 parameters and Adam moments, layers unrolled and not
+rematerialised (the roofline is lowest so), parameters + optimizer state sharded 16-way (mesh.fsdp) inside
+groups that are replicated data-parallel (mesh.data fills the rest), 2 rows per core.
 
 `large_bsz8192`: the final paper's batch of 8192 (same steps and optimiser).
 
@@ -72,7 +72,10 @@ def paper_config(*, batch_size: int, learning_rate: float, warmup_steps: int, to
     # command; `tf.tpu.bfloat16_scope` in function_builder.py:124-130). It has no mixed mode: every float is
     # bfloat16 (modeling.py:454 tf_float), so the scores, their `- 1e30 * attn_mask` and tf.nn.softmax are too
     # (modeling.py:133-158; XLA's softmax sums the exps in float32 and divides in bfloat16, as jax.nn.softmax)
-    c.model = model(**(dict(scores_dtype="bfloat16", softmax_dtype="bfloat16") | sizes))
+    # layers unrolled, not scanned: a scan writes every layer's saved activations into stacked arrays and reads
+    # them back out, memory-bound passes an unrolled step does not have (XLNet-Base on v3:4x4: 71 against 82 ms
+    # per step by the roofline; docs/pod_scale.md "Scanned or unrolled")
+    c.model = model(**(dict(scores_dtype="bfloat16", softmax_dtype="bfloat16", scan_layers=False) | sizes))
     c.data = data_pipelines.default_config("xlnet")
     c.data.update(
         dict(
@@ -129,7 +132,7 @@ def large(batch_size: int = 2048):
 
 
 def base():
-    return paper_config(
+    c = paper_config(
         batch_size=256,
         learning_rate=1e-4,
         warmup_steps=10_000,
@@ -140,6 +143,10 @@ def base():
         n_head=12,
         d_inner=3072,
     )
+    # no remat fits at 8 rows per core (4.3 GiB per core on v3:4x4) and has the lower roofline step time, as for
+    # Large (docs/pod_scale.md "Remat policies")
+    c.model.remat = "none"
+    return c
 
 
 def tiny():

@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
@@ -250,23 +251,34 @@ class Dense(nnx.Module):
         )
         self.bias = param(rngs, zeros, tuple(out_shape), tuple(out_axes)) if use_bias else None
 
-    def __call__(self, x: jax.Array, *, gather_input_dims: bool = False) -> jax.Array:
+    def __call__(self, x: jax.Array, *, gather_input_dims: bool = False, merged: bool = False) -> jax.Array:
         """`gather_input_dims`: the kernel's input dimensions are gathered (replicated) before the product, the
         others left to the partitioner. For an input every device holds whole (position encodings `[r, d]`), a
         product against an fsdp-sharded `embed` would otherwise be formed as partial sums and all-reduced, a
-        transfer the size of the output, instead of gathering the (smaller) weight as FSDP does elsewhere."""
+        transfer the size of the output, instead of gathering the (smaller) weight as FSDP does elsewhere.
+
+        `merged`: the product with the kernel's input dimensions merged into one and its output dimensions into
+        one, x `[..., prod(in_shape)]` -> `[..., prod(out_shape)]` (a head projection as one 2-D product whose
+        result is token-major with the heads merged, `[..., n·d]`: the fused attention kernel's operand layout)."""
         k = self.kernel[...]
         if gather_input_dims:
             k = constrain(k, (None,) * self.n_in + (UNCONSTRAINED,) * (k.ndim - self.n_in))
         k = k.astype(x.dtype)
-        x_axes = tuple(range(x.ndim - self.n_in, x.ndim))
-        y = jnp.tensordot(x, k, axes=(x_axes, tuple(range(self.n_in))))
-        lora_a = getattr(self, "lora_a", None)  # a low-rank adapter, `xlgen.models.lora.attach`
+        n_in, lora_a = self.n_in, getattr(self, "lora_a", None)  # a low-rank adapter, `xlgen.models.lora.attach`
+        lora_b, bias = getattr(self, "lora_b", None), self.bias
+        if merged:
+            inputs = k.shape[: self.n_in]
+            k, n_in = k.reshape(int(np.prod(inputs)), -1), 1
+            if lora_a is not None:
+                lora_a, lora_b = lora_a[...].reshape(k.shape[0], -1), lora_b[...].reshape(lora_b[...].shape[0], -1)
+            bias = None if bias is None else bias[...].reshape(-1)
+        x_axes = tuple(range(x.ndim - n_in, x.ndim))
+        y = jnp.tensordot(x, k, axes=(x_axes, tuple(range(n_in))))
         if lora_a is not None:  # y += lora_scale * (x A) B: the adapter never forms a kernel-sized matrix
-            xa = jnp.tensordot(x, lora_a[...].astype(x.dtype), axes=(x_axes, tuple(range(self.n_in))))
-            y = y + self.lora_scale * jnp.tensordot(xa, self.lora_b[...].astype(x.dtype), axes=1)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(y.dtype)
+            xa = jnp.tensordot(x, lora_a[...].astype(x.dtype), axes=(x_axes, tuple(range(n_in))))
+            y = y + self.lora_scale * jnp.tensordot(xa, lora_b[...].astype(x.dtype), axes=1)
+        if bias is not None:
+            y = y + bias[...].astype(y.dtype)
         return y
 
 

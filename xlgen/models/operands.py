@@ -141,7 +141,7 @@ def heads_major_position_scores(qv: jax.Array, k_head_r, *, klen: int, offset: i
     heads, `[n,b,q,r]`; shifted in that order, only the shifted result is transposed, where the `[b,n,q,r]` order
     cost copies of the raw scores in the forward pass and of the cotangent in the backward pass (Transformer-XL
     enwik8-large, 2 layers per core on v3: 14.9 -> 14.2 ms roofline, 5.24 -> 4.89 GB)."""
-    if lowering_platform() != "tpu" or isinstance(k_head_r, PositionKeyOperand) or k_head_r.ndim != 3:
+    if lowering_platform() != "tpu" or isinstance(k_head_r, (PositionKeyOperand, DirectedKeys)) or k_head_r.ndim != 3:
         return None
     if not tpu_shift.applies((qv.shape[0], qv.shape[1], k_head_r.shape[0]), klen):
         return None
@@ -241,14 +241,34 @@ def position_key_operand(k_head_r: jax.Array, batch: int, direction: Optional[ja
     return PositionKeyOperand(jax.lax.optimization_barrier(keys))
 
 
+class DirectedKeys(NamedTuple):
+    """XLNet's position keys of both directions `keys [2, r, n, d]` with each row's direction `index [b]` (int32:
+    0 forward, 1 backward): the fused attention kernel reads row b's keys as keys[index[b]] and never forms the
+    per-row `[b, r, n, d]` keys (`rows()` forms them for the XLA form)."""
+
+    keys: jax.Array
+    index: jax.Array
+
+    def rows(self) -> jax.Array:
+        """The per-row keys `[b, r, n, d]`: `direction[b] @ keys` over the merged heads `[2, r, n·d]`."""
+        s, r, n, d = self.keys.shape
+        direction = jax.nn.one_hot(self.index, s, dtype=self.keys.dtype)
+        return jnp.einsum("bs,srx->brx", direction, self.keys.reshape(s, r, n * d)).reshape(-1, r, n, d)
+
+
 def position_keys(k_head_r: jax.Array, batch: int, direction: Optional[jax.Array] = None):
     """Position keys for the position product: `position_key_operand` on XLA:CPU; elsewhere the keys as they are
     (`[r,n,d]` shared by the batch, `[b,r,n,d]` per example), XLNet's `[2,r,n,d]` with a one-hot `direction [b,2]`
-    as the per-example `[b,r,n,d]` keys `direction[b] @ k_head_r` (as the original implementations form them)."""
+    as the per-example `[b,r,n,d]` keys `direction[b] @ k_head_r` (as the original implementations form them), or
+    where the fused attention kernel runs as `DirectedKeys` (read per row in the kernel)."""
     if cpu_layouts():
         return position_key_operand(k_head_r, batch, direction)
+    if isinstance(k_head_r, DirectedKeys):
+        return k_head_r.rows()
+    if direction is not None and fused_attention():
+        return DirectedKeys(k_head_r, direction[:, 1].astype(jnp.int32))
     if direction is not None:
-        return jnp.einsum("bs,srnd->brnd", direction.astype(k_head_r.dtype), k_head_r)
+        return DirectedKeys(k_head_r, direction[:, 1].astype(jnp.int32)).rows()
     return k_head_r
 
 

@@ -28,7 +28,7 @@ i.e. the row holding distance mlen + i - j. Funnel's pooled queries use `stride`
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -333,6 +333,28 @@ def relative_attention(
     return (attn_vec, probs) if return_probs else attn_vec
 
 
+class SegmentHeads(NamedTuple):
+    """Key or value heads `[b, m+l, n, d]` kept as the memory's `[b, m, n, d]` and the segment's `[b, l, n, d]`
+    projections, where the fused kernel runs (`RelativeMultiHeadAttention.kv_heads`): the kernel reads the two in
+    place of their concatenation, a copy of both in HBM. `whole()` forms the concatenation (the XLA form)."""
+
+    memory: jax.Array
+    current: jax.Array
+
+    @property
+    def shape(self) -> tuple:
+        b, m, n, d = self.memory.shape
+        return (b, m + self.current.shape[1], n, d)
+
+    def whole(self) -> jax.Array:
+        return jnp.concatenate([self.memory, self.current], axis=1)
+
+
+def whole_heads(x):
+    """Key or value heads as one array (`SegmentHeads` concatenated; anything else as it is)."""
+    return x.whole() if isinstance(x, SegmentHeads) else x
+
+
 def fused_relative_attention(
     q_head: jax.Array,
     k_head: jax.Array,
@@ -355,24 +377,34 @@ def fused_relative_attention(
     chosen by `operands.fused_attention`), or None where it does not apply (the caller then forms the terms
     itself). q `[b,q,n,d]`, k/v `[b,k,n,d]`; the position term either shifted, position keys `[r,n,d]` or
     `[b,r,n,d]` with row i reading the position scores from offset - stride·i or from `starts [b,q]` (queries at
-    arbitrary positions), or `factorized` = (q_enc, k_enc, r_kernel) as for `factorized_position_scores` (then
+    arbitrary positions), XLNet's `operands.DirectedKeys` (keys `[2,r,n,d]` read per row), or `factorized` =
+    (q_enc, k_enc, r_kernel) as for `factorized_position_scores` (then
     `k_head_r` is None); `mask` broadcastable to `[b,1,q,k]`, `seg_mat [b,q,k]` with `seg_embed [2,n,d]`;
     `exclude_first`: no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropatt` the
-    probabilities' `Dropout`. Returns attn_vec `[b,q,n,d]`."""
+    probabilities' `Dropout`. Returns attn_vec `[b,q,n·d]`, the heads merged (`RelativeMultiHeadAttention.output`
+    takes it so)."""
     if not operands.fused_attention() or isinstance(k_head, ContentKeyOperand) or isinstance(v_head, ValueOperand):
         return None
     if isinstance(k_head_r, PositionKeyOperand) or (mask is not None and mask.ndim == 4 and mask.shape[1] != 1):
         return None
     b, q, n, d = q_head.shape
+    directions = None
+    if isinstance(k_head_r, operands.DirectedKeys):  # keys [2, r, n, d], row b reads keys[index[b]]
+        k_head_r, directions = k_head_r.keys, k_head_r.index
     rlen = klen if k_head_r is None else k_head_r.shape[-3]
     if not tpu_attention.applies(q, klen, rlen, 0 if factorized is None else factorized[2].shape[0]):
         return None
-    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, l, n, d] -> [b, n, l, d]
+    merge = lambda x: x.reshape(*x.shape[:-2], n * d)  # [..., l, n, d] -> [..., l, n·d]: cancels `split_heads`
+    memory = None
+    if isinstance(k_head, SegmentHeads) and isinstance(v_head, SegmentHeads):  # read apart, concatenated in VMEM
+        memory = (merge(k_head.memory), merge(v_head.memory))
+        k_head, v_head = k_head.current, v_head.current
+    k_head, v_head = whole_heads(k_head), whole_heads(v_head)
     cast = lambda bias: bias.astype(q_head.dtype)
     u, v = cast(biases["r_w_bias"]), cast(biases["r_r_bias"])  # added in the kernel
     r, fact = None, None
     if k_head_r is not None:
-        r = heads_major(k_head_r if k_head_r.ndim == 4 else k_head_r[None]).astype(q_head.dtype)
+        r = merge(k_head_r if k_head_r.ndim == 4 else k_head_r[None]).astype(q_head.dtype)
     if factorized is not None:
         (phi, pi), (psi, _), r_kernel = factorized  # the rotated form: see rotated_factorized_position_scores
         half = r_kernel.shape[0] // 2
@@ -381,29 +413,34 @@ def fused_relative_attention(
         fact = tpu_attention.Factorized(
             phi=lead(phi),
             pi=lead(jnp.concatenate([pi[..., half:], -pi[..., :half]], -1)),
-            w_r=jnp.transpose(w, (1, 0, 2)),
-            w_s=jnp.transpose(jnp.concatenate([w[half:], w[:half]], 0), (1, 0, 2)),
+            w_r=merge(w),
+            w_s=merge(jnp.concatenate([w[half:], w[:half]], 0)),
             psi=psi.astype(q_head.dtype),
         )
+    q_flat = merge(q_head)
     ef, flags = None, None
     rows = b if (mask is not None and mask.shape[0] > 1) or seg_mat is not None else 1
     if mask is not None:
         mask = mask[:, 0] if mask.ndim == 4 else mask
         flags = jnp.broadcast_to(mask, (mask.shape[0], q, klen)).astype(jnp.int8)
         flags = jnp.broadcast_to(flags, (rows, q, klen))
-    if seg_mat is not None:
-        qs = q_head + cast(biases["r_s_bias"])
-        ef = jnp.einsum("bind,snd->bnis", qs, seg_embed.astype(q_head.dtype)).astype(jnp.float32)
+    if seg_mat is not None:  # ef[b,n,i,s] = (q + b_s)_{b,i,n} · s_{s,n}, from the merged heads through the
+        # block-diagonal [n·d, n, 2] of the segment embeddings (2n outputs per token: no split of the queries)
+        seg = jnp.einsum("snd,nm->ndms", seg_embed.astype(q_head.dtype), jnp.eye(n, dtype=q_head.dtype))
+        qs = q_flat + merge(cast(biases["r_s_bias"]))
+        ef = jnp.einsum("bix,xns->bnis", qs, seg.reshape(n * d, n, 2)).astype(jnp.float32)
         different = seg_mat.astype(jnp.int8) * jnp.int8(tpu_attention.DIFFERENT_SEGMENT)
         flags = different if flags is None else flags | different
-    out = tpu_attention.relative_attention(
-        heads_major(q_head),
+    return tpu_attention.relative_attention(
+        q_flat,
         u,
         v,
-        heads_major(k_head),
-        heads_major(v_head),
+        merge(k_head),
+        merge(v_head),
         r,
         shift=tpu_attention.Shift(offset, stride, starts),
+        directions=directions,
+        memory=memory,
         factorized=fact,
         scale=1.0 / math.sqrt(d),
         ef=ef,
@@ -413,7 +450,6 @@ def fused_relative_attention(
         dropout=None if dropatt is None else dropatt.keep_seed(),
         interpret=operands.kernels_interpreted(),
     )
-    return heads_major(out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -486,7 +522,15 @@ class RelativeMultiHeadAttention(nnx.Module):
     def position_heads(self, pos_emb: jax.Array) -> jax.Array:
         """W_r R: position keys `[r, n, d]` (or `[..., r, n, d]`) of the encodings `pos_emb [..., r, d_model]`,
         with W_r's `embed` gathered first (the encodings are whole on every device; see `Dense`)."""
+        if operands.fused_attention():
+            return self.split_heads(self.r(pos_emb, gather_input_dims=True, merged=True))
         return self.r(pos_emb, gather_input_dims=True)
+
+    def split_heads(self, x: jax.Array) -> jax.Array:
+        """`[..., n·d]` -> `[..., n, d]`. Where the fused kernel runs (`operands.fused_attention`) the projections
+        are formed merged (`Dense(merged=True)`) and split by this reshape, which the kernel's own reshape back to
+        `[..., n·d]` cancels in XLA: no heads-major transposes, no `[rows, d_head]` arrays padded to 128 lanes."""
+        return x.reshape(*x.shape[:-1], self.n_head, self.d_head)
 
     def content_keys(self, k_head):
         """The key heads as the content product's operand: in training `operands.content_keys` (the `[b,n,d,k]`
@@ -498,11 +542,16 @@ class RelativeMultiHeadAttention(nnx.Module):
     def kv_heads(self, h: jax.Array, mem: Optional[jax.Array] = None) -> tuple:
         """Key and value heads `[b, m+l, n, d]` of `[mem; h]` for h `[b,l,d]` and a stop-gradient memory mem
         `[b,m,d]` (or None). Memory and segment are projected separately, `[k(mem); k(h)]`: one matmul over the
-        concatenation would also form the memory rows' input gradient in the backward pass, only to drop it."""
-        k, v = (lambda x: self.heads(self.k, x)), (lambda x: self.heads(self.v, x))
+        concatenation would also form the memory rows' input gradient in the backward pass, only to drop it.
+        Where the fused kernel runs, the two stay apart (`SegmentHeads`)."""
+        merged = operands.fused_attention()  # formed merged and split (`split_heads`), memory and segment apart
+        k, v = (lambda x: self.heads(self.k, x, merged)), (lambda x: self.heads(self.v, x, merged))
+        split = self.split_heads if merged else (lambda x: x)
         if mem is None or mem.shape[1] == 0:
-            return k(h), v(h)
+            return split(k(h)), split(v(h))
         mem = mem.astype(h.dtype)
+        if merged:
+            return SegmentHeads(split(k(mem)), split(k(h))), SegmentHeads(split(v(mem)), split(v(h)))
         return jnp.concatenate([k(mem), k(h)], axis=1), jnp.concatenate([v(mem), v(h)], axis=1)
 
     def attend(
@@ -524,7 +573,7 @@ class RelativeMultiHeadAttention(nnx.Module):
         heads (lets XLNet's query stream reuse the content stream's heads). `position_term` overrides the
         shifted position scores (Funnel's factorized form)."""
         b = self.biases(shared_biases)
-        q_head = self.heads(self.q, query_input)
+        q_head = self.query_heads(query_input)
         k_head = self.content_keys(k_head)
         if position_term is None:
             segments = self.segments and seg_mat is not None
@@ -544,6 +593,7 @@ class RelativeMultiHeadAttention(nnx.Module):
             )
             if attn_vec is not None:
                 return self.output(query_input, attn_vec)
+        k_head, v_head = whole_heads(k_head), whole_heads(v_head)
         if position_term is None:
             position_term = position_scores(q_head, k_head_r, b["r_r_bias"], klen=klen, offset=offset, stride=stride)
         segment_term = None
@@ -565,12 +615,21 @@ class RelativeMultiHeadAttention(nnx.Module):
 
     def output(self, query_input: jax.Array, attn_vec: jax.Array) -> jax.Array:
         """The sub-layer's output LN(query_input + drop(attn_vec · W_o)) `[b, q, d]` (the product named
-        `attention_out` for the remat policies, `xlgen.models.layers.REMAT_POLICIES`)."""
-        return self.layer_norm(query_input + self.drop(named(self.o(attn_vec), ATTENTION_OUT)))
+        `attention_out` for the remat policies, `xlgen.models.layers.REMAT_POLICIES`); attn_vec `[b, q, n, d]`, or
+        `[b, q, n·d]` as the fused kernel writes it."""
+        out = self.o(attn_vec, merged=attn_vec.ndim == 3)
+        return self.layer_norm(query_input + self.drop(named(out, ATTENTION_OUT)))
 
-    def heads(self, proj: Dense, x: jax.Array) -> jax.Array:
-        """`x · W` `[b, l, n, d_head]` for the query / key / value projection `proj`, named `qkv_proj`."""
-        return named(proj(x), QKV_PROJ)
+    def heads(self, proj: Dense, x: jax.Array, merged: bool = False) -> jax.Array:
+        """`x · W` `[b, l, n, d_head]` (`[b, l, n·d_head]` if `merged`) for the query / key / value projection
+        `proj`, named `qkv_proj`."""
+        return named(proj(x, merged=merged), QKV_PROJ)
+
+    def query_heads(self, x: jax.Array) -> jax.Array:
+        """The query heads `[b, q, n, d]` (formed merged and split where the fused kernel runs: `split_heads`)."""
+        if operands.fused_attention():
+            return self.split_heads(self.heads(self.q, x, merged=True))
+        return self.heads(self.q, x)
 
     def __call__(
         self,
@@ -585,10 +644,11 @@ class RelativeMultiHeadAttention(nnx.Module):
         shared_biases=None,
     ) -> jax.Array:
         """query_input `[b,q,d]`, kv_input `[b,k,d]` (e.g. concat(memory, h)), pos_emb `[r,d]` or `[b,r,d]`."""
+        k_head, v_head = self.kv_heads(kv_input)
         return self.attend(
             query_input,
-            self.heads(self.k, kv_input),
-            self.heads(self.v, kv_input),
+            k_head,
+            v_head,
             self.position_heads(pos_emb),
             klen=kv_input.shape[1],
             offset=offset,

@@ -16,8 +16,16 @@ softmax needs no online rescaling; the backward kernel recomputes S and P from t
 the inputs: not even the log-normaliser) and forms dqu, dqv, dk, dv, dr and the segment scores' gradient, the
 position term's through the transposed rotation. Every `[b, n, q, k]` pass of the XLA form (content product,
 position product and shift, sum, scale and mask, softmax and its backward, dropout, probabilities by values:
-each memory-bound on v3 at d_head = 64) becomes VMEM traffic; HBM sees q, k, v, r once per (row, head) and the
-masks as one int8 `[q, k]` array per row (bit 0: masked, bit 1: different segment).
+each memory-bound on v3 at d_head = 64) becomes VMEM traffic; HBM sees q, k, v, r once per (row, block of heads)
+and the masks as one int8 `[q, k]` array per row and block of heads (bit 0: masked, bit 1: different segment).
+
+Operands are token-major with the heads merged, `[b, l, n·d]`, as the projections write them (one 2-D product
+each, `layers.Dense(merged=True)`): no transposes to and from a heads-major layout, and a block of `LANES` lanes
+holds 128 / d heads at d_head < 128 (a `[rows, 64]` block would be padded to the 128 lanes in HBM). The kernel
+takes the block's heads one after another, each product over the whole block with the other heads' lanes zeroed:
+the MXU's contraction and output are 128 wide either way. XLNet's keys of both directions are read per row by its
+direction (`directions`), and the memory's keys and values may come apart from the segment's (`memory`), joined in
+VMEM.
 
 Scores and softmax are float32 inside the kernel whatever `scores_dtype` says (that key sets the bytes of the
 XLA form's passes, which do not exist here); products take the operands' dtype (bfloat16 on TPU) with float32
@@ -139,6 +147,16 @@ class Factorized(NamedTuple):
     psi: jax.Array
 
 
+def heads_per_block(n: int, d: int) -> int:
+    """Heads per block of lanes: one at d_head a multiple of 128; 128 / d where that divides n; else all n (a
+    block of the whole merged dimension)."""
+    if d % LANES == 0:
+        return 1
+    if n * d <= LANES or LANES % d or n % (LANES // d):
+        return n
+    return LANES // d
+
+
 class _Static(NamedTuple):
     """Shapes and options fixed per call."""
 
@@ -158,6 +176,8 @@ class _Static(NamedTuple):
     heads: int  # global head count (dropout index)
     qlen: int  # global query count (dropout index)
     operands: str  # dtype of the products' operands in VMEM
+    d_head: int
+    group: int = 1  # heads per block (`heads_per_block` of the device's heads; set per device in `_call`)
 
 
 def product_dtype(dtype) -> str:
@@ -190,25 +210,57 @@ class _Block(NamedTuple):
     qv: jax.Array
     k: jax.Array
     r: Optional[jax.Array]
-    ef: Optional[jax.Array]  # [tq, 2] float32
+    ef: Optional[jax.Array]  # [tq, 2] float32 (of one head; [hb, 2, tq] as loaded)
     flags: Optional[jax.Array]  # [tq, klen] int32
     starts: Optional[jax.Array]  # [tq, 1] int32
     fact: Optional[tuple]  # (phi, pi [tq, D], w_r, w_s [D, d], psi [klen, D])
+
+
+def _keys(x: dict, name: str, st: _Static):
+    """The keys (`k`) or values (`v`) `[klen, hb·d]`: the memory's rows (`k_mem`, `v_mem`, when given apart) and
+    the segment's, concatenated in VMEM."""
+    rows = x[name][...].astype(st.operands)
+    if name + "_mem" in x:
+        rows = jnp.concatenate([x[name + "_mem"][...].astype(st.operands), rows], axis=0)
+    return rows
 
 
 def _load(x: dict, st: _Static) -> _Block:
     cast = lambda name: x[name][...].astype(st.operands) if name in x else None
     q = cast("q")
     return _Block(
-        qu=q + cast("u"),  # q + u, q + v: the biases `[1, d]` added in VMEM
+        qu=q + cast("u"),  # q + u, q + v: the biases `[1, hb·d]` added in VMEM
         qv=q + cast("vb"),
-        k=cast("k"),
-        r=cast("r"),
-        ef=x["ef"][...].astype(jnp.float32).T if "ef" in x else None,  # arrives as [2, tq]
+        k=_keys(x, "k", st),
+        r=(x["r"][x["directions"][x["row"]]] if "directions" in x else x["r"][...]).astype(st.operands)
+        if "r" in x
+        else None,
+        ef=None,  # read per head (`_head`)
         flags=x["flags"][...].astype(jnp.int32) if "flags" in x else None,
         starts=x["starts"][...].T if "starts" in x else None,  # arrives as [1, tq]
         fact=tuple(cast(name) for name in ("phi", "pi", "w_r", "w_s", "psi")) if "psi" in x else None,
     )
+
+
+def _per_head(st: _Static, body, carry):
+    """carry = body(h, lanes, carry) for each head h of the block, `lanes` its lanes `[1, hb·d]` bool (None for a
+    block of one head): a loop, so that one head's `[tq, klen]` temporaries are live at a time in VMEM."""
+    if st.group == 1:
+        return body(0, None, carry)
+    head = jax.lax.broadcasted_iota(jnp.int32, (1, st.group * st.d_head), 1) // st.d_head
+    return jax.lax.fori_loop(0, st.group, lambda h, c: body(h, head == h, c), carry)
+
+
+def _only(lanes, x):
+    """x with the lanes of the other heads zeroed."""
+    return x if lanes is None else jnp.where(lanes, x, jnp.zeros_like(x))
+
+
+def _head(blk: _Block, x: dict, h, lanes) -> _Block:
+    """The block's inputs for head h: its queries' lanes (the products then contract over its lanes only) and its
+    segment scores `[tq, 2]` (`ef` arrives as `[hb, 2, tq]`, queries on the lanes)."""
+    ef = x["ef"][h].astype(jnp.float32).T if "ef" in x else None
+    return blk._replace(qu=_only(lanes, blk.qu), qv=_only(lanes, blk.qv), ef=ef)
 
 
 def _first_excluded(st: _Static, q_block):
@@ -263,78 +315,111 @@ def _forward_kernel(st: _Static, names: tuple, *refs):
     from jax.experimental import pallas as pl
 
     x = dict(zip(names, refs))
-    n, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    s, _ = _scores(st, q_block, _load(x, st))
-    p = _softmax(s)
-    if st.dropout:
-        p = jnp.where(_dropout_keep(st, x["scalars"], b, n, q_block), p / st.keep_prob, 0.0)
-    v = x["v"][...].astype(st.operands)
-    x["out"][...] = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(x["out"].dtype)
+    group, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    blk = _load(dict(x, row=b), st)
+    v = _keys(x, "v", st)
+
+    def head(h, lanes, out):
+        s, _ = _scores(st, q_block, _head(blk, x, h, lanes))
+        p = _softmax(s)
+        if st.dropout:
+            keep = _dropout_keep(st, x["scalars"], b, group * st.group + h, q_block)
+            p = jnp.where(keep, p / st.keep_prob, 0.0)
+        return out + _only(lanes, jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32))
+
+    out = _per_head(st, head, jnp.zeros(blk.qu.shape, jnp.float32))
+    x["out"][...] = out.astype(x["out"].dtype)
 
 
 # gradients accumulated over the grid in float32 VMEM: name -> whether the block is shared by the batch rows
 _ACCUMULATED = ("dk", "dv", "dr", "dw_r", "dw_s", "du", "dvb")
 
 
-def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
+def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *refs):
     from jax.experimental import pallas as pl
 
     x = dict(zip(names, refs))
-    n, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    x.update({name + "_acc": x[name] for name in direct})  # float32 outputs accumulated in place
+    group, b, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     last_b, last_q = pl.num_programs(1) - 1, pl.num_programs(2) - 1
     for name in _ACCUMULATED:
         if name in x:
             first = (q_block == 0) & ((b == 0) | (not shared[name]))
             pl.when(first)(functools.partial(lambda acc: acc.__setitem__(..., jnp.zeros_like(acc)), x[name + "_acc"]))
 
-    blk = _load(x, st)
+    blk = _load(dict(x, row=b), st)
     do = x["do"][...].astype(st.operands)
-    v = x["v"][...].astype(st.operands)
-    s, xy = _scores(st, q_block, blk)
-    p = _softmax(s)
-    dp = jax.lax.dot_general(do, v, TRANS_B, preferred_element_type=jnp.float32)  # d(P_d)
-    pd = p
-    if st.dropout:
-        keep = _dropout_keep(st, x["scalars"], b, n, q_block)
-        pd = jnp.where(keep, p / st.keep_prob, 0.0)
-        dp = jnp.where(keep, dp / st.keep_prob, 0.0)
-    x["dv_acc"][...] += jnp.dot(pd.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
-    if st.masks:
-        ds = jnp.where((blk.flags & MASKED) != 0, 0.0, ds)
-    ds = ds * st.scale  # d(content + position + segment)
-    dqu = jnp.dot(ds.astype(blk.k.dtype), blk.k, preferred_element_type=jnp.float32)
-    x["dk_acc"][...] += jnp.dot(ds.T.astype(blk.qu.dtype), blk.qu, preferred_element_type=jnp.float32)
-    ds_pos = jnp.where(_first_excluded(st, q_block), ds, 0.0) if st.exclude_first else ds
-    dqv = jnp.zeros(blk.qv.shape, jnp.float32)
-    if blk.r is not None:
-        first, rest, largest = _row_amounts(st, q_block, blk.starts, inverse=True)
-        draw = _rotate_rows(_pad_columns(ds_pos, st.width), rest, first, st.width, largest)[:, : blk.r.shape[0]]
-        dqv += jnp.dot(draw.astype(blk.r.dtype), blk.r, preferred_element_type=jnp.float32)
-        x["dr_acc"][...] += jnp.dot(draw.T.astype(blk.qv.dtype), blk.qv, preferred_element_type=jnp.float32)
-    if blk.fact is not None:
-        phi, pi, w_r, w_s, psi = blk.fact
-        dxy = jnp.dot(ds_pos.astype(psi.dtype), psi, preferred_element_type=jnp.float32)  # [tq, D]
-        dq_r, dq_s = (dxy * phi).astype(w_r.dtype), (dxy * pi).astype(w_s.dtype)
-        dqv += jnp.dot(dq_r, w_r, preferred_element_type=jnp.float32) + jnp.dot(
-            dq_s, w_s, preferred_element_type=jnp.float32
-        )
-        x["dw_r_acc"][...] += jnp.dot(dq_r.T, blk.qv, preferred_element_type=jnp.float32)
-        x["dw_s_acc"][...] += jnp.dot(dq_s.T, blk.qv, preferred_element_type=jnp.float32)
-    x["dq"][...] = (dqu + dqv).astype(x["dq"].dtype)
-    x["du_acc"][...] += dqu.sum(axis=0, keepdims=True)
-    x["dvb_acc"][...] += dqv.sum(axis=0, keepdims=True)
-    if st.segments:
-        different = (blk.flags & DIFFERENT_SEGMENT) != 0
-        same_sum = jnp.where(different, 0.0, ds_pos).sum(axis=-1, keepdims=True)
-        diff_sum = jnp.where(different, ds_pos, 0.0).sum(axis=-1, keepdims=True)
-        x["d_ef"][...] = jnp.concatenate([same_sum, diff_sum], axis=1).T.astype(x["d_ef"].dtype)
+    v = _keys(x, "v", st)
+
+    def head(h, lanes, carry):
+        dq, du, dvb = carry
+        bh = _head(blk, x, h, lanes)
+        s, xy = _scores(st, q_block, bh)
+        p = _softmax(s)
+        do_h = _only(lanes, do)
+        dp = jax.lax.dot_general(do_h, v, TRANS_B, preferred_element_type=jnp.float32)  # d(P_d)
+        pd = p
+        if st.dropout:
+            keep = _dropout_keep(st, x["scalars"], b, group * st.group + h, q_block)
+            pd = jnp.where(keep, p / st.keep_prob, 0.0)
+            dp = jnp.where(keep, dp / st.keep_prob, 0.0)
+        x["dv_acc"][...] += jnp.dot(pd.T.astype(do.dtype), do_h, preferred_element_type=jnp.float32)
+        ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+        if st.masks:
+            ds = jnp.where((bh.flags & MASKED) != 0, 0.0, ds)
+        ds = ds * st.scale  # d(content + position + segment)
+        dqu = _only(lanes, jnp.dot(ds.astype(bh.k.dtype), bh.k, preferred_element_type=jnp.float32))
+        x["dk_acc"][...] += jnp.dot(ds.T.astype(bh.qu.dtype), bh.qu, preferred_element_type=jnp.float32)
+        ds_pos = jnp.where(_first_excluded(st, q_block), ds, 0.0) if st.exclude_first else ds
+        dqv = jnp.zeros(bh.qv.shape, jnp.float32)
+        if bh.r is not None:
+            first, rest, largest = _row_amounts(st, q_block, bh.starts, inverse=True)
+            draw = _rotate_rows(_pad_columns(ds_pos, st.width), rest, first, st.width, largest)[:, : bh.r.shape[0]]
+            dqv += jnp.dot(draw.astype(bh.r.dtype), bh.r, preferred_element_type=jnp.float32)
+            dr = jnp.dot(draw.T.astype(bh.qv.dtype), bh.qv, preferred_element_type=jnp.float32)
+            if "directions" in x:  # both directions' keys accumulated, row b's into its own
+                x["dr_acc"][x["directions"][b]] += dr
+            else:
+                x["dr_acc"][...] += dr
+        if bh.fact is not None:
+            phi, pi, w_r, w_s, psi = bh.fact
+            dxy = jnp.dot(ds_pos.astype(psi.dtype), psi, preferred_element_type=jnp.float32)  # [tq, D]
+            dq_r, dq_s = (dxy * phi).astype(w_r.dtype), (dxy * pi).astype(w_s.dtype)
+            dqv += jnp.dot(dq_r, w_r, preferred_element_type=jnp.float32) + jnp.dot(
+                dq_s, w_s, preferred_element_type=jnp.float32
+            )
+            x["dw_r_acc"][...] += jnp.dot(dq_r.T, bh.qv, preferred_element_type=jnp.float32)
+            x["dw_s_acc"][...] += jnp.dot(dq_s.T, bh.qv, preferred_element_type=jnp.float32)
+        dqv = _only(lanes, dqv)
+        if st.segments:
+            different = (bh.flags & DIFFERENT_SEGMENT) != 0
+            same_sum = jnp.where(different, 0.0, ds_pos).sum(axis=-1, keepdims=True)
+            diff_sum = jnp.where(different, ds_pos, 0.0).sum(axis=-1, keepdims=True)
+            x["d_ef"][h] = jnp.concatenate([same_sum, diff_sum], axis=1).T.astype(x["d_ef"].dtype)  # [2, tq]
+        return dq + dqu + dqv, du + dqu.sum(axis=0, keepdims=True), dvb + dqv.sum(axis=0, keepdims=True)
+
+    zeros = lambda shape: jnp.zeros(shape, jnp.float32)
+    dq, du, dvb = _per_head(st, head, (zeros(blk.qu.shape), zeros((1, blk.qu.shape[1])), zeros((1, blk.qu.shape[1]))))
+    x["dq"][...] = dq.astype(x["dq"].dtype)
+    x["du_acc"][...] += du
+    x["dvb_acc"][...] += dvb
 
     for name in _ACCUMULATED:
-        if name in x:
+        if name in x and name not in direct:
             last = (q_block == last_q) & ((b == last_b) | (not shared[name]))
-            write = lambda out, acc: out.__setitem__(..., acc[...].astype(out.dtype))
-            pl.when(last)(functools.partial(write, x[name], x[name + "_acc"]))
+            pl.when(last)(functools.partial(_write, x, name))
+
+
+def _write(x: dict, name: str):
+    """An accumulated gradient to its output; the keys' and values' split into the memory's rows and the segment's
+    when these came apart."""
+    acc = x[name + "_acc"]
+    if name + "_mem" in x:
+        m = x[name + "_mem"].shape[0]
+        x[name + "_mem"][...] = acc[:m].astype(x[name + "_mem"].dtype)
+        x[name][...] = acc[m:].astype(x[name].dtype)
+    else:
+        x[name][...] = acc[...].astype(x[name].dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -343,8 +428,8 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, *refs):
 
 
 def _once(block, index):
-    """A block that changes at most once per (row, head), every q / tq steps: one VMEM buffer, not two (its next
-    block's copy waits for the last step on this one, a stall per (row, head) that keeps the keys, values,
+    """A block that changes at most once per (row, block of heads), every q / tq steps: one VMEM buffer, not two (its
+    next block's copy waits for the last step on this one, a stall per (row, block) that keeps the keys, values,
     position keys and their gradients of d_head = 128 and klen = 1536 within v3's 16 MiB of VMEM)."""
     from jax.experimental import pallas as pl
 
@@ -352,38 +437,43 @@ def _once(block, index):
 
 
 def _specs(st: _Static, inputs: dict) -> dict:
-    """BlockSpecs of the inputs present, grid (heads, batch, query blocks)."""
+    """BlockSpecs of the inputs present, grid (head blocks, batch, query blocks); a block of lanes holds st.group
+    heads of the merged `n·d` dimension."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    d = inputs["q"].shape[-1]
-    lead = lambda name: (lambda n, b: b) if inputs[name].shape[0] > 1 else (lambda n, b: 0)
+    bw = st.group * st.d_head
+    lead = lambda name: (lambda g, b: b) if inputs[name].shape[0] > 1 else (lambda g, b: 0)
     specs = {
         "scalars": pl.BlockSpec(memory_space=pltpu.SMEM),
-        "q": pl.BlockSpec((None, None, st.rows, d), lambda n, b, i: (b, n, i, 0)),
-        "u": _once((None, 1, d), lambda n, b, i: (n, 0, 0)),
-        "vb": _once((None, 1, d), lambda n, b, i: (n, 0, 0)),
-        "k": _once((None, None, st.klen, d), lambda n, b, i: (b, n, 0, 0)),
-        "v": _once((None, None, st.klen, d), lambda n, b, i: (b, n, 0, 0)),
+        "q": pl.BlockSpec((None, st.rows, bw), lambda g, b, i: (b, i, g)),
+        "u": _once((1, bw), lambda g, b, i: (0, g)),
+        "vb": _once((1, bw), lambda g, b, i: (0, g)),
     }
-    if "r" in inputs:
-        rb, rlen = lead("r"), inputs["r"].shape[2]
-        specs["r"] = _once((None, None, rlen, d), lambda n, b, i: (rb(n, b), n, 0, 0))
+    for name in ("k", "v", "k_mem", "v_mem"):
+        if name in inputs:
+            specs[name] = _once((None, inputs[name].shape[1], bw), lambda g, b, i: (b, 0, g))
+    if "directions" in inputs:  # the keys of both directions, per block of heads; each row's direction in SMEM
+        specs["directions"] = pl.BlockSpec(memory_space=pltpu.SMEM)
+        specs["r"] = _once((2, inputs["r"].shape[1], bw), lambda g, b, i: (0, 0, g))
+    elif "r" in inputs:
+        rb, rlen = lead("r"), inputs["r"].shape[1]
+        specs["r"] = _once((None, rlen, bw), lambda g, b, i: (rb(g, b), 0, g))
     if "ef" in inputs:
-        specs["ef"] = pl.BlockSpec((None, None, 2, st.rows), lambda n, b, i: (b, n, 0, i))
+        specs["ef"] = pl.BlockSpec((None, st.group, 2, st.rows), lambda g, b, i: (b, g, 0, i))
     if "flags" in inputs:
         fb = lead("flags")
-        specs["flags"] = pl.BlockSpec((None, st.rows, st.klen), lambda n, b, i: (fb(n, b), i, 0))
+        specs["flags"] = pl.BlockSpec((None, st.rows, st.klen), lambda g, b, i: (fb(g, b), i, 0))
     if "starts" in inputs:
-        specs["starts"] = pl.BlockSpec((None, 1, st.rows), lambda n, b, i: (b, 0, i))
+        specs["starts"] = pl.BlockSpec((None, 1, st.rows), lambda g, b, i: (b, 0, i))
     if "psi" in inputs:
         width = inputs["psi"].shape[-1]
         pb = lead("phi")
         for name in ("phi", "pi"):
-            specs[name] = pl.BlockSpec((None, st.rows, width), lambda n, b, i: (pb(n, b), i, 0))
+            specs[name] = pl.BlockSpec((None, st.rows, width), lambda g, b, i: (pb(g, b), i, 0))
         for name in ("w_r", "w_s"):
-            specs[name] = _once((None, width, d), lambda n, b, i: (n, 0, 0))
-        specs["psi"] = _once((st.klen, width), lambda n, b, i: (0, 0))
+            specs[name] = _once((width, bw), lambda g, b, i: (0, g))
+        specs["psi"] = _once((st.klen, width), lambda g, b, i: (0, 0))
     return specs
 
 
@@ -393,12 +483,13 @@ def _struct(shape, dtype, like):
 
 def _flops(st: _Static, inputs: dict, backward: bool) -> int:
     """The kernel's matmul FLOPs: forward content, position and segment products and probabilities by values;
-    backward the score products again, then dP, dv, dqu, dk and the position term's gradients."""
-    b, n, q, d = inputs["q"].shape
-    k = st.klen
+    backward the score products again, then dP, dv, dqu, dk and the position term's gradients. Per head over its
+    d lanes (a block of several heads runs each product 128 lanes wide, as the MXU would at d < 128 anyway)."""
+    b, q, nd = inputs["q"].shape
+    n, d, k = nd // st.d_head, st.d_head, st.klen
     per_row = (10 if backward else 4) * d * k
     if "r" in inputs:
-        per_row += (6 if backward else 2) * d * inputs["r"].shape[2]
+        per_row += (6 if backward else 2) * d * inputs["r"].shape[1]
     if "psi" in inputs:
         width = inputs["psi"].shape[-1]
         per_row += (12 * d * width + 4 * width * k) if backward else (4 * d * width + 2 * width * k)
@@ -435,16 +526,17 @@ def _bytes_moved(grid, specs, arrays) -> int:
 
 
 def _call(st: _Static, interpret: bool, inputs: dict, do=None):
-    """The forward kernel (`do` None): out `[b, n, q, d]`; else the backward kernel: a dict of gradients."""
+    """The forward kernel (`do` None): out `[b, q, n·d]`; else the backward kernel: a dict of gradients."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
     qu = inputs["q"]
-    b, n, q, d = qu.shape
+    b, q, nd = qu.shape
+    st = st._replace(group=heads_per_block(nd // st.d_head, st.d_head))  # of this device's heads
     specs = _specs(st, inputs)
     names = tuple(inputs)
-    row = pl.BlockSpec((None, None, st.rows, d), lambda n_, b_, i: (b_, n_, i, 0))
-    grid = (n, b, q // st.rows)
+    row = specs["q"]
+    grid = (nd // (st.group * st.d_head), b, q // st.rows)
     in_specs, in_arrays = [specs[k] for k in names], list(inputs.values())
     if do is None:
         outs = {"out": (row, qu)}
@@ -453,7 +545,7 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
     else:
         in_specs, in_arrays = in_specs + [row], in_arrays + [do]
         outs = {"dq": (row, qu)}  # name -> (spec, like)
-        for name in ("u", "vb", "k", "v", "r", "w_r", "w_s"):
+        for name in ("u", "vb", "k", "v", "r", "w_r", "w_s", "k_mem", "v_mem"):
             if name in inputs:
                 outs["d" + name] = (specs[name], inputs[name])
         if "ef" in inputs:
@@ -463,26 +555,33 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
             "dvb": True,
             "dk": False,
             "dv": False,
-            "dr": "r" in inputs and inputs["r"].shape[0] == 1,
+            "dr": "r" in inputs and (inputs["r"].shape[0] == 1 or "directions" in inputs),
             "dw_r": True,
             "dw_s": True,
         }
-        accumulated = [name for name in _ACCUMULATED if name in outs]
+        # the keys of both directions' gradient: a float32 output accumulated in place (no scratch: with the keys,
+        # the `[2, rlen, 128]` blocks of XLNet-Base's content stream would not fit v3's VMEM)
+        direct = ("dr",) if "directions" in inputs else ()
+        for name in direct:
+            outs[name] = (outs[name][0], jax.ShapeDtypeStruct(outs[name][1].shape, jnp.float32))
+        accumulated = [name for name in _ACCUMULATED if name in outs and name not in direct]
         refs = names + ("do",) + tuple(outs) + tuple(name + "_acc" for name in accumulated)
-        kernel = functools.partial(_backward_kernel, st, refs, shared)
+        kernel = functools.partial(_backward_kernel, st, refs, shared, direct)
     out_specs, out_like = [spec for spec, _ in outs.values()], [like for _, like in outs.values()]
     cost = pl.CostEstimate(
         flops=_flops(st, inputs, do is not None),
-        transcendentals=b * n * q * st.klen,
+        transcendentals=b * (nd // st.d_head) * q * st.klen,
         bytes_accessed=_bytes_moved(grid, in_specs + out_specs, in_arrays + out_like),
     )
+    block = lambda spec: tuple(size for size in spec.block_shape if size is not None)
+    acc_shape = lambda name: (st.klen, block(outs[name][0])[1]) if name in ("dk", "dv") else block(outs[name][0])
     results = pl.pallas_call(
         kernel,
         grid=grid,
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=[_struct(like.shape, like.dtype, qu) for like in out_like],
-        scratch_shapes=[pltpu.VMEM(outs[name][1].shape[-2:], jnp.float32) for name in accumulated],
+        scratch_shapes=[pltpu.VMEM(acc_shape(name), jnp.float32) for name in accumulated],
         cost_estimate=cost,
         interpret=interpret,
     )(*in_arrays)
@@ -504,7 +603,7 @@ def _attention_bwd(st, interpret, inputs, do):
     for name, x in inputs.items():
         key = "d_ef" if name == "ef" else "d" + name
         if key in grads:
-            cotangents[name] = grads[key]
+            cotangents[name] = grads[key].astype(x.dtype)
         elif jnp.issubdtype(x.dtype, jnp.floating):
             cotangents[name] = jnp.zeros_like(x)  # constants: phi, pi, psi
         else:
@@ -531,6 +630,8 @@ def relative_attention(
     r: Optional[jax.Array] = None,
     *,
     shift: Shift = Shift(),
+    directions: Optional[jax.Array] = None,
+    memory: Optional[tuple] = None,
     factorized: Optional[Factorized] = None,
     scale: float,
     ef: Optional[jax.Array] = None,
@@ -540,17 +641,22 @@ def relative_attention(
     dropout: Optional[tuple] = None,
     interpret: bool = False,
 ) -> jax.Array:
-    """softmax(mask((qu·k^T + position + ef[seg]) · scale)), dropped out, · v, heads-major, qu = q + u, qv = q + vb:
+    """softmax(mask((qu·k^T + position + ef[seg]) · scale)), dropped out, · v, per head, qu = q + u, qv = q + vb,
+    every operand token-major with the heads merged:
 
-    q `[b, n, q, d]` and the content and position biases u, vb `[n, d]` (added in VMEM); k, v `[b, n, klen, d]`; the position term shift(qv·r^T), r `[1 or b, n, rlen, d]`
-    (position keys shared by the batch or per row; `shift` says where row i of qv·r^T is read), and/or the
-    `factorized` term; `ef` `[b, n, q, 2]` the segment scores (same, different segment) or None; `flags` int8
-    `[1 or b, q, klen]` (bit 0 masked, if `masks`; bit 1 different segment, if `ef` is given); `exclude_first`:
-    no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32 `[2]` of
-    `layers.keep_mask`, keep probability) or None. Returns `[b, n, q, d]` in q's dtype."""
-    b, n, qlen, d = q.shape
-    klen = k.shape[2]
-    width = 0 if r is None else padded_width(r.shape[2], klen)
+    q `[b, q, n·d]` and the content and position biases u, vb `[n, d]` (added in VMEM); k, v `[b, klen, n·d]`;
+    the position term shift(qv·r^T), r `[1 or b, rlen, n·d]` (position keys shared by the batch or per row;
+    `shift` says where row i of qv·r^T is read; with `directions` int32 `[b]`, r `[2, rlen, n·d]` holds the keys
+    of both directions and row b reads r[directions[b]]: XLNet's bidirectional rows), and/or the `factorized` term;
+    `memory` (k_mem, v_mem) `[b, m, n·d]`: the memory's keys and values given apart, the first m of the klen (its w_r, w_s `[D, n·d]`); `ef`
+    `[b, n, q, 2]` the segment scores (same, different segment) or None; `flags` int8 `[1 or b, q, klen]` (bit 0
+    masked, if `masks`; bit 1 different segment, if `ef` is given); `exclude_first`: no position and segment
+    terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32 `[2]` of `layers.keep_mask`, keep
+    probability) or None. Returns `[b, q, n·d]` in q's dtype."""
+    n, d = u.shape
+    b, qlen, _ = q.shape
+    klen = k.shape[1] + (0 if memory is None else memory[0].shape[1])
+    width = 0 if r is None else padded_width(r.shape[1], klen)
     seed, keep_prob = dropout if dropout is not None else (jnp.zeros((2,), jnp.uint32), 1.0)
     st = _Static(
         rows=block_rows(qlen, max(width, klen) + (0 if factorized is None else factorized.psi.shape[-1])),
@@ -569,47 +675,57 @@ def relative_attention(
         heads=n,
         qlen=qlen,
         operands=product_dtype(q.dtype),
+        d_head=d,
     )
     if st.rows == 0:
         raise ValueError(f"tpu_attention: no block of rows fits {qlen} queries against {width} columns")
-    bias = lambda x: x.astype(q.dtype).reshape(n, 1, d)
+    bias = lambda x: x.astype(q.dtype).reshape(1, n * d)
     inputs = {"q": q, "u": bias(u), "vb": bias(vb), "k": k, "v": v, "r": r}
+    if memory is not None:
+        inputs["k_mem"], inputs["v_mem"] = memory
     if ef is not None:
         inputs["ef"] = jnp.swapaxes(ef, -1, -2)  # [b, n, 2, q]: queries on the lanes
     inputs["flags"] = flags
     if shift.starts is not None:
         inputs["starts"] = shift.starts[:, None, :].astype(jnp.int32)
+    if directions is not None:
+        inputs["directions"] = directions.astype(jnp.int32)
     if factorized is not None:  # W_r, W_s and psi, whole per head or call, enter in the products' dtype: no VMEM
         inputs.update(factorized._asdict())  # copy converting them (tiny arrays, read once per head or call)
         for name in ("w_r", "w_s", "psi"):
             inputs[name] = inputs[name].astype(st.operands)
     inputs = {name: x for name, x in inputs.items() if x is not None}
     seed_words = jax.lax.bitcast_convert_type(jnp.asarray(seed, jnp.uint32), jnp.int32)
-    return per_device(functools.partial(_attention, st, interpret), seed_words, inputs, check_vma=not interpret)
+    call = functools.partial(_attention, st, interpret)
+    return per_device(call, seed_words, inputs, heads=n, check_vma=not interpret)
 
 
 # logical names of each input's axes, for the per-device split (batch-like leading axes of size 1 stay whole)
 _AXES = {
-    "q": (BATCH, HEADS, None, None),
-    "u": (HEADS, None, None),
-    "vb": (HEADS, None, None),
-    "k": (BATCH, HEADS, None, None),
-    "v": (BATCH, HEADS, None, None),
-    "r": (BATCH, HEADS, None, None),
+    "q": (BATCH, None, HEADS),
+    "u": (None, HEADS),
+    "vb": (None, HEADS),
+    "k": (BATCH, None, HEADS),
+    "v": (BATCH, None, HEADS),
+    "k_mem": (BATCH, None, HEADS),
+    "v_mem": (BATCH, None, HEADS),
+    "r": (BATCH, None, HEADS),
     "ef": (BATCH, HEADS, None, None),
     "flags": (BATCH, None, None),
     "starts": (BATCH, None, None),
+    "directions": (BATCH,),
     "phi": (BATCH, None, None),
     "pi": (BATCH, None, None),
-    "w_r": (HEADS, None, None),
-    "w_s": (HEADS, None, None),
+    "w_r": (None, HEADS),
+    "w_s": (None, HEADS),
     "psi": (None, None),
 }
 
 
-def per_device(fn, seed_words, inputs: dict, check_vma: bool = True):
+def per_device(fn, seed_words, inputs: dict, heads: int, check_vma: bool = True):
     """`fn({"scalars": ..., **inputs})` on each device's batch rows and heads (`jax.shard_map` under the active
-    rules; a plain call off a mesh). scalars = (seed0, seed1, first batch row, first head) of the device.
+    rules, whole heads of the merged `n·d` dimensions; a plain call off a mesh). scalars = (seed0, seed1, first
+    batch row, first head) of the device.
 
     `check_vma=False` for interpreted kernels: Pallas traces a kernel's body with no varying manual axes and its
     interpreter evaluates that body on the device's (varying) blocks, where a constant meeting a block fails the
@@ -619,12 +735,14 @@ def per_device(fn, seed_words, inputs: dict, check_vma: bool = True):
     if mesh.empty or all(size == 1 for size in mesh.shape.values()):
         return fn({"scalars": jnp.concatenate([seed_words, jnp.zeros((2,), jnp.int32)]), **inputs})
     rules = sharding.active_rules()
-    spec = sharding.activation_spec((BATCH, HEADS, None, None), inputs["q"].shape, rules, mesh)
+    b, q, nd = inputs["q"].shape
+    spec = sharding.activation_spec((BATCH, HEADS, None, None), (b, heads, q, nd // heads), rules, mesh)
     batch_axes, head_axes = (() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in spec[:2])
     P = jax.sharding.PartitionSpec
     entry = {BATCH: spec[0], HEADS: spec[1], None: None}
+    axes = dict(_AXES, r=(None, None, HEADS)) if "directions" in inputs else _AXES  # r: [2 directions, rlen, n·d]
     in_specs = {
-        name: P(*(None if (axis == BATCH and x.shape[0] == 1) else entry[axis] for axis in _AXES[name]))
+        name: P(*(None if (axis == BATCH and x.shape[0] == 1) else entry[axis] for axis in axes[name]))
         for name, x in inputs.items()
     }
     split = batch_axes + head_axes
@@ -635,9 +753,10 @@ def per_device(fn, seed_words, inputs: dict, check_vma: bool = True):
             return jax.lax.pcast(x, missing, to="varying") if missing else x
 
         first_row = lambda axes, size: varying(jax.lax.axis_index(axes) * size if axes else jnp.int32(0))
-        b0, n0 = first_row(batch_axes, inputs["q"].shape[0]), first_row(head_axes, inputs["q"].shape[1])
+        local_heads = inputs["q"].shape[2] * heads // nd
+        b0, n0 = first_row(batch_axes, inputs["q"].shape[0]), first_row(head_axes, local_heads)
         scalars = jnp.concatenate([varying(seed_words), jnp.stack([b0, n0]).astype(jnp.int32)])
         return fn({"scalars": scalars, **jax.tree.map(varying, inputs)})
 
-    specs = dict(in_specs=(P(), in_specs), out_specs=spec, check_vma=check_vma)
+    specs = dict(in_specs=(P(), in_specs), out_specs=P(spec[0], None, spec[1]), check_vma=check_vma)
     return jax.shard_map(body, mesh=mesh, **specs)(seed_words, inputs)

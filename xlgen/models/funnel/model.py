@@ -359,7 +359,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
         """query `[b, q, d]`, kv `[b, k, d]` -> LN(query + Attn) `[b, q, d]`."""
         dtype = query.dtype
         b = self.biases(None)
-        q_head, k_head, v_head = self.heads(self.q, query), self.heads(self.k, kv), self.heads(self.v, kv)
+        q_head, (k_head, v_head) = self.query_heads(query), self.kv_heads(kv)
         qlen, klen = query.shape[1], kv.shape[1]
         rows = ai.q_rows
         if rows is not None and (ai.k_stride != 1 or ai.shift != 1 or klen != len(ai.k_pos)):

@@ -57,6 +57,7 @@ from xlgen.models.relative_attention import (
     segment_scores,
     shift_offset,
     sinusoid_embedding,
+    whole_heads,
 )
 from xlgen.sharding import constrain
 
@@ -223,10 +224,11 @@ def position_encodings(
 
 
 def cache_mems(h: jax.Array, mem: Optional[jax.Array], mem_len: int, reuse_len: Optional[int]) -> jax.Array:
-    """New memory for one layer: the last `mem_len` of [mem; h[:, :reuse_len]], stop-gradient. `[b, <=mem_len, d]`."""
-    cur = h[:, :reuse_len] if reuse_len else h
-    cat = cur if mem is None or mem.shape[1] == 0 else jnp.concatenate([mem.astype(cur.dtype), cur], axis=1)
-    return jax.lax.stop_gradient(cat[:, -mem_len:])
+    """New memory: the last `mem_len` of [mem; h[..., :reuse_len, :]], stop-gradient, for one layer (h `[b, l, d]`,
+    mem `[b, m, d]`) or all (`[n_layer, b, l, d]`, `[n_layer, b, m, d]`). `[..., b, <=mem_len, d]`."""
+    cur = h[..., :reuse_len, :] if reuse_len else h
+    cat = cur if mem is None or mem.shape[-2] == 0 else jnp.concatenate([mem.astype(cur.dtype), cur], axis=-2)
+    return jax.lax.stop_gradient(cat[..., -mem_len:, :])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -314,7 +316,7 @@ def query_stream_attention(
     content stream's k/v/position heads; computed for the m targets only. Rows of `target_mapping` that are all
     zero (padding targets) get a zero attention vector, as in the original's einsum formulation."""
     b = attn.biases(shared_biases)
-    q_head = attn.heads(attn.q, g)  # [b,m,n,d]
+    q_head = attn.query_heads(g)  # [b,m,n,d]
     mask = None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None]
     attn_vec = fused_relative_attention(  # target t reads the position scores from offset - z_t (see below)
         q_head,
@@ -329,9 +331,10 @@ def query_stream_attention(
         seg_embed=None if ctx["seg_rows"] is None else attn.seg_embed[...],
         dropatt=attn.dropatt,
     )
-    if attn_vec is not None:
-        attn_vec = attn_vec * ctx["target_weight"][:, :, None, None].astype(attn_vec.dtype)
+    if attn_vec is not None:  # [b,m,n·d]
+        attn_vec = attn_vec * ctx["target_weight"][:, :, None].astype(attn_vec.dtype)
         return attn.output(g, attn_vec)
+    k_head, v_head = whole_heads(k_head), whole_heads(v_head)
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
     # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift);
     # out-of-range rows only occur where the causal mask applies
@@ -482,31 +485,36 @@ class XLNetModel(nnx.Module):
         keep_mems = bool(mem_len) and mem_len > 0
 
         def make_layer_fn(content: bool):
-            def layer_fn(layer, h, g, mem):
-                new_mem = cache_mems(h, mem, mem_len, reuse_len) if keep_mems else None
+            def layer_fn(layer, h, g, mem):  # -> (h, g, the input rows the memory keeps)
+                kept = (h[:, :reuse_len] if reuse_len else h) if keep_mems else None
                 h, g = layer(h, g, mem, pos_emb, ctx, shared, content=content)
-                return h, g, new_mem
+                return h, g, kept
 
             return rematerialize(layer_fn, cfg.remat)
 
         layer_fn = make_layer_fn(True)
 
+        # scanned, the new memory is formed after the loop from the layers' stacked inputs
         if cfg.scan_layers:
 
             def body(carry, layer, mem):
                 h, g = carry
-                h, g, new_mem = layer_fn(layer, h, g, mem)
-                return (h, g), new_mem
+                h, g, kept = layer_fn(layer, h, g, mem)
+                return (h, g), kept
 
             def scan_layers(h, g, layers, mems):
                 if mems is None:
                     scan = nnx.scan(lambda c, l: body(c, l, None), in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
                     return scan((h, g), layers)
-                scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))
-                return scan((h, g), layers, mems)
+                # the memory enters the loop whole and layer i reads its own rows: scanned over, it was saved again
+                # as a stacked residual (the input of the memory's key and value projections, for their weight
+                # gradients), and XLA:TPU copied that whole stack in every iteration
+                read = lambda c, l, i: body(c, l, jax.lax.dynamic_index_in_dim(mems, i, keepdims=False))
+                scan = nnx.scan(read, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))
+                return scan((h, g), layers, jnp.arange(mems.shape[0]))
 
             if g is None or cfg.n_layer < 2:
-                (h, g), new_mems = scan_layers(h, g, self.layers, mems)
+                (h, g), kept = scan_layers(h, g, self.layers, mems)
             else:
                 # Only the query stream leaves the model: the last layer's content stream is dead. XLA removes dead
                 # code, but not from one iteration of a loop, so scan the first n-1 layers and run the last one
@@ -514,15 +522,17 @@ class XLNetModel(nnx.Module):
                 graphdef, state = nnx.split(self.layers)
                 first = nnx.merge(graphdef, jax.tree.map(lambda x: x[:-1], state))
                 last = nnx.merge(graphdef, jax.tree.map(lambda x: x[-1], state))
-                (h, g), new_mems = scan_layers(h, g, first, None if mems is None else mems[:-1])
-                h, g, last_mem = make_layer_fn(False)(last, h, g, None if mems is None else mems[-1])
+                (h, g), kept = scan_layers(h, g, first, None if mems is None else mems[:-1])
+                h, g, last_kept = make_layer_fn(False)(last, h, g, None if mems is None else mems[-1])
                 if keep_mems:
-                    new_mems = jnp.concatenate([new_mems, last_mem[None]], axis=0)
+                    kept = jnp.concatenate([kept, last_kept[None]], axis=0)
+            new_mems = cache_mems(kept, mems, mem_len, None) if keep_mems else None
         else:
             new_mems = []
             for i, layer in enumerate(self.layers):
-                h, g, new_mem = layer_fn(layer, h, g, None if mems is None else mems[i])
-                new_mems.append(new_mem)
+                mem = None if mems is None else mems[i]
+                h, g, kept = layer_fn(layer, h, g, mem)
+                new_mems.append(cache_mems(kept, mem, mem_len, None) if keep_mems else None)
             new_mems = jnp.stack(new_mems) if keep_mems else None
 
         output = self.drop(g if g is not None else h)
