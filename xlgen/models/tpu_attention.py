@@ -210,7 +210,7 @@ class _Block(NamedTuple):
     qv: jax.Array
     k: jax.Array
     r: Optional[jax.Array]
-    ef: Optional[jax.Array]  # [tq, 2] float32 (of one head; [hb, 2, tq] as loaded)
+    ef: Optional[jax.Array]  # [tq, 2] float32, one head's (read per head by `_head`)
     flags: Optional[jax.Array]  # [tq, klen] int32
     starts: Optional[jax.Array]  # [tq, 1] int32
     fact: Optional[tuple]  # (phi, pi [tq, D], w_r, w_s [D, d], psi [klen, D])
