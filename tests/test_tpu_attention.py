@@ -187,8 +187,8 @@ def _stream_arguments(xs, fixed):
 
 def test_two_streams_equal_two_calls():
     """XLNet's streams in one call (`two_streams`): outputs and every gradient as two `relative_attention` calls;
-    the shared keys', values' (memory and segment), position keys' and biases' gradients summed by the query
-    stream's backward kernel onto the content stream's."""
+    the shared keys', values' (memory and segment), position keys' and biases' gradients summed by the content
+    stream's backward kernel onto the query stream's."""
     xs, fixed = _two_stream_problem()
     names = sorted(xs)
 

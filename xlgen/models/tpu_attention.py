@@ -661,18 +661,20 @@ def _two_streams(st_content, st_query, interpret, inputs):
 
 
 def _two_streams_fwd(st_content, st_query, interpret, inputs):
-    return _two_streams(st_content, st_query, interpret, inputs), inputs
+    content, query = _streams(inputs)
+    return (_call(st_content, interpret, content), _call(st_query, interpret, query)), inputs
 
 
 def _two_streams_bwd(st_content, st_query, interpret, inputs, douts):
-    """The content stream's backward kernel, then the query stream's accumulating onto its gradients of the shared
-    inputs: their sums are formed in VMEM, where two calls would leave XLA to add them in HBM."""
+    """The query stream's backward kernel, then the content stream's accumulating onto its gradients of the shared
+    inputs: their sums are formed in VMEM, where two calls would leave XLA to add them in HBM. (In this order the
+    extra reads fall to the content stream's kernel, compute-bound with a query per key: XLNet-Base's query stream
+    has 85 targets against 896 keys and would turn memory-bound.)"""
     content, query = _streams(inputs)
-    grads = _call(st_content, interpret, content, douts[0])
+    grads = _call(st_query, interpret, query, douts[1])
     onto = {"d" + name: grads["d" + name] for name in SHARED if "d" + name in grads}
-    cotangents = _cotangents(content, grads)
-    for name, x in _cotangents(query, _call(st_query, interpret, query, douts[1], onto)).items():
-        cotangents[name if name in SHARED else QUERY + name] = x
+    cotangents = {QUERY + name: x for name, x in _cotangents(query, grads).items() if name not in SHARED}
+    cotangents.update(_cotangents(content, _call(st_content, interpret, content, douts[0], onto)))
     return (cotangents,)
 
 
@@ -772,8 +774,8 @@ def relative_attention(q, u, vb, k, v, r=None, *, interpret: bool = False, **opt
 def two_streams(content: dict, query: dict, *, interpret: bool = False) -> tuple:
     """XLNet's two streams (Yang et al. 2019, §2.3) against the same keys, values, position keys and biases:
     (`relative_attention(**content)`, `relative_attention(**query)`), each a dict of its arguments, those named in
-    `SHARED` (and `memory`) the same arrays in both. One backward: the query stream's kernel adds its gradients of
-    the shared inputs onto the content stream's in VMEM, where two calls leave XLA to add them in HBM (reading
+    `SHARED` (and `memory`) the same arrays in both. One backward: the content stream's kernel adds its gradients
+    of the shared inputs onto the query stream's in VMEM, where two calls leave XLA to add them in HBM (reading
     both, writing the sum: 2.1 ms of a 72 ms XLNet-Base step on v3)."""
     for name in ("u", "vb", "k", "v", "r", "memory", "directions"):
         if content.get(name) is not query.get(name):

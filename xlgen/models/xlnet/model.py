@@ -584,7 +584,8 @@ class XLNetModel(nnx.Module):
             new_mems = []
             for i, layer in enumerate(self.layers):
                 mem = None if mems is None else mems[i]
-                h, g, kept = layer_fn(layer, h, g, mem)
+                dead = g is not None and cfg.n_layer >= 2 and i == cfg.n_layer - 1  # as scanned: h not used after
+                h, g, kept = (make_layer_fn(False) if dead else layer_fn)(layer, h, g, mem)
                 new_mems.append(cache_mems(kept, mem, mem_len, None) if keep_mems else None)
             new_mems = jnp.stack(new_mems) if keep_mems else None
 
