@@ -28,7 +28,8 @@ each, read from the module's text (`compiled.as_text()`):
     time = trips · max(FLOPs / peak FLOP/s, bytes / HBM bytes/s)        (one device's chip figures,
                                                                          `xlgen.topology.Chip`)
 
-summed over the module (`analyse`). Collectives are not in this sum: they are the communication of `xlgen.comm`,
+summed over the module (`analyse`). Collectives are not in this sum, nor the fusions XLA:TPU builds around them (an
+all-reduce whose result each device slices its part of: a reduce-scatter): they are the communication of `xlgen.comm`,
 added on top as before (overlapped: max; not: sum). Nothing here models overlap between kernels, the vector units'
 own throughput or kernel launch overhead: a lower bound on the step time that, unlike FLOPs at peak, sees the
 memory-bound work.
@@ -313,6 +314,18 @@ class _Module:
             if f.opcode == "parameter" and f.args.strip().isdigit()
         }
 
+    def _collective(self, comp: str) -> bool:
+        """Whether fused computation `comp` (or one nested in it) runs a collective."""
+        memo = self.__dict__.setdefault("_collective_memo", {})
+        if comp not in memo:
+            memo[comp] = False  # (a computation does not call itself)
+            for f in self.comps.get(comp, []):
+                nested = dict(comm._CALLS_RE.findall(f.attrs)).get("calls") if f.opcode == "fusion" else None
+                if f.opcode.removesuffix("-start") in comm.KINDS or (nested and self._collective(nested)):
+                    memo[comp] = True
+                    break
+        return memo[comp]
+
     def _updated_in_place(self, ins: _Instr, local: Dict[str, _Instr], comp: str) -> Optional[Tuple[str, float, str]]:
         """(the operand `ins` updates in place, the update's bytes, the updating opcode) when `ins` is a
         dynamic-update-slice or scatter, or a fusion whose root is one into its own parameter (XLA:TPU nests a
@@ -428,6 +441,8 @@ class _Module:
             if op in _FREE or base in comm.KINDS or op.endswith("-done") or _ALLOCATE in ins.attrs:
                 continue
             called = dict(comm._CALLS_RE.findall(ins.attrs))
+            if op == "fusion" and self._collective(called.get("calls", "")):
+                continue  # XLA:TPU's collective fusions (e.g. all-reduce-scatter): communication, as their collective
             if op == "while":
                 body = called.get("body", "")
                 n = comm._trip_count(ins.attrs, self.raw, called.get("condition", ""))
