@@ -51,6 +51,9 @@ BATCH_AXES = ("data", "fsdp")  # the batch (and memory rows) are split over both
 
 _ACT_BATCH_ONLY = {
     "activation_batch": BATCH_AXES,
+    # rows computed once for the whole batch (the position encodings' keys): split over the batch's devices to
+    # project, then gathered
+    "activation_positions": BATCH_AXES,
     "activation_length": None,
     "activation_kv_length": None,
     "activation_embed": None,

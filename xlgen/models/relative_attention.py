@@ -528,9 +528,15 @@ class RelativeMultiHeadAttention(nnx.Module):
 
     def position_heads(self, pos_emb: jax.Array) -> jax.Array:
         """W_r R: position keys `[r, n, d]` (or `[..., r, n, d]`) of the encodings `pos_emb [..., r, d_model]`,
-        with W_r's `embed` gathered first (the encodings are whole on every device; see `Dense`)."""
+        with W_r's `embed` gathered first (the encodings are whole on every device; see `Dense`). Where the fused
+        kernel runs, each of the batch's devices projects its share of the positions and the keys are gathered:
+        shared by the batch, they were projected whole on every device (XLNet-Large on 1,024 v3 cores: 4.6 of a
+        62 ms step), where the gather moves r·n·d bfloat16 elements per layer."""
         if operands.fused_attention():
-            return self.split_heads(self.r(pos_emb, gather_input_dims=True, merged=True))
+            lead = (None,) * (pos_emb.ndim - 2)
+            shares = constrain(pos_emb, lead + ("activation_positions", None))
+            keys = self.r(shares, gather_input_dims=True, merged=True)
+            return self.split_heads(constrain(keys, lead + (None, None)))
         return self.r(pos_emb, gather_input_dims=True)
 
     def split_heads(self, x: jax.Array) -> jax.Array:
