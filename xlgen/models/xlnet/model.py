@@ -287,26 +287,25 @@ class XLNetLayer(nnx.Module):
         k_head = attn.content_keys(k_head)  # formed once for both streams (in training)
         offset = shift_offset(qlen, ctx["attn_type"])
         mask_h = None if ctx["mask_h"] is None else ctx["mask_h"][:, None]
-        both = None
-        if content and g is not None:
-            both = two_stream_attention(attn, h, g, k_head, v_head, k_head_r, klen, offset, mask_h, ctx, shared_biases)
-        h_out = None
-        if both is not None:
-            h_out, g_out = both
-        elif content:  # (the same call order as before: attention h, attention g, FFN g, FFN h; dropout keys follow it)
-            h_out = attn.attend(
-                h,
-                k_head,
-                v_head,
-                k_head_r,
-                klen=klen,
-                offset=offset,
-                mask=mask_h,
-                seg_mat=ctx["seg_mat"],
-                shared_biases=shared_biases,
-            )
-        if both is None:
-            g_out = None
+        pair = None
+        if content and g is not None:  # both streams in one kernel call where it applies (TPU)
+            pair = two_stream_attention(attn, h, g, k_head, v_head, k_head_r, klen, offset, mask_h, ctx, shared_biases)
+        if pair is not None:
+            h_out, g_out = pair
+        else:  # (the same call order as before: attention h, attention g, FFN g, FFN h; dropout keys follow it)
+            h_out, g_out = None, None
+            if content:
+                h_out = attn.attend(
+                    h,
+                    k_head,
+                    v_head,
+                    k_head_r,
+                    klen=klen,
+                    offset=offset,
+                    mask=mask_h,
+                    seg_mat=ctx["seg_mat"],
+                    shared_biases=shared_biases,
+                )
             if g is not None:
                 g_out = query_stream_attention(
                     attn, g, k_head, v_head, k_head_r, klen=klen, offset=offset, ctx=ctx, shared_biases=shared_biases
