@@ -135,7 +135,7 @@ def _ring_bytes(kind: str, buf: float, g: int) -> float:
 def _only_sliced(lines: Sequence[str], name: str) -> bool:
     """Whether every use of instruction `name` in a computation's `lines` (through get-tuple-elements) is a
     dynamic-slice, and it has one."""
-    users: Dict[str, List[str]] = {}
+    users: Dict[str, List[Tuple[str, str]]] = {}  # operand -> (user, its opcode)
     for line in lines:
         m = _INSTR_RE.match(line)
         if m:

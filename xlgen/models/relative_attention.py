@@ -386,12 +386,13 @@ def fused_operands(
     exclude_first: bool = False,
 ) -> Optional[dict]:
     """The arguments of `tpu_attention.relative_attention` (all but dropout) for the relative attention of q
-    against k and v, or None where the kernel does not apply. q `[b,q,n,d]`, k/v `[b,k,n,d]`; the position term either shifted, position keys `[r,n,d]` or
-    `[b,r,n,d]` with row i reading the position scores from offset - stride·i or from `starts [b,q]` (queries at
-    arbitrary positions), XLNet's `operands.DirectedKeys` (keys `[2,r,n,d]` read per row), or `factorized` =
-    (q_enc, k_enc, r_kernel) as for `factorized_position_scores` (then
-    `k_head_r` is None); `mask` broadcastable to `[b,1,q,k]`, `seg_mat [b,q,k]` with `seg_embed [2,n,d]`;
-    `exclude_first`: no position and segment terms in row 0 and column 0 (Funnel's <cls>)."""
+    against k and v, or None where the kernel does not apply. q `[b,q,n,d]`, k/v `[b,k,n,d]`; the position term
+    either shifted, position keys `[r,n,d]` or `[b,r,n,d]` with row i reading the position scores from
+    offset - stride·i or from `starts [b,q]` (queries at arbitrary positions), XLNet's `operands.DirectedKeys`
+    (keys `[2,r,n,d]` read per row), or `factorized` = (q_enc, k_enc, r_kernel) as for
+    `factorized_position_scores` (then `k_head_r` is None); `mask` broadcastable to `[b,1,q,k]`, `seg_mat [b,q,k]`
+    with `seg_embed [2,n,d]`; `exclude_first`: no position and segment terms in row 0 and column 0 (Funnel's
+    <cls>)."""
     if not operands.fused_attention() or isinstance(k_head, ContentKeyOperand) or isinstance(v_head, ValueOperand):
         return None
     if isinstance(k_head_r, PositionKeyOperand) or (mask is not None and mask.ndim == 4 and mask.shape[1] != 1):

@@ -762,10 +762,10 @@ def relative_attention(q, u, vb, k, v, r=None, *, interpret: bool = False, **opt
     `shift` says where row i of qv·r^T is read; with `directions` int32 `[b]`, r `[2, rlen, n·d]` holds the keys
     of both directions and row b reads r[directions[b]]: XLNet's bidirectional rows), and/or the `factorized` term;
     `memory` (k_mem, v_mem) `[b, m, n·d]`: the memory's keys and values given apart, the first m of the klen
-    (factorized: its w_r, w_s `[D, n·d]`); `ef` `[b, n, q, 2]` the segment scores (same, different segment) or None; `flags` int8 `[1 or b, q, klen]` (bit 0
-    masked, if `masks`; bit 1 different segment, if `ef` is given); `exclude_first`: no position and segment
-    terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32 `[2]` of `layers.keep_mask`, keep
-    probability) or None. Returns `[b, q, n·d]` in q's dtype."""
+    (factorized: its w_r, w_s `[D, n·d]`); `ef` `[b, n, q, 2]` the segment scores (same, different segment) or
+    None; `flags` int8 `[1 or b, q, klen]` (bit 0 masked, if `masks`; bit 1 different segment, if `ef` is given);
+    `exclude_first`: no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32
+    `[2]` of `layers.keep_mask`, keep probability) or None. Returns `[b, q, n·d]` in q's dtype."""
     st, inputs, seed_words = _prepare(q, u, vb, k, v, r, **options)
     call = functools.partial(_attention, st, interpret)
     return per_device(call, {"scalars": seed_words}, inputs, heads=u.shape[0], check_vma=not interpret)

@@ -332,7 +332,7 @@ class _Module:
         scatter in a fusion of its own); else None."""
         if ins.opcode in _IN_PLACE and len(ins.operands) > _IN_PLACE[ins.opcode]:
             size = lambda name: type_bytes(local[name].type_text if name in local else "")
-            touched = min(size(ins.operands[_IN_PLACE[ins.opcode]]), size(ins.operands[0]))  # rows updated twice
+            touched = min(size(ins.operands[_IN_PLACE[ins.opcode]]), size(ins.operands[0]))  # at most the operand
             return ins.operands[0], touched, ins.opcode
         nested = dict(comm._CALLS_RE.findall(ins.attrs)).get("calls") if ins.opcode == "fusion" else None
         body = self.comps.get(nested, []) if nested else []
