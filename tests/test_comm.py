@@ -80,6 +80,47 @@ ENTRY %main (a: f32[4,8]) -> f32[4,8] {
     assert found["bytes_per_device"] == pytest.approx(sum(v["bytes"] for v in s.values()))
 
 
+# XLA:TPU's form of a gradient's reduce-scatter: an all-reduce fused with the slice of each device's rows
+ALL_REDUCE_SCATTER_HLO = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%all-reduce-scatter.1 (input_0: bf16[1024,256], input_1: bf16[1024,128]) -> (bf16[256,256], bf16[256,128]) {
+  %input_0 = bf16[1024,256]{1,0:T(8,128)(2,1)} parameter(0)
+  %input_1 = bf16[1024,128]{1,0:T(8,128)(2,1)} parameter(1)
+  %all-reduce.1 = (bf16[1024,256]{1,0:T(8,128)(2,1)}, bf16[1024,128]{1,0:T(8,128)(2,1)}) all-reduce(%input_0, %input_1), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
+  %get-tuple-element.1 = bf16[1024,256]{1,0:T(8,128)(2,1)} get-tuple-element(%all-reduce.1), index=0
+  %offset = u32[] partition-id()
+  %zero = u32[] constant(0)
+  %dynamic-slice.1 = bf16[256,256]{1,0:T(8,128)(2,1)} dynamic-slice(%get-tuple-element.1, %offset, %zero), dynamic_slice_sizes={256,256}
+  %get-tuple-element.2 = bf16[1024,128]{1,0:T(8,128)(2,1)} get-tuple-element(%all-reduce.1), index=1
+  %dynamic-slice.2 = bf16[256,128]{1,0:T(8,128)(2,1)} dynamic-slice(%get-tuple-element.2, %offset, %zero), dynamic_slice_sizes={256,128}
+  ROOT %tuple.1 = (bf16[256,256]{1,0:T(8,128)(2,1)}, bf16[256,128]{1,0:T(8,128)(2,1)}) tuple(%dynamic-slice.1, %dynamic-slice.2)
+}
+
+ENTRY %main (g0: bf16[1024,256], g1: bf16[1024,128]) -> (bf16[256,256], bf16[256,128]) {
+  %g0 = bf16[1024,256]{1,0:T(8,128)(2,1)} parameter(0)
+  %g1 = bf16[1024,128]{1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %fusion.1 = (bf16[256,256]{1,0:T(8,128)(2,1)}, bf16[256,128]{1,0:T(8,128)(2,1)}) fusion(%g0, %g1), kind=kCustom, calls=%all-reduce-scatter.1
+}
+"""
+
+
+def test_all_reduce_scatter_fusion_is_a_reduce_scatter_and_not_in_the_roofline():
+    """Each of the 4 devices of a group receives its quarter of the summed gradients: (g - 1) · buf / g bytes,
+    buf = 1024 · 384 bf16; the fusion's HBM traffic belongs to the collective, not to the roofline's kernels."""
+    from xlgen.plan import roofline
+
+    s = comm.summary(comm.collectives(ALL_REDUCE_SCATTER_HLO, 8))
+    assert s["reduce-scatter"] == {"count": 1, "bytes": 1024 * 384 * 2 * 3 / 4}
+    assert s["all-reduce"] == {"count": 0, "bytes": 0.0}
+    assert roofline.module_ops(ALL_REDUCE_SCATTER_HLO) == ([], 0)
+
+
 def test_ideal_fsdp_bytes():
     shapes = {"w": (64, 32), "ln": (64,)}
     specs = {"w": P("fsdp", None), "ln": P(None)}

@@ -94,6 +94,17 @@ def test_fsdp_collectives_near_ideal_and_no_activation_moves_in_the_layer_loop(p
         assert loop["elements"] < ACTIVATION, loop
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(CASES))
+def test_each_device_executes_its_share_of_the_matmuls(plans, family):
+    """The compiled program's matmul FLOPs per device (the roofline's count, loop trips included) are the traced
+    step's divided by the devices: no product runs whole on every device. The position keys, shared by the batch,
+    were projected whole on every device (+3.1% for the tiny XLNet here, 4.6 of XLNet-Large's 62 ms on 1,024 v3 cores)
+    until their rows were split over the batch's devices and the keys gathered."""
+    r = plans[family]
+    assert r["roofline"]["flops"] == pytest.approx(r["flops_per_step"]["matmul_jaxpr"] / r["devices"], rel=5e-3)
+
+
 # ------------------------------------------------------------------------------------------------ numerics
 
 ONE = {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "mesh.num_devices": 1}

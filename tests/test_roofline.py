@@ -182,6 +182,64 @@ def test_tile_padding_and_memory_spaces():
     assert roofline.type_bytes("(f32[4]{0}, s32[], token[])") == 16 + 4
 
 
+SCATTER_HLO = """HloModule jit_grad, is_scheduled=true
+
+%add_f32 (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+%fused_scatter (param_0: f32[1000,128], param_1: s32[64,1], param_2: f32[64,128]) -> f32[1000,128] {
+  %param_0 = f32[1000,128]{1,0:T(8,128)} parameter(0)
+  %param_1 = s32[64,1]{1,0:T(8,128)} parameter(1)
+  %param_2 = f32[64,128]{1,0:T(8,128)} parameter(2)
+  ROOT %scatter.1 = f32[1000,128]{1,0:T(8,128)} scatter(f32[1000,128]{1,0:T(8,128)} %param_0, s32[64,1]{1,0:T(8,128)} %param_1, f32[64,128]{1,0:T(8,128)} %param_2), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add_f32
+}
+
+ENTRY %main (table: f32[1000,128], ids: s32[64,1], rows: f32[64,128]) -> f32[1000,128] {
+  %table = f32[1000,128]{1,0:T(8,128)} parameter(0)
+  %ids = s32[64,1]{1,0:T(8,128)} parameter(1)
+  %rows = f32[64,128]{1,0:T(8,128)} parameter(2)
+  ROOT %grad = f32[1000,128]{1,0:T(8,128)} fusion(f32[1000,128]{1,0:T(8,128)} %table, s32[64,1]{1,0:T(8,128)} %ids, f32[64,128]{1,0:T(8,128)} %rows), kind=kCustom, calls=%fused_scatter
+}
+"""
+
+
+# XLA:TPU's form: the scatter in a fusion of its own, nested in the fusion that computes its updates
+NESTED_SCATTER_HLO = (
+    SCATTER_HLO.replace(
+        "  ROOT %scatter.1 = f32[1000,128]{1,0:T(8,128)} scatter(",
+        """  ROOT %scatter.1 = f32[1000,128]{1,0:T(8,128)} fusion(f32[1000,128]{1,0:T(8,128)} %param_0, s32[64,1]{1,0:T(8,128)} %param_1, f32[64,128]{1,0:T(8,128)} %negate.1), kind=kCustom, calls=%inner
+}
+
+%inner (p0: f32[1000,128], p1: s32[64,1], p2: f32[64,128]) -> f32[1000,128] {
+  %p0 = f32[1000,128]{1,0:T(8,128)} parameter(0)
+  %p1 = s32[64,1]{1,0:T(8,128)} parameter(1)
+  %p2 = f32[64,128]{1,0:T(8,128)} parameter(2)
+  ROOT %scatter.2 = f32[1000,128]{1,0:T(8,128)} scatter(""",
+    )
+    .replace(
+        "%param_0, s32[64,1]{1,0:T(8,128)} %param_1, f32[64,128]{1,0:T(8,128)} %param_2), update",
+        "%p0, s32[64,1]{1,0:T(8,128)} %p1, f32[64,128]{1,0:T(8,128)} %p2), update",
+    )
+    .replace(
+        "  %param_2 = f32[64,128]{1,0:T(8,128)} parameter(2)\n",
+        "  %param_2 = f32[64,128]{1,0:T(8,128)} parameter(2)\n  %negate.1 = f32[64,128]{1,0:T(8,128)} negate(f32[64,128]{1,0:T(8,128)} %param_2)\n",
+    )
+)
+
+
+@pytest.mark.parametrize("hlo", [SCATTER_HLO, NESTED_SCATTER_HLO], ids=["scatter", "nested"])
+def test_scatter_moves_only_the_rows_it_updates(hlo):
+    """An embedding's gradient, 64 rows added into a [1000, 128] table in place: the indices (s32[64, 1], padded to
+    128 lanes) and the updates read, the 64 table rows read and written; the table's other rows not touched."""
+    (op,), unknown = roofline.module_ops(hlo)
+    assert unknown == 0 and op.name == "grad"
+    rows = 64 * 128 * 4
+    assert op.bytes == 64 * 128 * 4 + rows + 2 * rows
+
+
 def test_chip_figures_per_device():
     """HBM bandwidth per JAX device: a v3 chip's 900 GB/s is shared by its two TensorCores (each a device)."""
     for gen, bw in {"v3": 9e11, "v4": 1.2e12, "v5e": 8.19e11, "v5p": 2.765e12}.items():

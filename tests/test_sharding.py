@@ -35,7 +35,14 @@ def test_logical_rules_dedup_divisibility_and_presets():
     assert sharding.logical_to_spec(("embed", "heads", "kv"), (64, 3, 16), tp, mesh) == P("fsdp", None, None)
     assert sharding.logical_to_spec(("vocab", "embed"), (74, 64), tp, mesh) == P("tensor", "fsdp")
     assert sharding.logical_to_spec(("vocab", "embed"), (74, 64), sharding.rules_for("dp"), mesh) == P(None, None)
-    assert sharding.logical_to_spec(("mlp", "embed"), (256, 64), sharding.rules_for("fsdp"), mesh) == P(None, "fsdp")
+    fsdp = sharding.rules_for("fsdp")
+    # fsdp goes where a device's slice pads least in TPU's (8, 128) tiles: [256, 32] -> 256 x 128 elements, [128, 64]
+    # -> 128 x 128; the rules' dimension on a tie ([32, 256] and [64, 128]: 8192 each); never the scanned layers
+    assert sharding.tiled_size((3, 5, 130)) == 3 * 8 * 256
+    assert sharding.logical_to_spec(("mlp", "embed"), (256, 64), fsdp, mesh) == P("fsdp", None)
+    assert sharding.logical_to_spec(("embed", "mlp"), (64, 256), fsdp, mesh) == P("fsdp", None)
+    assert sharding.logical_to_spec(("layers", "mlp", "embed"), (4, 256, 64), fsdp, mesh) == P(None, "fsdp", None)
+    assert sharding.logical_to_spec(("vocab", "embed"), (75, 64), fsdp, mesh) == P(None, "fsdp")  # rows indivisible
     with pytest.raises(ValueError, match="unknown preset"):
         sharding.rules_for("zero3")
     with pytest.raises(ValueError, match="no sharding rule"):

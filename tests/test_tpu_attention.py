@@ -151,6 +151,68 @@ def test_directed_keys_equal_per_row_keys():
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+def _two_stream_problem(b=2, n=4, d=32, qlen=24, targets=8, memory=16, rlen=80, seed=21):
+    """XLNet's streams, token-major: content queries `[b, qlen, n·d]`, query-stream queries for `targets`
+    positions, keys and values of memory and segment apart, position keys of both directions, segment scores,
+    masks; the shared inputs under their names, each stream's own as c_*, g_*."""
+    keys = iter(jax.random.split(jax.random.key(seed), 16))
+    normal = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32)
+    klen = memory + qlen
+    bits = lambda q: (
+        jax.random.bernoulli(next(keys), 0.3, (b, q, klen)).astype(jnp.int8)
+        | jax.random.bernoulli(next(keys), 0.5, (b, q, klen)).astype(jnp.int8) * 2
+    )
+    xs = dict(
+        u=normal(n, d), vb=normal(n, d), k=normal(b, qlen, n * d), v=normal(b, qlen, n * d),
+        k_mem=normal(b, memory, n * d), v_mem=normal(b, memory, n * d), r=normal(2, rlen, n * d),
+        c_q=normal(b, qlen, n * d), c_ef=normal(b, n, qlen, 2), g_q=normal(b, targets, n * d), g_ef=normal(b, n, targets, 2),
+    )  # fmt: skip
+    starts = jax.random.randint(next(keys), (b, targets), 0, rlen - klen + 1)
+    fixed = dict(c_flags=bits(qlen), g_flags=bits(targets), starts=starts, directions=jnp.array([0, 1], jnp.int32))
+    return xs, fixed
+
+
+def _stream_arguments(xs, fixed):
+    """The two streams' `relative_attention` arguments (the shared ones the same arrays in both)."""
+    shared = dict(u=xs["u"], vb=xs["vb"], k=xs["k"], v=xs["v"], r=xs["r"], memory=(xs["k_mem"], xs["v_mem"]))
+    shared.update(directions=fixed["directions"], scale=0.125, masks=True)
+    content = dict(shared, q=xs["c_q"], ef=xs["c_ef"], flags=fixed["c_flags"], shift=tpu_attention.Shift(24, 1))
+    content["dropout"] = (jnp.array([5, 6], jnp.uint32), 0.9)
+    query = dict(
+        shared, q=xs["g_q"], ef=xs["g_ef"], flags=fixed["g_flags"], shift=tpu_attention.Shift(starts=fixed["starts"])
+    )
+    query["dropout"] = (jnp.array([7, 8], jnp.uint32), 0.9)
+    return content, query
+
+
+def test_two_streams_equal_two_calls():
+    """XLNet's streams in one call (`two_streams`): outputs and every gradient as two `relative_attention` calls;
+    the shared keys', values' (memory and segment), position keys' and biases' gradients summed by the content
+    stream's backward kernel onto the query stream's."""
+    xs, fixed = _two_stream_problem()
+    names = sorted(xs)
+
+    def loss(pair, *values):
+        content, query = _stream_arguments(dict(zip(names, values)), fixed)
+        out_c, out_g = pair(content, query)
+        return jnp.vdot(out_c, jnp.sin(out_c)) + jnp.vdot(out_g, jnp.cos(out_g)), (out_c, out_g)
+
+    one = lambda c, g: tpu_attention.two_streams(c, g, interpret=True)
+    two = lambda c, g: (
+        tpu_attention.relative_attention(**c, interpret=True),
+        tpu_attention.relative_attention(**g, interpret=True),
+    )
+    values = [xs[name] for name in names]
+    argnums = tuple(range(1, len(names) + 1))
+    (_, outs), grads = jax.value_and_grad(loss, argnums, has_aux=True)(one, *values)
+    (_, ref_outs), ref_grads = jax.value_and_grad(loss, argnums, has_aux=True)(two, *values)
+    for out, ref in zip(outs, ref_outs):
+        np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    for name, g, rg in zip(names, grads, ref_grads):
+        assert float(jnp.abs(rg).max()) > 0, name
+        np.testing.assert_allclose(g, rg, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 def test_in_kernel_keep_mask_is_layers_keep_mask():
     seed = jnp.array([0xDEADBEEF, 0x01234567], jnp.uint32)
     threshold = int(round(0.9 * 2.0**32))

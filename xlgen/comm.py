@@ -132,6 +132,29 @@ def _ring_bytes(kind: str, buf: float, g: int) -> float:
     return buf
 
 
+def _only_sliced(lines: Sequence[str], name: str) -> bool:
+    """Whether every use of instruction `name` in a computation's `lines` (through get-tuple-elements) is a
+    dynamic-slice, and it has one."""
+    users: Dict[str, List[Tuple[str, str]]] = {}  # operand -> (user, its opcode)
+    for line in lines:
+        m = _INSTR_RE.match(line)
+        if m:
+            _, after = _split_type(m[2])
+            op = after.split("(", 1)[0].strip()
+            for operand in re.findall(r"%([\w.\-]+)", after.split(")", 1)[0]):
+                users.setdefault(operand, []).append((m[1], op))
+    pending, seen = [name], 0
+    while pending:
+        for user, op in users.get(pending.pop(), []):
+            if op == "get-tuple-element":
+                pending.append(user)
+            elif op == "dynamic-slice":
+                seen += 1
+            else:
+                return False
+    return seen > 0
+
+
 def _parse(hlo_text: str):
     """{computation: [instruction lines]}, entry name."""
     comps: Dict[str, List[str]] = {}
@@ -218,6 +241,10 @@ def collectives(hlo_text: str, num_devices: int) -> Dict[str, Any]:
                 else:
                     buf = sum(_nbytes(a) for a in arrays)
                 g = 1 if base == "collective-permute" else _group_size(after, num_devices)
+                if base == "all-reduce" and g > 1 and _only_sliced(comps.get(comp, []), name):
+                    # XLA:TPU's all-reduce-scatter fusion (an all-reduce whose result each device only slices its
+                    # own part of) runs as a reduce-scatter: each device receives its part, of buf / g
+                    base, buf = "reduce-scatter", buf / g
                 opn = re.search(r'op_name="([^"]*)"', after)
                 col = Collective(
                     kind=base,

@@ -51,6 +51,9 @@ BATCH_AXES = ("data", "fsdp")  # the batch (and memory rows) are split over both
 
 _ACT_BATCH_ONLY = {
     "activation_batch": BATCH_AXES,
+    # rows computed once for the whole batch (the position encodings' keys): split over the batch's devices to
+    # project, then gathered
+    "activation_positions": BATCH_AXES,
     "activation_length": None,
     "activation_kv_length": None,
     "activation_embed": None,
@@ -116,10 +119,23 @@ def make_mesh(mesh_config, devices: Optional[Sequence] = None) -> Mesh:
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
+def tiled_size(shape: Sequence[int]) -> int:
+    """Elements of an array in TPU HBM: its two minor dimensions padded to the (8, 128) tiles (float32)."""
+    dims = [1, 1] + list(shape)
+    dims[-1], dims[-2] = -(-dims[-1] // 128) * 128, -(-dims[-2] // 8) * 8
+    return math.prod(dims)
+
+
 def logical_to_spec(
     logical: Sequence[Optional[str]], shape: Sequence[int], rules: Dict[str, Optional[str]], mesh: Mesh
 ) -> P:
-    """PartitionSpec for one array with logical axis names, applying the dedup / divisibility fallbacks."""
+    """PartitionSpec for one parameter with logical axis names, applying the dedup / divisibility fallbacks.
+
+    The `fsdp` axis only splits a parameter's storage (it is gathered whole for use), so its dimension is free: it
+    goes where each device's slice pads least in TPU's tiles (`tiled_size`), the rules' dimension on a tie, never
+    the scanned `layers` axis. E.g. a `[160000, 64]` embedding cluster over 64 devices is split into `[2500, 64]`
+    rows, not `[160000, 1]` columns padded 128-fold (WikiText-103's adaptive input), and `[mlp, embed]` by its
+    rows where `embed` would leave fewer than 128 columns per device."""
     used, out = set(), []
     for name, dim in zip(logical, shape):
         axis = rules.get(name) if name is not None else None
@@ -130,6 +146,16 @@ def logical_to_spec(
         else:
             out.append(axis)
             used.add(axis)
+    if "fsdp" in out:
+        here, size = out.index("fsdp"), mesh.shape["fsdp"]
+        others = [1 if a in (None, "fsdp") else mesh.shape[a] for a in out]
+
+        def tiles(j):  # a device's slice with fsdp on dimension j
+            return tiled_size([d // (size if i == j else k) for i, (d, k) in enumerate(zip(shape, others))])
+
+        free = [j for j, (a, name) in enumerate(zip(out, logical)) if a in (None, "fsdp") and name != "layers"]
+        best = min((j for j in free if shape[j] % size == 0), key=lambda j: (tiles(j), j != here))
+        out[here], out[best] = None, "fsdp"
     return P(*out)
 
 

@@ -181,6 +181,14 @@ class Dropout(nnx.Dropout):
             return stream
         return stream.dropout() if isinstance(stream, nnx.Rngs) else stream()
 
+    def draw(self, *, deterministic: Optional[bool] = None, rngs=None) -> Optional[jax.Array]:
+        """The key `__call__` would draw now, consumed (None where it would draw none): `__call__(x, rngs=key)`
+        later applies the same mask, for callers that must keep the stream's order while computing out of it."""
+        det = self.deterministic if deterministic is None else deterministic
+        if self.rate in (0.0, 1.0) or det:
+            return None
+        return self._key(rngs)
+
     def keep_seed(self, *, deterministic: Optional[bool] = None, rngs=None):
         """(seed uint32 `[2]`, keep probability) of the keep mask `__call__` would draw now (`keep_mask`: the
         bits `hashed_bits(seed, shape)`), consuming the same key; None when it would return its input unchanged.

@@ -345,7 +345,7 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *re
     for name in _ACCUMULATED:
         if name in x:
             first = (q_block == 0) & ((b == 0) | (not shared[name]))
-            pl.when(first)(functools.partial(lambda acc: acc.__setitem__(..., jnp.zeros_like(acc)), x[name + "_acc"]))
+            pl.when(first)(functools.partial(_start, x, name))
 
     blk = _load(dict(x, row=b), st)
     do = x["do"][...].astype(st.operands)
@@ -408,6 +408,20 @@ def _backward_kernel(st: _Static, names: tuple, shared: dict, direct: tuple, *re
         if name in x and name not in direct:
             last = (q_block == last_q) & ((b == last_b) | (not shared[name]))
             pl.when(last)(functools.partial(_write, x, name))
+
+
+def _start(x: dict, name: str):
+    """An accumulator's start: zeros, or the gradient it accumulates onto (`onto` of `_call`, the other stream's),
+    the keys' and values' joined from the memory's rows and the segment's when these came apart."""
+    acc = x[name + "_acc"]
+    if name + "_onto" not in x:
+        acc[...] = jnp.zeros_like(acc)
+    elif name + "_mem_onto" in x:
+        m = x[name + "_mem_onto"].shape[0]
+        acc[:m] = x[name + "_mem_onto"][...].astype(acc.dtype)
+        acc[m:] = x[name + "_onto"][...].astype(acc.dtype)
+    else:
+        acc[...] = x[name + "_onto"][...].astype(acc.dtype)
 
 
 def _write(x: dict, name: str):
@@ -525,8 +539,10 @@ def _bytes_moved(grid, specs, arrays) -> int:
     return total
 
 
-def _call(st: _Static, interpret: bool, inputs: dict, do=None):
-    """The forward kernel (`do` None): out `[b, q, n·d]`; else the backward kernel: a dict of gradients."""
+def _call(st: _Static, interpret: bool, inputs: dict, do=None, onto: Optional[dict] = None):
+    """The forward kernel (`do` None): out `[b, q, n·d]`; else the backward kernel: a dict of gradients, those of
+    the accumulated inputs (keys, values, position keys, biases) added onto `onto`'s when given (the other
+    stream's gradients of the same inputs, their buffers reused for the sums)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
@@ -565,7 +581,11 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
         for name in direct:
             outs[name] = (outs[name][0], jax.ShapeDtypeStruct(outs[name][1].shape, jnp.float32))
         accumulated = [name for name in _ACCUMULATED if name in outs and name not in direct]
-        refs = names + ("do",) + tuple(outs) + tuple(name + "_acc" for name in accumulated)
+        onto = {} if onto is None else {name: onto[name] for name in outs if name in onto}
+        for name, x in onto.items():  # read where the sum is written (aliased), at the accumulator's start
+            in_specs, in_arrays = in_specs + [outs[name][0]], in_arrays + [x]
+        refs = names + ("do",) + tuple(name + "_onto" for name in onto)
+        refs += tuple(outs) + tuple(name + "_acc" for name in accumulated)
         kernel = functools.partial(_backward_kernel, st, refs, shared, direct)
     out_specs, out_like = [spec for spec, _ in outs.values()], [like for _, like in outs.values()]
     cost = pl.CostEstimate(
@@ -575,9 +595,14 @@ def _call(st: _Static, interpret: bool, inputs: dict, do=None):
     )
     block = lambda spec: tuple(size for size in spec.block_shape if size is not None)
     acc_shape = lambda name: (st.klen, block(outs[name][0])[1]) if name in ("dk", "dv") else block(outs[name][0])
+    aliases = {}
+    if do is not None:
+        first_onto, names_out = len(in_arrays) - len(onto), list(outs)
+        aliases = {first_onto + i: names_out.index(name) for i, name in enumerate(onto)}
     results = pl.pallas_call(
         kernel,
         grid=grid,
+        input_output_aliases=aliases,
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=[_struct(like.shape, like.dtype, qu) for like in out_like],
@@ -597,8 +622,7 @@ def _attention_fwd(st, interpret, inputs):
     return _call(st, interpret, inputs), inputs
 
 
-def _attention_bwd(st, interpret, inputs, do):
-    grads = _call(st, interpret, inputs, do)
+def _cotangents(inputs: dict, grads: dict) -> dict:
     cotangents = {}
     for name, x in inputs.items():
         key = "d_ef" if name == "ef" else "d" + name
@@ -608,10 +632,53 @@ def _attention_bwd(st, interpret, inputs, do):
             cotangents[name] = jnp.zeros_like(x)  # constants: phi, pi, psi
         else:
             cotangents[name] = np.zeros(x.shape, jax.dtypes.float0)
-    return (cotangents,)
+    return cotangents
+
+
+def _attention_bwd(st, interpret, inputs, do):
+    return (_cotangents(inputs, _call(st, interpret, inputs, do)),)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
+
+# the inputs both of XLNet's streams read (`two_streams`); the query stream's own inputs carry this prefix
+SHARED = ("u", "vb", "k", "v", "k_mem", "v_mem", "r", "directions")
+QUERY = "g:"
+
+
+def _streams(inputs: dict) -> tuple:
+    """The flat inputs of `_two_streams` as the content stream's and the query stream's."""
+    content = {name: x for name, x in inputs.items() if not name.startswith(QUERY)}
+    query = {name: x for name, x in inputs.items() if name in SHARED}
+    query.update({name[len(QUERY) :]: x for name, x in inputs.items() if name.startswith(QUERY)})
+    return content, query
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _two_streams(st_content, st_query, interpret, inputs):
+    content, query = _streams(inputs)
+    return _call(st_content, interpret, content), _call(st_query, interpret, query)
+
+
+def _two_streams_fwd(st_content, st_query, interpret, inputs):
+    content, query = _streams(inputs)
+    return (_call(st_content, interpret, content), _call(st_query, interpret, query)), inputs
+
+
+def _two_streams_bwd(st_content, st_query, interpret, inputs, douts):
+    """The query stream's backward kernel, then the content stream's accumulating onto its gradients of the shared
+    inputs: their sums are formed in VMEM, where two calls would leave XLA to add them in HBM. (In this order the
+    extra reads fall to the content stream's kernel, compute-bound with a query per key: XLNet-Base's query stream
+    has 85 targets against 896 keys and would turn memory-bound.)"""
+    content, query = _streams(inputs)
+    grads = _call(st_query, interpret, query, douts[1])
+    onto = {"d" + name: grads["d" + name] for name in SHARED if "d" + name in grads}
+    cotangents = {QUERY + name: x for name, x in _cotangents(query, grads).items() if name not in SHARED}
+    cotangents.update(_cotangents(content, _call(st_content, interpret, content, douts[0], onto)))
+    return (cotangents,)
+
+
+_two_streams.defvjp(_two_streams_fwd, _two_streams_bwd)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -621,7 +688,7 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 BATCH, HEADS = "activation_batch", "activation_heads"
 
 
-def relative_attention(
+def _prepare(
     q: jax.Array,
     u: jax.Array,
     vb: jax.Array,
@@ -639,20 +706,8 @@ def relative_attention(
     masks: bool = False,
     exclude_first: bool = False,
     dropout: Optional[tuple] = None,
-    interpret: bool = False,
-) -> jax.Array:
-    """softmax(mask((qu·k^T + position + ef[seg]) · scale)), dropped out, · v, per head, qu = q + u, qv = q + vb,
-    every operand token-major with the heads merged:
-
-    q `[b, q, n·d]` and the content and position biases u, vb `[n, d]` (added in VMEM); k, v `[b, klen, n·d]`;
-    the position term shift(qv·r^T), r `[1 or b, rlen, n·d]` (position keys shared by the batch or per row;
-    `shift` says where row i of qv·r^T is read; with `directions` int32 `[b]`, r `[2, rlen, n·d]` holds the keys
-    of both directions and row b reads r[directions[b]]: XLNet's bidirectional rows), and/or the `factorized` term;
-    `memory` (k_mem, v_mem) `[b, m, n·d]`: the memory's keys and values given apart, the first m of the klen (its w_r, w_s `[D, n·d]`); `ef`
-    `[b, n, q, 2]` the segment scores (same, different segment) or None; `flags` int8 `[1 or b, q, klen]` (bit 0
-    masked, if `masks`; bit 1 different segment, if `ef` is given); `exclude_first`: no position and segment
-    terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32 `[2]` of `layers.keep_mask`, keep
-    probability) or None. Returns `[b, q, n·d]` in q's dtype."""
+) -> tuple:
+    """(static options, inputs, seed words) of one call of `relative_attention`."""
     n, d = u.shape
     b, qlen, _ = q.shape
     klen = k.shape[1] + (0 if memory is None else memory[0].shape[1])
@@ -695,9 +750,42 @@ def relative_attention(
         for name in ("w_r", "w_s", "psi"):
             inputs[name] = inputs[name].astype(st.operands)
     inputs = {name: x for name, x in inputs.items() if x is not None}
-    seed_words = jax.lax.bitcast_convert_type(jnp.asarray(seed, jnp.uint32), jnp.int32)
+    return st, inputs, jax.lax.bitcast_convert_type(jnp.asarray(seed, jnp.uint32), jnp.int32)
+
+
+def relative_attention(q, u, vb, k, v, r=None, *, interpret: bool = False, **options) -> jax.Array:
+    """softmax(mask((qu·k^T + position + ef[seg]) · scale)), dropped out, · v, per head, qu = q + u, qv = q + vb,
+    every operand token-major with the heads merged:
+
+    q `[b, q, n·d]` and the content and position biases u, vb `[n, d]` (added in VMEM); k, v `[b, klen, n·d]`;
+    the position term shift(qv·r^T), r `[1 or b, rlen, n·d]` (position keys shared by the batch or per row;
+    `shift` says where row i of qv·r^T is read; with `directions` int32 `[b]`, r `[2, rlen, n·d]` holds the keys
+    of both directions and row b reads r[directions[b]]: XLNet's bidirectional rows), and/or the `factorized` term;
+    `memory` (k_mem, v_mem) `[b, m, n·d]`: the memory's keys and values given apart, the first m of the klen
+    (factorized: its w_r, w_s `[D, n·d]`); `ef` `[b, n, q, 2]` the segment scores (same, different segment) or
+    None; `flags` int8 `[1 or b, q, klen]` (bit 0 masked, if `masks`; bit 1 different segment, if `ef` is given);
+    `exclude_first`: no position and segment terms in row 0 and column 0 (Funnel's <cls>); `dropout` (seed uint32
+    `[2]` of `layers.keep_mask`, keep probability) or None. Returns `[b, q, n·d]` in q's dtype."""
+    st, inputs, seed_words = _prepare(q, u, vb, k, v, r, **options)
     call = functools.partial(_attention, st, interpret)
-    return per_device(call, seed_words, inputs, heads=n, check_vma=not interpret)
+    return per_device(call, {"scalars": seed_words}, inputs, heads=u.shape[0], check_vma=not interpret)
+
+
+def two_streams(content: dict, query: dict, *, interpret: bool = False) -> tuple:
+    """XLNet's two streams (Yang et al. 2019, §2.3) against the same keys, values, position keys and biases:
+    (`relative_attention(**content)`, `relative_attention(**query)`), each a dict of its arguments, those named in
+    `SHARED` (and `memory`) the same arrays in both. One backward: the content stream's kernel adds its gradients
+    of the shared inputs onto the query stream's in VMEM, where two calls leave XLA to add them in HBM (reading
+    both, writing the sum: 2.1 ms of a 72 ms XLNet-Base step on v3)."""
+    for name in ("u", "vb", "k", "v", "r", "memory", "directions"):
+        if content.get(name) is not query.get(name):
+            raise ValueError(f"tpu_attention.two_streams: the streams' {name!r} differ")
+    st_c, inputs, seed_c = _prepare(**content)
+    st_q, own, seed_q = _prepare(**query)
+    inputs.update({QUERY + name: x for name, x in own.items() if name not in SHARED})
+    call = functools.partial(_two_streams, st_c, st_q, interpret)
+    seeds = {"scalars": seed_c, QUERY + "scalars": seed_q}
+    return per_device(call, seeds, inputs, heads=content["u"].shape[0], check_vma=not interpret)
 
 
 # logical names of each input's axes, for the per-device split (batch-like leading axes of size 1 stay whole)
@@ -722,10 +810,11 @@ _AXES = {
 }
 
 
-def per_device(fn, seed_words, inputs: dict, heads: int, check_vma: bool = True):
-    """`fn({"scalars": ..., **inputs})` on each device's batch rows and heads (`jax.shard_map` under the active
-    rules, whole heads of the merged `n·d` dimensions; a plain call off a mesh). scalars = (seed0, seed1, first
-    batch row, first head) of the device.
+def per_device(fn, seeds: dict, inputs: dict, heads: int, check_vma: bool = True):
+    """`fn({**scalars, **inputs})` on each device's batch rows and heads (`jax.shard_map` under the active rules,
+    whole heads of the merged `n·d` dimensions; a plain call off a mesh). `seeds` names each call's seed words;
+    its scalars are (seed0, seed1, first batch row, first head) of the device. Input names may carry a prefix
+    (`QUERY`): their axes are those of the name after it.
 
     `check_vma=False` for interpreted kernels: Pallas traces a kernel's body with no varying manual axes and its
     interpreter evaluates that body on the device's (varying) blocks, where a constant meeting a block fails the
@@ -733,7 +822,8 @@ def per_device(fn, seed_words, inputs: dict, heads: int, check_vma: bool = True)
     shared over split axes (position keys shared by the batch), as the checked `pcast` to varying does."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or all(size == 1 for size in mesh.shape.values()):
-        return fn({"scalars": jnp.concatenate([seed_words, jnp.zeros((2,), jnp.int32)]), **inputs})
+        origin = jnp.zeros((2,), jnp.int32)
+        return fn({**{name: jnp.concatenate([seed, origin]) for name, seed in seeds.items()}, **inputs})
     rules = sharding.active_rules()
     b, q, nd = inputs["q"].shape
     spec = sharding.activation_spec((BATCH, HEADS, None, None), (b, heads, q, nd // heads), rules, mesh)
@@ -742,12 +832,12 @@ def per_device(fn, seed_words, inputs: dict, heads: int, check_vma: bool = True)
     entry = {BATCH: spec[0], HEADS: spec[1], None: None}
     axes = dict(_AXES, r=(None, None, HEADS)) if "directions" in inputs else _AXES  # r: [2 directions, rlen, n·d]
     in_specs = {
-        name: P(*(None if (axis == BATCH and x.shape[0] == 1) else entry[axis] for axis in axes[name]))
+        name: P(*(None if (axis == BATCH and x.shape[0] == 1) else entry[axis] for axis in axes[name.split(":")[-1]]))
         for name, x in inputs.items()
     }
     split = batch_axes + head_axes
 
-    def body(seed_words, inputs):
+    def body(seeds, inputs):
         def varying(x):
             missing = tuple(a for a in split if a not in jax.typeof(x).manual_axis_type.varying)
             return jax.lax.pcast(x, missing, to="varying") if missing else x
@@ -755,8 +845,9 @@ def per_device(fn, seed_words, inputs: dict, heads: int, check_vma: bool = True)
         first_row = lambda axes, size: varying(jax.lax.axis_index(axes) * size if axes else jnp.int32(0))
         local_heads = inputs["q"].shape[2] * heads // nd
         b0, n0 = first_row(batch_axes, inputs["q"].shape[0]), first_row(head_axes, local_heads)
-        scalars = jnp.concatenate([varying(seed_words), jnp.stack([b0, n0]).astype(jnp.int32)])
-        return fn({"scalars": scalars, **jax.tree.map(varying, inputs)})
+        origin = jnp.stack([b0, n0]).astype(jnp.int32)
+        scalars = {name: jnp.concatenate([varying(seed), origin]) for name, seed in seeds.items()}
+        return fn({**scalars, **jax.tree.map(varying, inputs)})
 
     specs = dict(in_specs=(P(), in_specs), out_specs=P(spec[0], None, spec[1]), check_vma=check_vma)
-    return jax.shard_map(body, mesh=mesh, **specs)(seed_words, inputs)
+    return jax.shard_map(body, mesh=mesh, **specs)(seeds, inputs)

@@ -10,11 +10,12 @@ each, read from the module's text (`compiled.as_text()`):
             on TPU it is bound by the bytes it moves, which are counted)
     bytes   what it reads from and writes to HBM: its operands and results, each array at its physical size (the
             layout's tiles pad the minor dimensions, e.g. bf16[8, 64]{1,0:T(8,128)(2,1)} holds 8 × 128 elements;
-            arrays placed in on-chip memory, layout memory space S(n) with n > 0, move no HBM bytes). Two in-place
+            arrays placed in on-chip memory, layout memory space S(n) with n > 0, move no HBM bytes). Three in-place
             forms move only the part touched: a fused operand read only through (dynamic-)slices costs the slices
             (a scanned layer's weights read from the stacked [L, ...] array; also where the slice sits in a fusion
-            nested in the fusion, as XLA:TPU fuses `ws[i]` into the layer's matmul), and a dynamic-update-slice
-            into an operand writes only the update (a scanned layer's outputs written into the stacked array).
+            nested in the fusion, as XLA:TPU fuses `ws[i]` into the layer's matmul), a dynamic-update-slice
+            into an operand writes only the update (a scanned layer's outputs written into the stacked array), and
+            a scatter into an operand reads and writes only the rows it updates (an embedding's gradient).
             A Pallas TPU kernel (a `tpu_custom_call`) counts the matmul FLOPs and the bytes it declares
             (`pl.CostEstimate`: the kernel's contents are not HLO; the bytes of every block its pipeline copies,
             e.g. an input re-read per head), at least its operands and results.
@@ -27,7 +28,8 @@ each, read from the module's text (`compiled.as_text()`):
     time = trips · max(FLOPs / peak FLOP/s, bytes / HBM bytes/s)        (one device's chip figures,
                                                                          `xlgen.topology.Chip`)
 
-summed over the module (`analyse`). Collectives are not in this sum: they are the communication of `xlgen.comm`,
+summed over the module (`analyse`). Collectives are not in this sum, nor the fusions XLA:TPU builds around them (an
+all-reduce whose result each device slices its part of: a reduce-scatter): they are the communication of `xlgen.comm`,
 added on top as before (overlapped: max; not: sum). Nothing here models overlap between kernels, the vector units'
 own throughput or kernel launch overhead: a lower bound on the step time that, unlike FLOPs at peak, sees the
 memory-bound work.
@@ -43,6 +45,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from xlgen import comm
+
+# instructions that update their first operand in place (XLA's buffer assignment gives the result the operand's
+# buffer, copying it first where it lives on): opcode -> the operand index of the update
+_IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}
 
 # instructions that move no HBM bytes of their own (aliases, tuples, scalars of bookkeeping, the `-done` halves of
 # async pairs whose `-start` carries the traffic)
@@ -308,6 +314,35 @@ class _Module:
             if f.opcode == "parameter" and f.args.strip().isdigit()
         }
 
+    def _collective(self, comp: str) -> bool:
+        """Whether fused computation `comp` (or one nested in it) runs a collective."""
+        memo = self.__dict__.setdefault("_collective_memo", {})
+        if comp not in memo:
+            memo[comp] = False  # (a computation does not call itself)
+            for f in self.comps.get(comp, []):
+                nested = dict(comm._CALLS_RE.findall(f.attrs)).get("calls") if f.opcode == "fusion" else None
+                if f.opcode.removesuffix("-start") in comm.KINDS or (nested and self._collective(nested)):
+                    memo[comp] = True
+                    break
+        return memo[comp]
+
+    def _updated_in_place(self, ins: _Instr, local: Dict[str, _Instr], comp: str) -> Optional[Tuple[str, float, str]]:
+        """(the operand `ins` updates in place, the update's bytes, the updating opcode) when `ins` is a
+        dynamic-update-slice or scatter, or a fusion whose root is one into its own parameter (XLA:TPU nests a
+        scatter in a fusion of its own); else None."""
+        if ins.opcode in _IN_PLACE and len(ins.operands) > _IN_PLACE[ins.opcode]:
+            size = lambda name: type_bytes(local[name].type_text if name in local else "")
+            touched = min(size(ins.operands[_IN_PLACE[ins.opcode]]), size(ins.operands[0]))  # at most the operand
+            return ins.operands[0], touched, ins.opcode
+        nested = dict(comm._CALLS_RE.findall(ins.attrs)).get("calls") if ins.opcode == "fusion" else None
+        body = self.comps.get(nested, []) if nested else []
+        root = next((f for f in body if f.root), None)
+        found = None if root is None else self._updated_in_place(root, {f.name: f for f in body}, nested)
+        if found is None:
+            return None
+        index = {name: i for i, name in self._params(nested).items()}.get(found[0])
+        return None if index is None or index >= len(ins.operands) else (ins.operands[index],) + found[1:]
+
     def sliced_read(self, comp: str, name: str) -> Optional[float]:
         """Bytes read of `name` (an instruction of fused computation `comp`) when it is read only through slices, else
         None: looking through bitcasts and into nested fusions (XLA:TPU fuses a layer's `ws[i]` as a fusion of a
@@ -363,14 +398,16 @@ class _Module:
         if root is None:
             return type_bytes(ins.type_text) + sum(type_bytes(outer.get(o, "")) for o in ins.operands)
         outputs = [local[o] for o in root.operands if o in local] if root.opcode == "tuple" else [root]
-        in_place, written = set(), 0.0
+        in_place, written = {}, 0.0  # operand updated in place -> (the bytes of it read in place, the updater)
         for r in outputs:
             base = local.get(source(r.name), r)
-            if base.opcode == "dynamic-update-slice" and len(base.operands) > 1:
-                target = source(base.operands[0])
+            updated = self._updated_in_place(base, local, comp)
+            if updated is not None:
+                target, size, opcode = updated
+                target = source(target)
                 if target in params.values():  # updated in place: only the update is written
-                    in_place.add(target)
-                    written += type_bytes(local[base.operands[1]].type_text if base.operands[1] in local else "")
+                    in_place[target] = (size if opcode == "scatter" else 0.0, base.name)  # a scatter adds to the rows
+                    written += size
                     continue
             written += type_bytes(r.type_text)
         read = 0.0
@@ -381,11 +418,11 @@ class _Module:
                 read += full
                 continue
             if p in in_place:
-                readers = [
-                    (u, n) for u, n in uses(p) if not (u.opcode == "dynamic-update-slice" and u.operands[0] == n)
-                ]
+                touched, updater = in_place[p]
+                readers = [(u, n) for u, n in uses(p) if not (u.name == updater and u.operands[0] == n)]
                 if not readers:
-                    continue  # written in place, never read
+                    read += touched  # written in place, read only where updated
+                    continue
                 if all(u.opcode in _SLICES and u.operands[0] == n for u, n in readers):
                     read += min(full, sum(type_bytes(u.type_text) for u, _ in readers))
                 else:
@@ -404,6 +441,8 @@ class _Module:
             if op in _FREE or base in comm.KINDS or op.endswith("-done") or _ALLOCATE in ins.attrs:
                 continue
             called = dict(comm._CALLS_RE.findall(ins.attrs))
+            if op == "fusion" and self._collective(called.get("calls", "")):
+                continue  # XLA:TPU's collective fusions (e.g. all-reduce-scatter): communication, as their collective
             if op == "while":
                 body = called.get("body", "")
                 n = comm._trip_count(ins.attrs, self.raw, called.get("condition", ""))
@@ -448,6 +487,8 @@ class _Module:
             nbytes = max(result + sum(type_bytes(types.get(o, "")) for o in ins.operands), float(declared[2]))
         elif op == "dynamic-update-slice":
             nbytes = 2.0 * type_bytes(types.get(ins.operands[1], "")) if len(ins.operands) > 1 else result
+        elif op == "scatter" and len(ins.operands) == 3:  # in place: indices and updates read, rows read and written
+            nbytes = type_bytes(types.get(ins.operands[1], "")) + 3.0 * type_bytes(types.get(ins.operands[2], ""))
         elif op == "copy-start":  # (destination, source, context): the source is read, the destination written
             arrays = _ARRAY_RE.findall(ins.type_text)
             dest = array_bytes(arrays[0][0], _dims(arrays[0][1]), arrays[0][2]) if arrays else 0.0

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from xlgen.models import operands, tpu_attention
 from xlgen.models.layers import (
     Dropout,
     PositionwiseFF,
@@ -49,6 +50,7 @@ from xlgen.models.operands import position_keys, relative_rows
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
+    fused_operands,
     fused_relative_attention,
     memory_validity_mask,
     position_contraction,
@@ -285,28 +287,78 @@ class XLNetLayer(nnx.Module):
         k_head = attn.content_keys(k_head)  # formed once for both streams (in training)
         offset = shift_offset(qlen, ctx["attn_type"])
         mask_h = None if ctx["mask_h"] is None else ctx["mask_h"][:, None]
-        h_out = None
-        if content:  # (the same call order as before: attention h, attention g, FFN g, FFN h; dropout keys follow it)
-            h_out = attn.attend(
-                h,
-                k_head,
-                v_head,
-                k_head_r,
-                klen=klen,
-                offset=offset,
-                mask=mask_h,
-                seg_mat=ctx["seg_mat"],
-                shared_biases=shared_biases,
-            )
-        g_out = None
-        if g is not None:
-            g_out = query_stream_attention(
-                attn, g, k_head, v_head, k_head_r, klen=klen, offset=offset, ctx=ctx, shared_biases=shared_biases
-            )
+        pair = None
+        if content and g is not None:  # both streams in one kernel call where it applies (TPU)
+            pair = two_stream_attention(attn, h, g, k_head, v_head, k_head_r, klen, offset, mask_h, ctx, shared_biases)
+        if pair is not None:
+            h_out, g_out = pair
+        else:  # (the same call order as before: attention h, attention g, FFN g, FFN h; dropout keys follow it)
+            h_out, g_out = None, None
+            if content:
+                h_out = attn.attend(
+                    h,
+                    k_head,
+                    v_head,
+                    k_head_r,
+                    klen=klen,
+                    offset=offset,
+                    mask=mask_h,
+                    seg_mat=ctx["seg_mat"],
+                    shared_biases=shared_biases,
+                )
+            if g is not None:
+                g_out = query_stream_attention(
+                    attn, g, k_head, v_head, k_head_r, klen=klen, offset=offset, ctx=ctx, shared_biases=shared_biases
+                )
+        if g_out is not None:
             g_out = constrain(self.ff(constrain(g_out, STREAM)), STREAM)
         if not content:
             return h, g_out
         return constrain(self.ff(constrain(h_out, STREAM)), STREAM), g_out
+
+
+def two_stream_attention(
+    attn: RelativeMultiHeadAttention, h, g, k_head, v_head, k_head_r, klen, offset, mask_h, ctx, shared_biases
+):
+    """Both streams' attention sub-layers (h `[b,l,d]`, g `[b,m,d]`) as one kernel call for TPU
+    (`tpu_attention.two_streams`: one backward, the shared heads' gradients summed in VMEM), or None where the
+    kernel does not apply (the caller runs `attend` and `query_stream_attention`). Dropout keys are drawn in the
+    order of those two calls: the content stream's probabilities, its output, the query stream's probabilities."""
+    b = attn.biases(shared_biases)
+    segments = ctx["seg_mat"] is not None
+    content = fused_operands(
+        attn.query_heads(h),
+        k_head,
+        v_head,
+        k_head_r,
+        b,
+        klen=klen,
+        offset=offset,
+        mask=mask_h,
+        seg_mat=ctx["seg_mat"],
+        seg_embed=attn.seg_embed[...] if segments else None,
+    )
+    query = fused_operands(
+        attn.query_heads(g),
+        k_head,
+        v_head,
+        k_head_r,
+        b,
+        klen=klen,
+        starts=offset - ctx["target_pos"],
+        mask=None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None],
+        seg_mat=ctx["seg_rows"],
+        seg_embed=attn.seg_embed[...] if segments else None,
+    )
+    if content is None or query is None:
+        return None
+    query.update({name: content[name] for name in ("u", "vb", "k", "v", "r", "memory", "directions")})
+    content["dropout"] = attn.dropatt.keep_seed()
+    drop_key = attn.drop.draw()
+    query["dropout"] = attn.dropatt.keep_seed()
+    vec_h, vec_g = tpu_attention.two_streams(content, query, interpret=operands.kernels_interpreted())
+    vec_g = vec_g * ctx["target_weight"][:, :, None].astype(vec_g.dtype)
+    return attn.output(h, vec_h, drop_key), attn.output(g, vec_g)
 
 
 def query_stream_attention(
@@ -531,7 +583,8 @@ class XLNetModel(nnx.Module):
             new_mems = []
             for i, layer in enumerate(self.layers):
                 mem = None if mems is None else mems[i]
-                h, g, kept = layer_fn(layer, h, g, mem)
+                dead = g is not None and cfg.n_layer >= 2 and i == cfg.n_layer - 1  # as scanned: h not used after
+                h, g, kept = (make_layer_fn(False) if dead else layer_fn)(layer, h, g, mem)
                 new_mems.append(cache_mems(kept, mem, mem_len, None) if keep_mems else None)
             new_mems = jnp.stack(new_mems) if keep_mems else None
 
