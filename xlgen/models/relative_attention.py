@@ -358,10 +358,13 @@ def whole_heads(x):
 def fused_relative_attention(*args, dropatt=None, **kw) -> Optional[jax.Array]:
     """`relative_attention` of the content, position and segment terms as one kernel (`xlgen.models.tpu_attention`,
     chosen by `operands.fused_attention`), or None where it does not apply (the caller then forms the terms
-    itself): the arguments of `fused_operands`, and `dropatt` the probabilities' `Dropout` (its key drawn only
-    where the kernel runs). Returns attn_vec `[b,q,n·d]`, the heads merged (`RelativeMultiHeadAttention.output`
-    takes it so)."""
-    options = fused_operands(*args, **kw)
+    itself): the arguments of `fused_operands`, and `dropatt` the probabilities' `Dropout`."""
+    return kernel_attention(fused_operands(*args, **kw), dropatt)
+
+
+def kernel_attention(options: Optional[dict], dropatt=None) -> Optional[jax.Array]:
+    """The kernel on `fused_operands`' arguments (None where they are None), `dropatt`'s key drawn only where it
+    runs. Returns attn_vec `[b,q,n·d]`, the heads merged (`RelativeMultiHeadAttention.output` takes it so)."""
     if options is None:
         return None
     dropout = None if dropatt is None else dropatt.keep_seed()
@@ -570,6 +573,23 @@ class RelativeMultiHeadAttention(nnx.Module):
             return SegmentHeads(split(k(mem)), split(k(h))), SegmentHeads(split(v(mem)), split(v(h)))
         return jnp.concatenate([k(mem), k(h)], axis=1), jnp.concatenate([v(mem), v(h)], axis=1)
 
+    def kernel_operands(
+        self, q_head, k_head, v_head, k_head_r, *, seg_mat=None, shared_biases=None, **kw
+    ) -> Optional[dict]:
+        """`fused_operands` (the kernel's arguments, None where it does not apply) with this layer's biases and,
+        given `seg_mat`, its segment embeddings; `kw`: klen, offset, stride, starts, mask."""
+        segments = self.segments and seg_mat is not None
+        return fused_operands(
+            q_head,
+            k_head,
+            v_head,
+            k_head_r,
+            self.biases(shared_biases),
+            seg_mat=seg_mat if segments else None,
+            seg_embed=self.seg_embed[...] if segments else None,
+            **kw,
+        )
+
     def attend(
         self,
         query_input: jax.Array,
@@ -592,21 +612,8 @@ class RelativeMultiHeadAttention(nnx.Module):
         q_head = self.query_heads(query_input)
         k_head = self.content_keys(k_head)
         if position_term is None:
-            segments = self.segments and seg_mat is not None
-            attn_vec = fused_relative_attention(
-                q_head,
-                k_head,
-                v_head,
-                k_head_r,
-                b,
-                klen=klen,
-                offset=offset,
-                stride=stride,
-                mask=mask,
-                seg_mat=seg_mat if segments else None,
-                seg_embed=self.seg_embed[...] if segments else None,
-                dropatt=self.dropatt,
-            )
+            kw = dict(klen=klen, offset=offset, stride=stride, mask=mask, seg_mat=seg_mat, shared_biases=shared_biases)
+            attn_vec = kernel_attention(self.kernel_operands(q_head, k_head, v_head, k_head_r, **kw), self.dropatt)
             if attn_vec is not None:
                 return self.output(query_input, attn_vec)
         k_head, v_head = whole_heads(k_head), whole_heads(v_head)

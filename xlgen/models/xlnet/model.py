@@ -50,8 +50,7 @@ from xlgen.models.operands import position_keys, relative_rows
 from xlgen.models.relative_attention import (
     STREAM,
     RelativeMultiHeadAttention,
-    fused_operands,
-    fused_relative_attention,
+    kernel_attention,
     memory_validity_mask,
     position_contraction,
     relative_attention,
@@ -324,32 +323,18 @@ def two_stream_attention(
     (`tpu_attention.two_streams`: one backward, the shared heads' gradients summed in VMEM), or None where the
     kernel does not apply (the caller runs `attend` and `query_stream_attention`). Dropout keys are drawn in the
     order of those two calls: the content stream's probabilities, its output, the query stream's probabilities."""
-    b = attn.biases(shared_biases)
-    segments = ctx["seg_mat"] is not None
-    content = fused_operands(
+    content = attn.kernel_operands(
         attn.query_heads(h),
         k_head,
         v_head,
         k_head_r,
-        b,
         klen=klen,
         offset=offset,
         mask=mask_h,
         seg_mat=ctx["seg_mat"],
-        seg_embed=attn.seg_embed[...] if segments else None,
+        shared_biases=shared_biases,
     )
-    query = fused_operands(
-        attn.query_heads(g),
-        k_head,
-        v_head,
-        k_head_r,
-        b,
-        klen=klen,
-        starts=offset - ctx["target_pos"],
-        mask=None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None],
-        seg_mat=ctx["seg_rows"],
-        seg_embed=attn.seg_embed[...] if segments else None,
-    )
+    query = query_stream_operands(attn, attn.query_heads(g), k_head, v_head, k_head_r, klen, offset, ctx, shared_biases)
     if content is None or query is None:
         return None
     query.update({name: content[name] for name in ("u", "vb", "k", "v", "r", "memory", "directions")})
@@ -361,31 +346,38 @@ def two_stream_attention(
     return attn.output(h, vec_h, drop_key), attn.output(g, vec_g)
 
 
+def query_stream_operands(
+    attn: RelativeMultiHeadAttention, q_head, k_head, v_head, k_head_r, klen, offset, ctx, shared_biases
+):
+    """The kernel's arguments for the query stream's heads q_head `[b,m,n,d]` (or None where it does not apply):
+    target t, at position z_t = ctx["target_pos"][b,t], reads the position scores from offset - z_t."""
+    return attn.kernel_operands(
+        q_head,
+        k_head,
+        v_head,
+        k_head_r,
+        klen=klen,
+        starts=offset - ctx["target_pos"],
+        mask=None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None],
+        seg_mat=ctx["seg_rows"],
+        shared_biases=shared_biases,
+    )
+
+
 def query_stream_attention(
     attn: RelativeMultiHeadAttention, g, k_head, v_head, k_head_r, *, klen: int, offset: int, ctx: dict, shared_biases
 ) -> jax.Array:
     """Query-stream attention of g `[b,m,d]` (target t sits at position z_t = ctx["target_pos"][b,t]) against the
     content stream's k/v/position heads; computed for the m targets only. Rows of `target_mapping` that are all
     zero (padding targets) get a zero attention vector, as in the original's einsum formulation."""
-    b = attn.biases(shared_biases)
     q_head = attn.query_heads(g)  # [b,m,n,d]
-    mask = None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None]
-    attn_vec = fused_relative_attention(  # target t reads the position scores from offset - z_t (see below)
-        q_head,
-        k_head,
-        v_head,
-        k_head_r,
-        b,
-        klen=klen,
-        starts=offset - ctx["target_pos"],
-        mask=mask,
-        seg_mat=ctx["seg_rows"],
-        seg_embed=None if ctx["seg_rows"] is None else attn.seg_embed[...],
-        dropatt=attn.dropatt,
-    )
+    options = query_stream_operands(attn, q_head, k_head, v_head, k_head_r, klen, offset, ctx, shared_biases)
+    attn_vec = kernel_attention(options, attn.dropatt)
     if attn_vec is not None:  # [b,m,n·d]
         attn_vec = attn_vec * ctx["target_weight"][:, :, None].astype(attn_vec.dtype)
         return attn.output(g, attn_vec)
+    b = attn.biases(shared_biases)
+    mask = None if ctx["mask_rows"] is None else ctx["mask_rows"][:, None]
     k_head, v_head = whole_heads(k_head), whole_heads(v_head)
     raw = position_contraction(q_head + b["r_r_bias"].astype(q_head.dtype), k_head_r)  # [b,n,m,r]
     # target at position z attends key j through relative-position row offset - z + j (cf. relative_shift);
