@@ -43,6 +43,10 @@ def test_logical_rules_dedup_divisibility_and_presets():
     assert sharding.logical_to_spec(("embed", "mlp"), (64, 256), fsdp, mesh) == P("fsdp", None)
     assert sharding.logical_to_spec(("layers", "mlp", "embed"), (4, 256, 64), fsdp, mesh) == P(None, "fsdp", None)
     assert sharding.logical_to_spec(("vocab", "embed"), (75, 64), fsdp, mesh) == P(None, "fsdp")  # rows indivisible
+    # the rules' dimension indivisible: another that divides (a [68096, 16] cluster over 64 by rows), else whole
+    assert sharding.logical_to_spec(("vocab", "embed"), (64, 15), fsdp, mesh) == P("fsdp", None)
+    assert sharding.logical_to_spec(("vocab", "embed"), (75, 15), fsdp, mesh) == P(None, None)
+    assert sharding.logical_to_spec(("vocab", "embed"), (74, 63), tp, mesh) == P("tensor", None)
     with pytest.raises(ValueError, match="unknown preset"):
         sharding.rules_for("zero3")
     with pytest.raises(ValueError, match="no sharding rule"):

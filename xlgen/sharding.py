@@ -135,8 +135,11 @@ def logical_to_spec(
     goes where each device's slice pads least in TPU's tiles (`tiled_size`), the rules' dimension on a tie, never
     the scanned `layers` axis. E.g. a `[160000, 64]` embedding cluster over 64 devices is split into `[2500, 64]`
     rows, not `[160000, 1]` columns padded 128-fold (WikiText-103's adaptive input), and `[mlp, embed]` by its
-    rows where `embed` would leave fewer than 128 columns per device."""
+    rows where `embed` would leave fewer than 128 columns per device. A parameter whose rules' dimension does not
+    divide by fsdp takes another that does (a `[68096, 16]` cluster by its rows); one with none stays whole."""
     used, out = set(), []
+    fsdp = mesh.shape.get("fsdp", 1)
+    wants_fsdp = fsdp > 1 and any(rules.get(name) == "fsdp" for name in logical if name is not None)
     for name, dim in zip(logical, shape):
         axis = rules.get(name) if name is not None else None
         if name is not None and name not in rules:
@@ -146,16 +149,20 @@ def logical_to_spec(
         else:
             out.append(axis)
             used.add(axis)
-    if "fsdp" in out:
-        here, size = out.index("fsdp"), mesh.shape["fsdp"]
+    if wants_fsdp:
+        here = out.index("fsdp") if "fsdp" in out else None
         others = [1 if a in (None, "fsdp") else mesh.shape[a] for a in out]
 
         def tiles(j):  # a device's slice with fsdp on dimension j
-            return tiled_size([d // (size if i == j else k) for i, (d, k) in enumerate(zip(shape, others))])
+            return tiled_size([d // (fsdp if i == j else k) for i, (d, k) in enumerate(zip(shape, others))])
 
         free = [j for j, (a, name) in enumerate(zip(out, logical)) if a in (None, "fsdp") and name != "layers"]
-        best = min((j for j in free if shape[j] % size == 0), key=lambda j: (tiles(j), j != here))
-        out[here], out[best] = None, "fsdp"
+        dividing = [j for j in free if shape[j] % fsdp == 0]
+        if dividing:
+            best = min(dividing, key=lambda j: (tiles(j), j != here))
+            if here is not None:
+                out[here] = None
+            out[best] = "fsdp"
     return P(*out)
 
 

@@ -13,6 +13,12 @@ with softmax_head over [E_0 P_0 h + b_0 ; W_c h + b_c] (the shortlist plus one l
 softmax_k over E_k P_k h + b_k. Output tables/projections may be tied to the input ones (`tie_weights`, and
 `tie_projs[k]`, HF's `proj_share_all_but_first`).
 
+Stored rows: with `rows_multiple` > 1 (div_val > 1 only) every table and output bias keeps its rows rounded up to
+that multiple, so that a sharded dimension divides (WikiText-103's 67,735-row tail over 64 cores; Megatron pads its
+vocabulary the same way). The padding rows start at zero, are never looked up, and their logits are masked to a
+finite -inf through the bias, so they get probability 0 and no gradient; loaders pad and exporters slice
+(`pad_rows`).
+
 Layouts (ours; the HF loader transposes): tables `[V_k, d_k]` ("vocab", "embed"), projections `[d_k, d_proj]`
 (None, "embed"): the input side computes `E[x] @ P`, the output side `h @ P^T`. Output log-probs and NLLs are
 float32. `nll` never materialises `[..., V]`: it gathers the target rows, computes log-normalisers in vocabulary
@@ -55,6 +61,34 @@ def cluster_dims(d_embed: int, n_clusters: int, div_val: int) -> list:
     if min(dims) < 1:
         raise ValueError(f"div_val={div_val} leaves a cluster with width 0 (d_embed={d_embed}, {n_clusters} tails)")
     return dims
+
+
+def stored_rows(rows: int, multiple: int) -> int:
+    """`rows` rounded up to a multiple of `multiple`: a table's stored rows (see the module doc)."""
+    if multiple < 1:
+        raise ValueError(f"rows_multiple must be >= 1, got {multiple}")
+    return -(-rows // multiple) * multiple
+
+
+def pad_rows(array, rows: int):
+    """`array` (NumPy) with its leading dimension padded by zero rows to `rows` (a loader's view of a stored table
+    or bias); an array that already has `rows` rows is returned as it is."""
+    import numpy as np
+
+    short = rows - array.shape[0]
+    if short < 0:
+        raise ValueError(f"array of {array.shape[0]} rows does not fit {rows} stored rows")
+    return array if short == 0 else np.concatenate([array, np.zeros((short,) + array.shape[1:], array.dtype)])
+
+
+def _zero_rows_from(init, rows: int):
+    """`init` with the rows from `rows` on set to zero (a table's padding rows)."""
+
+    def padded_init(key, shape, dtype):
+        value = init(key, shape, dtype)
+        return value if shape[0] == rows else value.at[rows:].set(0)
+
+    return padded_init
 
 
 def vocab_blocks(vocab: int, block: int) -> tuple:
@@ -104,6 +138,18 @@ def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, block: in
     return m + jnp.log(s)
 
 
+def table_rows(vocab_size: int, cutoffs: Sequence[int], div_val: int) -> list:
+    """Rows of each table (head first) before padding: one `[V]` table when div_val == 1, else one per cluster."""
+    bounds = cluster_bounds(vocab_size, cutoffs)
+    return [vocab_size] if div_val == 1 else [e - s for s, e in bounds]
+
+
+def _rows_multiple(multiple: int, div_val: int) -> int:
+    if multiple > 1 and div_val == 1:
+        raise ValueError(f"rows_multiple={multiple} needs div_val > 1 (one table per cluster)")
+    return multiple
+
+
 class AdaptiveEmbedding(nnx.Module):
     """Adaptive input representation: ids `[...]` -> `[..., d_proj]` scaled by sqrt(d_proj) (see module doc)."""
 
@@ -117,14 +163,19 @@ class AdaptiveEmbedding(nnx.Module):
         *,
         init_std: float = 0.02,
         proj_init_std: float = 0.01,
+        rows_multiple: int = 1,
         rngs: nnx.Rngs,
     ):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
         self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))
         self.dims = tuple(cluster_dims(d_embed, len(self.bounds) - 1, div_val))
-        sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
+        sizes = table_rows(vocab_size, cutoffs, div_val)
+        rows = [stored_rows(v, _rows_multiple(rows_multiple, div_val)) for v in sizes]
         self.tables = nnx.List(
-            [param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)]
+            [
+                param(rngs, _zero_rows_from(normal(init_std), v), (r, d), ("vocab", "embed"))
+                for v, r, d in zip(sizes, rows, self.dims)
+            ]
         )
         needs_proj = [d != d_proj for d in self.dims] if div_val == 1 else [True] * len(self.dims)
         self.projs = nnx.List(
@@ -190,6 +241,7 @@ class AdaptiveLogSoftmax(nnx.Module):
         proj_init_std: float = 0.01,
         block_size: int = 32768,
         chunk_size: int = 256,
+        rows_multiple: int = 1,
         rngs: nnx.Rngs,
     ):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
@@ -201,13 +253,19 @@ class AdaptiveLogSoftmax(nnx.Module):
             raise ValueError(f"tie_projs has {len(tie_projs)} entries; expected {n_clusters + 1} (head + tails)")
         self.tie_weights, self.tie_projs = tie_weights, tie_projs
         self.block_size, self.chunk_size = block_size, chunk_size
-        sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
+        sizes = table_rows(vocab_size, cutoffs, div_val)
+        rows = [stored_rows(v, _rows_multiple(rows_multiple, div_val)) for v in sizes]
         self.tables = (
             None
             if tie_weights
-            else nnx.List([param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)])
+            else nnx.List(
+                [
+                    param(rngs, _zero_rows_from(normal(init_std), v), (r, d), ("vocab", "embed"))
+                    for v, r, d in zip(sizes, rows, self.dims)
+                ]
+            )
         )
-        self.biases = nnx.List([param(rngs, zeros, (v,), ("vocab",)) for v in sizes])
+        self.biases = nnx.List([param(rngs, zeros, (r,), ("vocab",)) for r in rows])
         projs = []
         for k in range(n_clusters + 1):
             d_k = self.dims[0 if div_val == 1 else k]
@@ -222,7 +280,8 @@ class AdaptiveLogSoftmax(nnx.Module):
 
     # -- weights of one cluster ------------------------------------------------------------------------------------
     def cluster_weights(self, k: int, embedding: Optional[AdaptiveEmbedding]):
-        """(table `[V_k, d_k]`, bias `[V_k]`, projection `[d_k, d_proj]` or None) of output cluster k."""
+        """(table `[R_k, d_k]`, bias `[R_k]`, projection `[d_k, d_proj]` or None) of output cluster k: R_k is its
+        stored rows, the V_k real ones first; the bias is -inf (finite) on the padding rows."""
         s, e = self.bounds[k]
         t = 0 if self.div_val == 1 else k
         if self.tie_weights:
@@ -234,6 +293,8 @@ class AdaptiveLogSoftmax(nnx.Module):
         bias = self.biases[t][...]
         if self.div_val == 1:
             table, bias = table[s:e], bias[s:e]
+        elif bias.shape[0] > e - s:  # stored padding rows: probability 0
+            bias = jnp.where(jnp.arange(bias.shape[0]) < e - s, bias, jnp.asarray(_NEG, bias.dtype))
         proj = self.projs[k]
         if proj is not None:
             proj = proj[...]
@@ -266,14 +327,16 @@ class AdaptiveLogSoftmax(nnx.Module):
         _, head_logits = self._head(h, embedding)
         head_lp = jax.nn.log_softmax(head_logits, -1)
         shortlist = self.bounds[0][1]
+        rows0 = head_logits.shape[-1] - self.n_clusters  # the head table's stored rows; cluster logits after them
         parts = [head_lp[..., :shortlist]]
         for k in range(1, self.n_clusters + 1):
+            s, e = self.bounds[k]
             table, bias, proj = self.cluster_weights(k, embedding)
             hk = self._project(h, proj)
             logits = jnp.einsum("...d,vd->...v", hk, table.astype(hk.dtype), preferred_element_type=jnp.float32)
             parts.append(
-                head_lp[..., shortlist + k - 1 : shortlist + k]
-                + jax.nn.log_softmax(logits + bias.astype(jnp.float32), -1)
+                head_lp[..., rows0 + k - 1 : rows0 + k]
+                + jax.nn.log_softmax(logits + bias.astype(jnp.float32), -1)[..., : e - s]
             )
         return jnp.concatenate(parts, -1)
 
@@ -291,7 +354,6 @@ class AdaptiveLogSoftmax(nnx.Module):
         lead = labels.shape
         h = h.reshape(-1, h.shape[-1])
         labels = labels.reshape(-1)
-        shortlist = self.bounds[0][1]
         table0, bias0, proj0 = self.cluster_weights(0, embedding)
         h0 = self._project(h, proj0)
         head_table, head_bias = table0, bias0
@@ -301,7 +363,8 @@ class AdaptiveLogSoftmax(nnx.Module):
         cluster = jnp.zeros_like(labels)
         for k, (s, _) in enumerate(self.bounds[1:], start=1):
             cluster = jnp.where(labels >= s, k, cluster)
-        head_col = jnp.clip(jnp.where(cluster == 0, labels, shortlist + cluster - 1), 0, head_table.shape[0] - 1)
+        rows0 = table0.shape[0]  # stored rows: the cluster logits follow them
+        head_col = jnp.clip(jnp.where(cluster == 0, labels, rows0 + cluster - 1), 0, head_table.shape[0] - 1)
         lp = _target_logit(h0, head_table, head_bias, head_col) - logsumexp_rows(
             h0, head_table, head_bias, block=self.block_size
         )
