@@ -150,6 +150,23 @@ def _rows_multiple(multiple: int, div_val: int) -> int:
     return multiple
 
 
+def target_log_probs(h: jax.Array, table: jax.Array, bias: jax.Array, idx: jax.Array, *, block: int) -> jax.Array:
+    """log softmax_v (h · table[v] + bias[v])[idx] `[N]` (float32) for h `[N, d]`, idx `[N]`: the target logit minus
+    `logsumexp_rows`. Lowered for TPU, one pair of kernels (`operands.fused_nll_rows`) whose backward takes the
+    target's one-hot off the softmax; a table of at most `block` rows, from its one logits matmul; a larger one, by
+    gathering the target rows. In the first two the table's gradient has no scatter of the target rows."""
+    fused = operands.fused_nll_rows(h, table, bias, idx)
+    if fused is not None:
+        return -fused
+    if table.shape[0] <= block:  # one `[N, V]` logits matmul: the target logit taken from it (the gradient's
+        # one-hot joins the softmax's, where a row gather's gradient is a table-sized scatter on each device)
+        logits = jnp.einsum("nd,vd->nv", h, table.astype(h.dtype), preferred_element_type=jnp.float32)
+        logits = logits + bias.astype(jnp.float32)
+        picked = jnp.take_along_axis(logits, idx[:, None], axis=1)[:, 0]
+        return picked - jax.nn.logsumexp(logits, axis=-1)
+    return _target_logit(h, table, bias, idx) - logsumexp_rows(h, table, bias, block=block)
+
+
 class AdaptiveEmbedding(nnx.Module):
     """Adaptive input representation: ids `[...]` -> `[..., d_proj]` scaled by sqrt(d_proj) (see module doc)."""
 
@@ -365,9 +382,7 @@ class AdaptiveLogSoftmax(nnx.Module):
             cluster = jnp.where(labels >= s, k, cluster)
         rows0 = table0.shape[0]  # stored rows: the cluster logits follow them
         head_col = jnp.clip(jnp.where(cluster == 0, labels, rows0 + cluster - 1), 0, head_table.shape[0] - 1)
-        lp = _target_logit(h0, head_table, head_bias, head_col) - logsumexp_rows(
-            h0, head_table, head_bias, block=self.block_size
-        )
+        lp = target_log_probs(h0, head_table, head_bias, head_col, block=self.block_size)
         if self.n_clusters:
             lp = lp + self._tail_log_probs(h, labels, cluster, embedding)
         return jnp.where(labels >= 0, -lp, 0.0).reshape(lead)
@@ -416,7 +431,7 @@ class AdaptiveLogSoftmax(nnx.Module):
             def run(hc, lc):
                 hk = self._project(hc, proj)
                 local = jnp.clip(lc - s, 0, e - s - 1)
-                return _target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
+                return target_log_probs(hk, table, bias, local, block=self.block_size)
 
             return run
 
@@ -441,7 +456,7 @@ class AdaptiveLogSoftmax(nnx.Module):
             table, bias, proj = weights[k]
             hk = self._project(h, proj)
             local = jnp.clip(labels - s, 0, e - s - 1)
-            lp = _target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
+            lp = target_log_probs(hk, table, bias, local, block=self.block_size)
             out = jnp.where(cluster == k, lp, out)
         return out
 
