@@ -37,7 +37,7 @@ from flax import nnx
 
 from xlgen.models import operands
 from xlgen.models.layers import normal, param, zeros
-from xlgen.sharding import per_shard
+from xlgen.sharding import per_shard, take_rows
 
 TOKENS = ("activation_batch", "activation_embed")  # hidden states of the flattened tokens [N, d]
 
@@ -230,7 +230,7 @@ class AdaptiveEmbedding(nnx.Module):
         out = jnp.zeros(ids.shape + (self.d_proj,), dtype)
         for k, (s, e) in enumerate(self.bounds):
             local = jnp.clip(ids - s, 0, e - s - 1)
-            emb_k = jnp.take(self.tables[k][...], local, axis=0).astype(dtype) @ self.projs[k][...].astype(dtype)
+            emb_k = take_rows(self.tables[k][...], local, dtype) @ self.projs[k][...].astype(dtype)
             out = jnp.where(((ids >= s) & (ids < e))[..., None], emb_k, out)
         return out * jnp.asarray(scale, dtype)
 
