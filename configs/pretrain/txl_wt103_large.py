@@ -64,8 +64,9 @@ def get_config():
         )
     )
     c.eval.update(dict(mem_len=1600, same_length=True, clamp_len=1000, metric="ppl"))
-    # 2 x 32: the lowest roofline of the meshes of 64 cores (35.5 ms against 36.3 ms for 1 x 64 and 36.6 ms for
-    # 4 x 16; docs/pod_scale.md): at 64-way, XLA:TPU gathers the weights as all-reduces of zero-filled buffers
+    # 2 x 32: the lowest roofline of the meshes of 64 cores (compared with the padded tables: 35.5 ms against
+    # 36.3 ms for 1 x 64 and 36.6 ms for 4 x 16; docs/pod_scale.md): at 64-way, XLA:TPU gathers the weights as
+    # all-reduces of zero-filled buffers
     c.mesh.update(dict(data=2, fsdp=-1, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=10_000, keep=3))
     c.total_steps = 4_000_000
