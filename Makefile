@@ -36,11 +36,14 @@ format: $(STAMP)
 
 # `--dist loadfile`: a file's tests run on one worker, so a module fixture (the TPU plan compiles of test_plan.py and
 # test_pod_comm.py, ...) is built once, not once per worker (with the default `load`, both workers built them).
+# `--max-worker-restart=0`: a crashed worker ends the run as a failure naming its test; under `loadfile`, pytest-xdist
+# 3.8 can wait forever for a replaced worker (pytest-dev/pytest-xdist#784, #1323).
+PYTEST = $(PY) -m pytest -q -n 2 --dist loadfile --max-worker-restart=0
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
+	$(PYTEST) --durations=15 tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # A small Transformer-XL character LM on the embedded tinyshakespeare corpus: a few minutes on 2 CPU cores, loss
 # falling, evaluations (bpc) at steps 200/400/600; prints where checkpoints/metrics are and the commands to resume,

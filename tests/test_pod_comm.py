@@ -127,6 +127,17 @@ FAMILY = {
     "txl_tiny.py:adaptive": dict(
         _TXL, **{"model.cutoffs": "(20,40)", "model.div_val": 2, "model.softmax_block_size": 16}
     ),
+    # the tables' rows padded to 48: stored by rows over fsdp, and more than a fsdp group's 32 ids, so looked up
+    # vocabulary-parallel (`sharding.take_rows`)
+    "txl_tiny.py:adaptive_rows": dict(
+        _TXL,
+        **{
+            "model.cutoffs": "(20,40)",
+            "model.div_val": 2,
+            "model.softmax_block_size": 16,
+            "model.table_rows_multiple": 48,
+        },
+    ),
     "xlnet_tiny.py": {
         "model.mem_len": 8,
         "model.reuse_len": 4,

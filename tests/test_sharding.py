@@ -1,6 +1,8 @@
 """Mesh sizing and logical-axis rules (xlgen.sharding)."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
@@ -43,6 +45,10 @@ def test_logical_rules_dedup_divisibility_and_presets():
     assert sharding.logical_to_spec(("embed", "mlp"), (64, 256), fsdp, mesh) == P("fsdp", None)
     assert sharding.logical_to_spec(("layers", "mlp", "embed"), (4, 256, 64), fsdp, mesh) == P(None, "fsdp", None)
     assert sharding.logical_to_spec(("vocab", "embed"), (75, 64), fsdp, mesh) == P(None, "fsdp")  # rows indivisible
+    # the rules' dimension indivisible: another that divides (a [68096, 16] cluster over 64 by rows), else whole
+    assert sharding.logical_to_spec(("vocab", "embed"), (64, 15), fsdp, mesh) == P("fsdp", None)
+    assert sharding.logical_to_spec(("vocab", "embed"), (75, 15), fsdp, mesh) == P(None, None)
+    assert sharding.logical_to_spec(("vocab", "embed"), (74, 63), tp, mesh) == P("tensor", None)
     with pytest.raises(ValueError, match="unknown preset"):
         sharding.rules_for("zero3")
     with pytest.raises(ValueError, match="no sharding rule"):
@@ -52,3 +58,34 @@ def test_logical_rules_dedup_divisibility_and_presets():
 def test_process_rows_single_process():
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     assert sharding.addressable_batch_rows(mesh, 16) == (0, 16)
+
+
+def test_take_rows_vocabulary_parallel_equals_take():
+    """`sharding.take_rows` on a (2, 2, 2) mesh with the `fsdp` rules: a `[32, 8]` table stored by rows over fsdp is
+    looked up vocabulary-parallel (a `shard_map`: each device's rows for its fsdp group's ids, summed into its own),
+    and equals `jnp.take` in value and in the table's gradient; a table stored otherwise (`dp` rules:
+    whole) is a plain take."""
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.normal(size=(32, 8)), jnp.float32)
+    ids = jnp.asarray(rng.integers(0, 32, (8, 5)).astype(np.int32)).at[0, :2].set(jnp.asarray([0, 31]))
+    weights = jnp.asarray(rng.normal(size=(8, 5, 8)), jnp.float32)
+
+    def loss(fn):
+        return jax.jit(jax.value_and_grad(lambda t: jnp.sum(fn(t, ids) * weights)))
+
+    want = loss(lambda t, i: jnp.take(t, i, axis=0))(table)
+    for rules, parallel in (("fsdp", True), ("dp", False)):
+        with jax.set_mesh(mesh), sharding.activation_rules(rules):
+            # fresh functions per rule set: JAX caches traces by function, and the rules are not part of the key
+            jaxpr = str(jax.make_jaxpr(lambda t, i: sharding.take_rows(t, i))(table, ids))
+            got = loss(lambda t, i: sharding.take_rows(t, i))(table)
+        assert ("shard_map" in jaxpr) == parallel, rules
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
+        with jax.set_mesh(mesh), sharding.activation_rules(rules):
+            looked_up = jax.jit(lambda t, i: sharding.take_rows(t, i))(table, ids)
+            np.testing.assert_array_equal(looked_up, jnp.take(table, ids, axis=0))
+            rounded = jax.jit(lambda t, i: sharding.take_rows(t, i, jnp.bfloat16))(table, ids)  # summed in bfloat16
+            assert rounded.dtype == jnp.bfloat16
+            np.testing.assert_array_equal(rounded, jnp.take(table, ids, axis=0).astype(jnp.bfloat16))

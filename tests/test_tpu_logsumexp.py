@@ -2,7 +2,7 @@
 
 * The kernels (run through JAX, `interpret=True`) equal the XLA form of `adaptive_softmax.logsumexp_rows`, values
   and gradients (dh, dtable, dbias), for vocabularies and row counts that are not multiples of the blocks, float32
-  and bfloat16.
+  and bfloat16; with targets, the target log-probabilities of `adaptive_softmax.target_log_probs`.
 * A Transformer-XL train step with an adaptive softmax traced for TPU (`operands.emulate_tpu`) gives the loss and
   gradients of the CPU program; the CPU program has no kernel.
 * Compiled for TPU v3 (libtpu), forward and backward are one custom call each and the HBM bytes are those of the
@@ -55,6 +55,18 @@ def test_kernels_equal_the_xla_logsumexp(monkeypatch, n, v, d, dtype, vocab_bloc
     # float32: the same sums in another order; bfloat16 rows: dh rounded to bfloat16 (one ulp), the XLA form's
     # backward products take the float32 softmax against bfloat16 operands as the kernel does
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=1e-2, atol=1e-2)
+    for name, a, b in zip(("dh", "dtable", "dbias"), got, want):
+        assert a.dtype == b.dtype, name
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)
+
+    # with targets (every vocabulary block's, the first and last entries among them): the kernels' log-normaliser
+    # minus target logit equals the XLA form's gathered target rows minus its log-normaliser, values and gradients
+    target = jnp.asarray(np.random.default_rng(1).integers(0, v, n)).at[:2].set(jnp.asarray([0, v - 1]))
+    xla_lp = lambda h, t, b: asm.target_log_probs(h, t, b, target, block=xla_block)  # noqa: E731
+    kernel_nll = lambda h, t, b: tpu_logsumexp.nll_rows(h, t, b, target, interpret=True)  # noqa: E731
+    np.testing.assert_allclose(-kernel_nll(h, table, bias), xla_lp(h, table, bias), rtol=1e-5, atol=2e-5)
+    want = jax.grad(loss(xla_lp), argnums=(0, 1, 2))(h, table, bias)
+    got = jax.grad(loss(lambda *a: -kernel_nll(*a)), argnums=(0, 1, 2))(h, table, bias)
     for name, a, b in zip(("dh", "dtable", "dbias"), got, want):
         assert a.dtype == b.dtype, name
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)

@@ -16,6 +16,12 @@ import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The simulated CPU devices are threads of one process sharing 2 cores with the other test worker: XLA aborts the
+# process when a device thread reaches a collective 40 s after the others (its default terminate timeout), which a
+# loaded machine can exceed. Slow is not stuck here.
+CPU_COLLECTIVE_TIMEOUTS = (
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120 --xla_cpu_collective_call_terminate_timeout_seconds=1200"
+)
 
 TINY = {
     "log_every_steps": 1,
@@ -64,7 +70,8 @@ def xlgen_env(cache: str, devices: int = 8) -> dict:
             "JAX_PLATFORMS": "cpu",
             "XLGEN_COMPILATION_CACHE": cache,
             "XLGEN_COMPILATION_CACHE_MIN_SECS": "0",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0 "
+            + CPU_COLLECTIVE_TIMEOUTS,
             "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""),
         }
     )

@@ -489,6 +489,51 @@ def test_label_nll_equals_gathered_log_probs(kw):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
 
 
+@pytest.mark.parametrize("work", [{}, dict(softmax_block_size=7, softmax_chunk_size=4)])
+def test_padded_table_rows_equal_the_unpadded_model(work):
+    """`table_rows_multiple` stores every adaptive table and output bias with its rows rounded up (10 / 20 / 20 ->
+    16 / 24 / 24 here): loaded from the same real-sized weights, the padded model gives the unpadded one's label NLL
+    and full log-probs, the same gradients on the real rows and zero on the padding, and exports the same HF state
+    dict (the padding sliced off). Whole clusters at once, and blocked log-normalisers with sorted tail chunks."""
+    from xlgen.models.transformer_xl.hf_export import to_hf
+
+    base = make_model(std=0.1, scan_layers=False, **work)
+    padded = from_params(dataclasses.replace(base.config, table_rows_multiple=8), unscanned_params(base))
+    padded.eval()
+    stored = unscanned_params(padded)
+    for k, rows in enumerate((16, 24, 24)):
+        assert stored[f"embedding/tables/{k}"].shape[0] == rows and stored[f"softmax/biases/{k}"].shape == (rows,)
+    assert not stored["embedding/tables/2"][20:].any()
+
+    rng = np.random.default_rng(0)
+    h = jnp.asarray(rng.normal(size=(3, 8, 16)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 50, (3, 8))).at[0, :3].set(jnp.asarray([9, 29, 49]))
+
+    @nnx.jit
+    def nll_and_grads(model, h):
+        def loss(model, h):
+            return (model.softmax.nll(h, labels, model.embedding) * jnp.arange(1, 25).reshape(3, 8)).sum()
+
+        value, grads = nnx.value_and_grad(loss)(model, h)
+        return value, grads, model.softmax.log_probs(h, model.embedding)
+
+    v0, g0, lp0 = nll_and_grads(base, h)
+    v1, g1, lp1 = nll_and_grads(padded, h)
+    np.testing.assert_allclose(v1, v0, rtol=1e-6)
+    assert lp1.shape == lp0.shape == (3, 8, 50)
+    np.testing.assert_allclose(lp1, lp0, atol=1e-5)
+    grads0, grads1 = unscanned_params_of(g0), unscanned_params_of(g1)
+    for name, g in grads1.items():
+        real = grads0[name].shape[0] if g.ndim else 0
+        np.testing.assert_allclose(g[:real] if g.ndim else g, grads0[name], atol=1e-5, err_msg=name)
+        assert not np.any(g[real:]), name
+    cfg0, sd0 = to_hf(base)
+    cfg1, sd1 = to_hf(padded)
+    assert cfg1 == cfg0 and sorted(sd1) == sorted(sd0)
+    for name in sd0:
+        np.testing.assert_array_equal(np.asarray(sd1[name]), np.asarray(sd0[name]), err_msg=name)
+
+
 def test_log_probs_normalised_and_bfloat16_compute():
     """Full log-probs sum to 1 over V; bfloat16 compute keeps float32 params and float32 log-probs close to the
     float32 model's."""

@@ -10,7 +10,8 @@ evaluation tgt 128 / mem 1600 / clamp 1000 with same_length.
     launch/tpu_vm.sh --accelerator-type=v3-64 --config=configs/pretrain/txl_wt103_large.py --workdir=gs://B/run ...
 
 Data: `data.source` is a prepared word-level WikiText-103 directory (267,735 words; `xlgen prepare`, docs/data.md).
-Execution choices: bfloat16 compute, float32 parameters, parameters and optimizer state sharded over all 64 cores.
+Execution choices: bfloat16 compute, float32 parameters, parameters and optimizer state sharded over all 64 cores
+(the adaptive tables' rows padded to a multiple of 1024 for that).
 """
 
 import data_pipelines
@@ -42,6 +43,11 @@ def get_config():
         remat="dots_no_batch",
     )
     c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
+    # cluster tables stored with rows rounded up to 1024 (20480 / 20480 / 160768 / 68608): every table splits over
+    # up to 128 fsdp devices in whole (8, 128) tiles. With the exact 67,735 rows the last cluster stayed whole on
+    # each of the 64 cores (update and relayouts 1.3 ms per step) and the 20,000-row tables split by columns (16
+    # and 4 per core, padded to 128 lanes); docs/pod_scale.md. Loading and exporting use the exact sizes.
+    c.model.table_rows_multiple = 1024
     c.data = data_pipelines.default_config("lm")
     c.data.update(
         dict(source="data/wt103", vocab="word", batch_size=128, tgt_len=384, eval_batch_size=16, eval_tgt_len=128)
@@ -58,7 +64,10 @@ def get_config():
         )
     )
     c.eval.update(dict(mem_len=1600, same_length=True, clamp_len=1000, metric="ppl"))
-    c.mesh.update(dict(data=1, fsdp=-1, tensor=1, rules="fsdp"))
+    # 2 x 32: the lowest roofline of the meshes of 64 cores (compared with the padded tables: 35.5 ms against
+    # 36.3 ms for 1 x 64 and 36.6 ms for 4 x 16; docs/pod_scale.md): at 64-way, XLA:TPU gathers the weights as
+    # all-reduces of zero-filled buffers
+    c.mesh.update(dict(data=2, fsdp=-1, tensor=1, rules="fsdp"))
     c.checkpoint.update(dict(every_steps=10_000, keep=3))
     c.total_steps = 4_000_000
     c.log_every_steps = 100

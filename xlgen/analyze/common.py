@@ -82,7 +82,7 @@ def output_embedding(model) -> Tuple[np.ndarray, bool]:
         if head.div_val == 1:
             table = emb.output_table(0) if head.tie_weights else head.tables[0][...]
         else:
-            table = head.cluster_weights(0, emb)[0]
+            table = head.cluster_weights(0, emb)[0][: head.bounds[0][1]]  # the real rows (not stored padding)
         return np.asarray(table, np.float32), True
     table, _, _ = head.weights(emb)
     return np.asarray(table, np.float32), True

@@ -13,6 +13,12 @@ with softmax_head over [E_0 P_0 h + b_0 ; W_c h + b_c] (the shortlist plus one l
 softmax_k over E_k P_k h + b_k. Output tables/projections may be tied to the input ones (`tie_weights`, and
 `tie_projs[k]`, HF's `proj_share_all_but_first`).
 
+Stored rows: with `rows_multiple` > 1 (div_val > 1 only) every table and output bias keeps its rows rounded up to
+that multiple, so that a sharded dimension divides (WikiText-103's 67,735-row tail over 64 cores; Megatron pads its
+vocabulary the same way). The padding rows start at zero, are never looked up, and their logits are masked to a
+finite -inf through the bias, so they get probability 0 and no gradient; loaders pad and exporters slice
+(`pad_rows`).
+
 Layouts (ours; the HF loader transposes): tables `[V_k, d_k]` ("vocab", "embed"), projections `[d_k, d_proj]`
 (None, "embed"): the input side computes `E[x] @ P`, the output side `h @ P^T`. Output log-probs and NLLs are
 float32. `nll` never materialises `[..., V]`: it gathers the target rows, computes log-normalisers in vocabulary
@@ -31,7 +37,7 @@ from flax import nnx
 
 from xlgen.models import operands
 from xlgen.models.layers import normal, param, zeros
-from xlgen.sharding import per_shard
+from xlgen.sharding import per_shard, take_rows
 
 TOKENS = ("activation_batch", "activation_embed")  # hidden states of the flattened tokens [N, d]
 
@@ -55,6 +61,34 @@ def cluster_dims(d_embed: int, n_clusters: int, div_val: int) -> list:
     if min(dims) < 1:
         raise ValueError(f"div_val={div_val} leaves a cluster with width 0 (d_embed={d_embed}, {n_clusters} tails)")
     return dims
+
+
+def stored_rows(rows: int, multiple: int) -> int:
+    """`rows` rounded up to a multiple of `multiple`: a table's stored rows (see the module doc)."""
+    if multiple < 1:
+        raise ValueError(f"rows_multiple must be >= 1, got {multiple}")
+    return -(-rows // multiple) * multiple
+
+
+def pad_rows(array, rows: int):
+    """`array` (NumPy) with its leading dimension padded by zero rows to `rows` (a loader's view of a stored table
+    or bias); an array that already has `rows` rows is returned as it is."""
+    import numpy as np
+
+    short = rows - array.shape[0]
+    if short < 0:
+        raise ValueError(f"array of {array.shape[0]} rows does not fit {rows} stored rows")
+    return array if short == 0 else np.concatenate([array, np.zeros((short,) + array.shape[1:], array.dtype)])
+
+
+def _zero_rows_from(init, rows: int):
+    """`init` with the rows from `rows` on set to zero (a table's padding rows)."""
+
+    def padded_init(key, shape, dtype):
+        value = init(key, shape, dtype)
+        return value if shape[0] == rows else value.at[rows:].set(0)
+
+    return padded_init
 
 
 def vocab_blocks(vocab: int, block: int) -> tuple:
@@ -104,6 +138,35 @@ def logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array, *, block: in
     return m + jnp.log(s)
 
 
+def table_rows(vocab_size: int, cutoffs: Sequence[int], div_val: int) -> list:
+    """Rows of each table (head first) before padding: one `[V]` table when div_val == 1, else one per cluster."""
+    bounds = cluster_bounds(vocab_size, cutoffs)
+    return [vocab_size] if div_val == 1 else [e - s for s, e in bounds]
+
+
+def _rows_multiple(multiple: int, div_val: int) -> int:
+    if multiple > 1 and div_val == 1:
+        raise ValueError(f"rows_multiple={multiple} needs div_val > 1 (one table per cluster)")
+    return multiple
+
+
+def target_log_probs(h: jax.Array, table: jax.Array, bias: jax.Array, idx: jax.Array, *, block: int) -> jax.Array:
+    """log softmax_v (h · table[v] + bias[v])[idx] `[N]` (float32) for h `[N, d]`, idx `[N]`: the target logit minus
+    `logsumexp_rows`. Lowered for TPU, one pair of kernels (`operands.fused_nll_rows`) whose backward takes the
+    target's one-hot off the softmax; a table of at most `block` rows, from its one logits matmul; a larger one, by
+    gathering the target rows. In the first two the table's gradient has no scatter of the target rows."""
+    fused = operands.fused_nll_rows(h, table, bias, idx)
+    if fused is not None:
+        return -fused
+    if table.shape[0] <= block:  # one `[N, V]` logits matmul: the target logit taken from it (the gradient's
+        # one-hot joins the softmax's, where a row gather's gradient is a table-sized scatter on each device)
+        logits = jnp.einsum("nd,vd->nv", h, table.astype(h.dtype), preferred_element_type=jnp.float32)
+        logits = logits + bias.astype(jnp.float32)
+        picked = jnp.take_along_axis(logits, idx[:, None], axis=1)[:, 0]
+        return picked - jax.nn.logsumexp(logits, axis=-1)
+    return _target_logit(h, table, bias, idx) - logsumexp_rows(h, table, bias, block=block)
+
+
 class AdaptiveEmbedding(nnx.Module):
     """Adaptive input representation: ids `[...]` -> `[..., d_proj]` scaled by sqrt(d_proj) (see module doc)."""
 
@@ -117,14 +180,19 @@ class AdaptiveEmbedding(nnx.Module):
         *,
         init_std: float = 0.02,
         proj_init_std: float = 0.01,
+        rows_multiple: int = 1,
         rngs: nnx.Rngs,
     ):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
         self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))
         self.dims = tuple(cluster_dims(d_embed, len(self.bounds) - 1, div_val))
-        sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
+        sizes = table_rows(vocab_size, cutoffs, div_val)
+        rows = [stored_rows(v, _rows_multiple(rows_multiple, div_val)) for v in sizes]
         self.tables = nnx.List(
-            [param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)]
+            [
+                param(rngs, _zero_rows_from(normal(init_std), v), (r, d), ("vocab", "embed"))
+                for v, r, d in zip(sizes, rows, self.dims)
+            ]
         )
         needs_proj = [d != d_proj for d in self.dims] if div_val == 1 else [True] * len(self.dims)
         self.projs = nnx.List(
@@ -162,7 +230,7 @@ class AdaptiveEmbedding(nnx.Module):
         out = jnp.zeros(ids.shape + (self.d_proj,), dtype)
         for k, (s, e) in enumerate(self.bounds):
             local = jnp.clip(ids - s, 0, e - s - 1)
-            emb_k = jnp.take(self.tables[k][...], local, axis=0).astype(dtype) @ self.projs[k][...].astype(dtype)
+            emb_k = take_rows(self.tables[k][...], local, dtype) @ self.projs[k][...].astype(dtype)
             out = jnp.where(((ids >= s) & (ids < e))[..., None], emb_k, out)
         return out * jnp.asarray(scale, dtype)
 
@@ -190,6 +258,7 @@ class AdaptiveLogSoftmax(nnx.Module):
         proj_init_std: float = 0.01,
         block_size: int = 32768,
         chunk_size: int = 256,
+        rows_multiple: int = 1,
         rngs: nnx.Rngs,
     ):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
@@ -201,13 +270,19 @@ class AdaptiveLogSoftmax(nnx.Module):
             raise ValueError(f"tie_projs has {len(tie_projs)} entries; expected {n_clusters + 1} (head + tails)")
         self.tie_weights, self.tie_projs = tie_weights, tie_projs
         self.block_size, self.chunk_size = block_size, chunk_size
-        sizes = [vocab_size] if div_val == 1 else [e - s for s, e in self.bounds]
+        sizes = table_rows(vocab_size, cutoffs, div_val)
+        rows = [stored_rows(v, _rows_multiple(rows_multiple, div_val)) for v in sizes]
         self.tables = (
             None
             if tie_weights
-            else nnx.List([param(rngs, normal(init_std), (v, d), ("vocab", "embed")) for v, d in zip(sizes, self.dims)])
+            else nnx.List(
+                [
+                    param(rngs, _zero_rows_from(normal(init_std), v), (r, d), ("vocab", "embed"))
+                    for v, r, d in zip(sizes, rows, self.dims)
+                ]
+            )
         )
-        self.biases = nnx.List([param(rngs, zeros, (v,), ("vocab",)) for v in sizes])
+        self.biases = nnx.List([param(rngs, zeros, (r,), ("vocab",)) for r in rows])
         projs = []
         for k in range(n_clusters + 1):
             d_k = self.dims[0 if div_val == 1 else k]
@@ -222,7 +297,8 @@ class AdaptiveLogSoftmax(nnx.Module):
 
     # -- weights of one cluster ------------------------------------------------------------------------------------
     def cluster_weights(self, k: int, embedding: Optional[AdaptiveEmbedding]):
-        """(table `[V_k, d_k]`, bias `[V_k]`, projection `[d_k, d_proj]` or None) of output cluster k."""
+        """(table `[R_k, d_k]`, bias `[R_k]`, projection `[d_k, d_proj]` or None) of output cluster k: R_k is its
+        stored rows, the V_k real ones first; the bias is -inf (finite) on the padding rows."""
         s, e = self.bounds[k]
         t = 0 if self.div_val == 1 else k
         if self.tie_weights:
@@ -234,6 +310,8 @@ class AdaptiveLogSoftmax(nnx.Module):
         bias = self.biases[t][...]
         if self.div_val == 1:
             table, bias = table[s:e], bias[s:e]
+        elif bias.shape[0] > e - s:  # stored padding rows: probability 0
+            bias = jnp.where(jnp.arange(bias.shape[0]) < e - s, bias, jnp.asarray(_NEG, bias.dtype))
         proj = self.projs[k]
         if proj is not None:
             proj = proj[...]
@@ -266,14 +344,16 @@ class AdaptiveLogSoftmax(nnx.Module):
         _, head_logits = self._head(h, embedding)
         head_lp = jax.nn.log_softmax(head_logits, -1)
         shortlist = self.bounds[0][1]
+        rows0 = head_logits.shape[-1] - self.n_clusters  # the head table's stored rows; cluster logits after them
         parts = [head_lp[..., :shortlist]]
         for k in range(1, self.n_clusters + 1):
+            s, e = self.bounds[k]
             table, bias, proj = self.cluster_weights(k, embedding)
             hk = self._project(h, proj)
             logits = jnp.einsum("...d,vd->...v", hk, table.astype(hk.dtype), preferred_element_type=jnp.float32)
             parts.append(
-                head_lp[..., shortlist + k - 1 : shortlist + k]
-                + jax.nn.log_softmax(logits + bias.astype(jnp.float32), -1)
+                head_lp[..., rows0 + k - 1 : rows0 + k]
+                + jax.nn.log_softmax(logits + bias.astype(jnp.float32), -1)[..., : e - s]
             )
         return jnp.concatenate(parts, -1)
 
@@ -291,7 +371,6 @@ class AdaptiveLogSoftmax(nnx.Module):
         lead = labels.shape
         h = h.reshape(-1, h.shape[-1])
         labels = labels.reshape(-1)
-        shortlist = self.bounds[0][1]
         table0, bias0, proj0 = self.cluster_weights(0, embedding)
         h0 = self._project(h, proj0)
         head_table, head_bias = table0, bias0
@@ -301,10 +380,9 @@ class AdaptiveLogSoftmax(nnx.Module):
         cluster = jnp.zeros_like(labels)
         for k, (s, _) in enumerate(self.bounds[1:], start=1):
             cluster = jnp.where(labels >= s, k, cluster)
-        head_col = jnp.clip(jnp.where(cluster == 0, labels, shortlist + cluster - 1), 0, head_table.shape[0] - 1)
-        lp = _target_logit(h0, head_table, head_bias, head_col) - logsumexp_rows(
-            h0, head_table, head_bias, block=self.block_size
-        )
+        rows0 = table0.shape[0]  # stored rows: the cluster logits follow them
+        head_col = jnp.clip(jnp.where(cluster == 0, labels, rows0 + cluster - 1), 0, head_table.shape[0] - 1)
+        lp = target_log_probs(h0, head_table, head_bias, head_col, block=self.block_size)
         if self.n_clusters:
             lp = lp + self._tail_log_probs(h, labels, cluster, embedding)
         return jnp.where(labels >= 0, -lp, 0.0).reshape(lead)
@@ -353,7 +431,7 @@ class AdaptiveLogSoftmax(nnx.Module):
             def run(hc, lc):
                 hk = self._project(hc, proj)
                 local = jnp.clip(lc - s, 0, e - s - 1)
-                return _target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
+                return target_log_probs(hk, table, bias, local, block=self.block_size)
 
             return run
 
@@ -378,7 +456,7 @@ class AdaptiveLogSoftmax(nnx.Module):
             table, bias, proj = weights[k]
             hk = self._project(h, proj)
             local = jnp.clip(labels - s, 0, e - s - 1)
-            lp = _target_logit(hk, table, bias, local) - logsumexp_rows(hk, table, bias, block=self.block_size)
+            lp = target_log_probs(hk, table, bias, local, block=self.block_size)
             out = jnp.where(cluster == k, lp, out)
         return out
 

@@ -162,6 +162,15 @@ def fused_logsumexp_rows(h: jax.Array, table: jax.Array, bias: jax.Array) -> Opt
     return tpu_logsumexp.logsumexp_rows(h, table, bias, interpret=_EMULATED_TPU.get())
 
 
+def fused_nll_rows(h: jax.Array, table: jax.Array, bias: jax.Array, target: jax.Array) -> Optional[jax.Array]:
+    """-log softmax(h · table^T + bias)[target] `[N]` for TPU lowering (`tpu_logsumexp.nll_rows`: the target logit
+    taken in the log-normaliser's kernels, whose backward subtracts its one-hot from the softmax in VMEM), or None
+    where `fused_logsumexp_rows` is None; the caller then gathers the target rows with XLA."""
+    if lowering_platform() != "tpu" or h.ndim != 2 or not tpu_logsumexp.applies(*h.shape, h.dtype):
+        return None
+    return tpu_logsumexp.nll_rows(h, table, bias, target, interpret=_EMULATED_TPU.get())
+
+
 def dense_tail_clusters(rows: int, widths, dtype) -> bool:
     """Whether the adaptive softmax runs every tail cluster once over all of a device's `rows` tokens
     (`AdaptiveLogSoftmax._tail_log_probs_dense`) instead of over chunks of each cluster's own tokens: for TPU

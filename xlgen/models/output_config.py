@@ -109,11 +109,13 @@ class OutputConfig:
 
 def config_defaults(output_layer: str = "adaptive") -> Dict[str, Any]:
     """`output_layer` and `output` entries for a Transformer-XL config file (`c.model = dict(..., **this)`), and
-    the adaptive softmax's work sizes: `softmax_block_size` (vocabulary rows per log-normaliser block) and
-    `softmax_chunk_size` (tokens per tail-cluster chunk)."""
+    the adaptive softmax's work sizes and storage: `softmax_block_size` (vocabulary rows per log-normaliser block),
+    `softmax_chunk_size` (tokens per tail-cluster chunk) and `table_rows_multiple` (each cluster table's stored rows
+    rounded up to this, so that they split over the fsdp devices; 1 = the exact sizes)."""
     return {
         "output_layer": output_layer,
         "output": dataclasses.asdict(OutputConfig()),
         "softmax_block_size": 32768,
         "softmax_chunk_size": 256,
+        "table_rows_multiple": 1,
     }

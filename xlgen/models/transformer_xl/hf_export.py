@@ -13,7 +13,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 
 from xlgen.models.params import flat_params
-from xlgen.models.transformer_xl.model import TransformerXLLM
+from xlgen.models.transformer_xl.model import TransformerXLLM, vocab_rows
 
 
 def hf_config(config) -> Dict[str, Any]:
@@ -74,7 +74,7 @@ def to_hf(module: TransformerXLLM) -> Tuple[Dict[str, Any], Dict[str, np.ndarray
             f"model.output_layer={c.output_layer!r}: HF TransfoXLLMHeadModel has the (adaptive) softmax only, so "
             "this model has no HF equivalent"
         )
-    p = flat_params(module, sep="/", scanned=("layers",) if c.scan_layers else ())
+    p = vocab_rows(c, flat_params(module, sep="/", scanned=("layers",) if c.scan_layers else ()), stored=False)
     if "embedding/u" in p:  # spectrum control: E = U diag(sigma) V^T is an ordinary (tied) table for HF
         from xlgen.models.output_layers import collapse_spectral_params
 

@@ -30,7 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xlgen.models.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
+from xlgen.models.adaptive_softmax import (
+    AdaptiveEmbedding,
+    AdaptiveLogSoftmax,
+    cluster_bounds,
+    pad_rows,
+    stored_rows,
+    table_rows,
+)
 from xlgen.models.layers import (
     Dropout,
     PositionwiseFF,
@@ -108,6 +115,7 @@ class TransformerXLConfig:
     logits_dtype: str = "float32"  # float32 only: the adaptive / blocked softmax layers accumulate in float32
     softmax_block_size: int = 32768
     softmax_chunk_size: int = 256
+    table_rows_multiple: int = 1  # adaptive tables' stored rows padded to this (div_val > 1; see adaptive_softmax)
     output_layer: str = "adaptive"
     output: Any = None  # OutputConfig (a dict is converted)
 
@@ -138,6 +146,13 @@ class TransformerXLConfig:
                 )
         elif self.cutoffs:
             raise ValueError(f"output_layer={self.output_layer!r} needs cutoffs=() (one vocabulary table)")
+        if self.table_rows_multiple != 1 and (self.output_layer != "adaptive" or self.div_val == 1):
+            raise ValueError(
+                f"table_rows_multiple={self.table_rows_multiple} pads the adaptive softmax's per-cluster tables: it "
+                "needs output_layer='adaptive' and div_val > 1"
+            )
+        if self.table_rows_multiple < 1:
+            raise ValueError(f"table_rows_multiple={self.table_rows_multiple} must be >= 1")
         if out.spectrum_control and (not self.tie_word_embeddings or self.div_val != 1):
             raise ValueError(
                 "output.spectrum_control needs tie_word_embeddings=True and div_val=1 (with div_val > 1 the adaptive "
@@ -194,6 +209,7 @@ class TransformerXLConfig:
             "logits_dtype",
             "softmax_block_size",
             "softmax_chunk_size",
+            "table_rows_multiple",
             "output_layer",
             "output",
         ):
@@ -356,6 +372,7 @@ class TransformerXLLM(nnx.Module):
                 c.div_val,
                 init_std=c.init_std,
                 proj_init_std=c.proj_init_std,
+                rows_multiple=c.table_rows_multiple,
                 rngs=rngs,
             )
         if c.output_layer != "adaptive":  # output_layers registry (softmax, mos, gss, ...)
@@ -385,6 +402,7 @@ class TransformerXLLM(nnx.Module):
                 proj_init_std=c.proj_init_std,
                 block_size=c.softmax_block_size,
                 chunk_size=c.softmax_chunk_size,
+                rows_multiple=c.table_rows_multiple,
                 rngs=rngs,
             )
         if not c.untie_r:  # one u, v shared by all layers
@@ -541,7 +559,25 @@ def from_params(
     built without random init (`xlgen.models.params.materialize`); layers are stacked for `scan_layers` configs.
     Parameters absent from `params` are zero only with `strict=False` (the unused softmax of a headless
     TransfoXLModel); RNG streams are seeded with `seed`."""
+    params = vocab_rows(config, params, stored=True)
     if config.scan_layers:
         params = stack_layers(params, config.n_layer, sep="/")
     abstract = nnx.eval_shape(lambda: TransformerXLLM(config, rngs=nnx.Rngs(seed)))
     return materialize(abstract, params, sep="/", strict=strict, seed=seed)
+
+
+def vocab_rows(config: TransformerXLConfig, params: Dict[str, np.ndarray], *, stored: bool) -> Dict[str, np.ndarray]:
+    """`params` with the adaptive tables and output biases at their stored rows (`stored=True`: zero rows appended,
+    what a loader of real-sized weights does) or at their real rows (`stored=False`: sliced, what an exporter
+    does). Identity when `config.table_rows_multiple` is 1."""
+    if config.table_rows_multiple == 1:
+        return params
+    sizes = table_rows(config.vocab_size, config.cutoffs, config.div_val)
+    out = dict(params)
+    for k, real in enumerate(sizes):
+        rows = stored_rows(real, config.table_rows_multiple) if stored else real
+        for name in (f"embedding/tables/{k}", f"softmax/tables/{k}", f"softmax/biases/{k}"):
+            if name in out:
+                a = out[name]
+                out[name] = pad_rows(np.asarray(a), rows) if stored else a[:rows]
+    return out
