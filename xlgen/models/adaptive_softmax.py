@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from xlgen.models import operands
@@ -73,8 +74,6 @@ def stored_rows(rows: int, multiple: int) -> int:
 def pad_rows(array, rows: int):
     """`array` (NumPy) with its leading dimension padded by zero rows to `rows` (a loader's view of a stored table
     or bias); an array that already has `rows` rows is returned as it is."""
-    import numpy as np
-
     short = rows - array.shape[0]
     if short < 0:
         raise ValueError(f"array of {array.shape[0]} rows does not fit {rows} stored rows")
@@ -144,10 +143,18 @@ def table_rows(vocab_size: int, cutoffs: Sequence[int], div_val: int) -> list:
     return [vocab_size] if div_val == 1 else [e - s for s, e in bounds]
 
 
-def _rows_multiple(multiple: int, div_val: int) -> int:
-    if multiple > 1 and div_val == 1:
-        raise ValueError(f"rows_multiple={multiple} needs div_val > 1 (one table per cluster)")
-    return multiple
+def _stored_table_rows(vocab_size, cutoffs, div_val, rows_multiple) -> list:
+    """(real rows, stored rows) of each table (head first)."""
+    if rows_multiple > 1 and div_val == 1:
+        raise ValueError(f"rows_multiple={rows_multiple} needs div_val > 1 (one table per cluster)")
+    return [(v, stored_rows(v, rows_multiple)) for v in table_rows(vocab_size, cutoffs, div_val)]
+
+
+def _tables(rngs, rows, dims, init_std) -> nnx.List:
+    """The tables `[R_k, d_k]` ("vocab", "embed"): N(0, init_std) real rows, zero padding rows."""
+    return nnx.List(
+        [param(rngs, _zero_rows_from(normal(init_std), v), (r, d), ("vocab", "embed")) for (v, r), d in zip(rows, dims)]
+    )
 
 
 def target_log_probs(h: jax.Array, table: jax.Array, bias: jax.Array, idx: jax.Array, *, block: int) -> jax.Array:
@@ -186,14 +193,8 @@ class AdaptiveEmbedding(nnx.Module):
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
         self.bounds = tuple(cluster_bounds(vocab_size, cutoffs))
         self.dims = tuple(cluster_dims(d_embed, len(self.bounds) - 1, div_val))
-        sizes = table_rows(vocab_size, cutoffs, div_val)
-        rows = [stored_rows(v, _rows_multiple(rows_multiple, div_val)) for v in sizes]
-        self.tables = nnx.List(
-            [
-                param(rngs, _zero_rows_from(normal(init_std), v), (r, d), ("vocab", "embed"))
-                for v, r, d in zip(sizes, rows, self.dims)
-            ]
-        )
+        rows = _stored_table_rows(vocab_size, cutoffs, div_val, rows_multiple)
+        self.tables = _tables(rngs, rows, self.dims, init_std)
         needs_proj = [d != d_proj for d in self.dims] if div_val == 1 else [True] * len(self.dims)
         self.projs = nnx.List(
             [
@@ -270,19 +271,9 @@ class AdaptiveLogSoftmax(nnx.Module):
             raise ValueError(f"tie_projs has {len(tie_projs)} entries; expected {n_clusters + 1} (head + tails)")
         self.tie_weights, self.tie_projs = tie_weights, tie_projs
         self.block_size, self.chunk_size = block_size, chunk_size
-        sizes = table_rows(vocab_size, cutoffs, div_val)
-        rows = [stored_rows(v, _rows_multiple(rows_multiple, div_val)) for v in sizes]
-        self.tables = (
-            None
-            if tie_weights
-            else nnx.List(
-                [
-                    param(rngs, _zero_rows_from(normal(init_std), v), (r, d), ("vocab", "embed"))
-                    for v, r, d in zip(sizes, rows, self.dims)
-                ]
-            )
-        )
-        self.biases = nnx.List([param(rngs, zeros, (r,), ("vocab",)) for r in rows])
+        rows = _stored_table_rows(vocab_size, cutoffs, div_val, rows_multiple)
+        self.tables = None if tie_weights else _tables(rngs, rows, self.dims, init_std)
+        self.biases = nnx.List([param(rngs, zeros, (r,), ("vocab",)) for _, r in rows])
         projs = []
         for k in range(n_clusters + 1):
             d_k = self.dims[0 if div_val == 1 else k]
