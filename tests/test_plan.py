@@ -680,9 +680,10 @@ def test_mesh_rule_per_topology():
     assert mesh_for_devices(base, 4, 256) == {"data": 1, "fsdp": 4, "tensor": 1}
     wt103 = {"data": 2, "fsdp": -1, "tensor": 1}
     assert mesh_for_devices(wt103, 32, 128) == {"data": 2, "fsdp": 16, "tensor": 1}
-    assert mesh_for_devices({"data": -1, "fsdp": 16, "tensor": 1}, 64, 32) == {"data": 2, "fsdp": 16, "tensor": 1}
-    with pytest.raises(ValueError, match="global batch 24 does not divide"):
-        mesh_for_devices({"data": -1, "fsdp": 1, "tensor": 1}, 16, 24)
+    # fsdp 16 cut to 8 where the batch is 8 rows; more devices than rows is an error
+    assert mesh_for_devices({"data": 1, "fsdp": 16, "tensor": 1}, 8, 8) == {"data": 1, "fsdp": 8, "tensor": 1}
+    with pytest.raises(ValueError, match="global batch 32 does not divide over mesh data×fsdp = 4×16"):
+        mesh_for_devices({"data": -1, "fsdp": 16, "tensor": 1}, 64, 32)
 
 
 @pytest.mark.slow

@@ -207,8 +207,9 @@ TODAY_TABLE_BEGIN, TODAY_TABLE_END = (
 )
 TODAY_TABLE_HEADER = (
     "| config | topology (chips) | mesh data×fsdp×tensor | batch | optimizer state / device | HBM / device (of) | "
-    "fits | step ≥ (roofline + comm) | MFU ≤ | tokens / chip·s ≤ | steps | whole run ≥ | chip-hours ≥ |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "fits | roofline ≥ | comm ≥ (bytes × FSDP ideal) | step ≥ (overlapped) | MFU ≤ | tokens / chip·s ≤ | steps | "
+    "whole run ≥ | chip-hours ≥ |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v6e")
 
@@ -222,8 +223,12 @@ def today_order(r: Dict[str, Any]):
     return family, cfg, batch, GENERATIONS.index(gen) if gen in GENERATIONS else 99, int(r.get("num_slices", 1))
 
 
+def _ms(seconds) -> str:
+    return "-" if not seconds else f"{seconds * 1e3:.0f} ms"
+
+
 def render_today_row(r: Dict[str, Any]) -> str:
-    from xlgen.plan.render import GiB, _gib
+    from xlgen.plan.render import GiB, _gib, _ratio
 
     m = r["mesh"]
     cfg = os.path.basename(r["config"]).removesuffix(".py")
@@ -236,6 +241,7 @@ def render_today_row(r: Dict[str, Any]) -> str:
         f"| {cfg} | {r['topology']}{slices} ({r['chips']}) | {m['data']}×{m['fsdp']}×{m['tensor']} | "
         f"{r['global_batch_size']} | {_gib(r['state_bytes_per_device'].get('opt_state', 0))} | "
         f"{_gib(r['memory_per_device']['total'])} ({_gib(r['hbm_per_device'])}) | {fits} | "
+        f"{_ms(r.get('roofline_time_s'))} | {_ms(r.get('comm_time_s'))} ({_ratio(r)}) | "
         f"{r['run_step_time_s'] * 1e3:.0f} ms | {100 * r['run_mfu']:.0f}% | {r.get('tokens_per_chip_s', 0):,.0f} | "
         f"{int(r['total_steps']):,} | {r['run_days']:.2f} d | {r['chip_hours']:,.0f} |"
     )
