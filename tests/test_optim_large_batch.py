@@ -57,7 +57,7 @@ def _cfg(name, **kw):
 
 def test_lamb_equals_optax_lamb():
     c = _cfg("lamb", b1=0.9, b2=0.99, eps=1e-6, weight_decay=0.01, weight_decay_mask="xlgen")
-    c.lamb.trust_ratio_mask = "all"
+    c.lamb.update(dict(trust_ratio_mask="all"))
     tx, _ = optim.make_optimizer(c, 10, META)
     mask = optim.weight_decay_mask(list(META), "xlgen")
     ref = optax.lamb(1e-2, b1=0.9, b2=0.99, eps=1e-6, weight_decay=0.01, mask=mask)
@@ -138,7 +138,7 @@ def test_scanned_stack_gets_the_unscanned_layers_updates(name):
         flat[f"layers.{i}.attn.q.kernel"] = ((8, 16), ("embed", "mlp"))
         flat[f"layers.{i}.layer_norm.scale"] = ((8,), ("embed",))
     c = _cfg(name, weight_decay=0.01)
-    c.adafactor.min_dim_size_to_factor = 8
+    c.adafactor.update(dict(min_dim_size_to_factor=8))
     tx_s, _ = optim.make_optimizer(c, 10, stacked)
     tx_f, _ = optim.make_optimizer(c, 10, flat)
     p_s, state_s = _tree(0, stacked), None
@@ -167,7 +167,7 @@ def test_layer_decay_and_param_groups_scale_the_update(name):
     """lr-mode layer-wise decay (rate 0.5: layer 0 of 2 gets 0.5, layer 1 and the embedding 1) and a parameter
     group (lr_scale 0.1 on the embedding, a frozen LayerNorm) multiply the optimizer's own update."""
     c = _cfg(name, weight_decay=0.01)
-    c.adafactor.min_dim_size_to_factor = 8
+    c.adafactor.update(dict(min_dim_size_to_factor=8))
     plain = _run(optim.make_optimizer(c, 10, META, family="xlnet")[0])
     c.lr_layer_decay_rate, c.layer_decay_mode = 0.5, "lr"
     c.param_groups = ({"pattern": "^embedding", "lr_scale": 0.1}, {"pattern": "layers.1.layer_norm", "frozen": True})
@@ -184,7 +184,7 @@ def test_unknown_names_and_masks_are_errors():
     with pytest.raises(ValueError, match="optimizer.name='lars'"):
         optim.make_optimizer(_cfg("lars"), 10, META)
     c = _cfg("lamb")
-    c.lamb.trust_ratio_mask = "none"
+    c.lamb.update(dict(trust_ratio_mask="none"))
     with pytest.raises(ValueError, match="optimizer.lamb.trust_ratio_mask='none'"):
         optim.make_optimizer(c, 10, META)
     with pytest.raises(ValueError, match="update_rule='original' applies to adam/adamw"):
@@ -208,7 +208,7 @@ def test_factored_moments_sharded_like_their_parameter():
     shard = {n: NamedSharding(mesh, specs[n]) for n in meta}
     shapes = {n: s for n, (s, _) in meta.items()}
     c = _cfg("adafactor")
-    c.adafactor.min_dim_size_to_factor = 8
+    c.adafactor.update(dict(min_dim_size_to_factor=8))
     tx, _ = optim.make_optimizer(c, 10, meta)
     params = {n: jax.ShapeDtypeStruct(s, jnp.float32) for n, s in shapes.items()}
     state = jax.eval_shape(tx.init, params)
