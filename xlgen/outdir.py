@@ -1,8 +1,8 @@
 """Output directories: what a command may write into, checked before it writes anything.
 
-    check_dir_path(path, flag)          a directory path a command will create or write into: not empty, not a
-                                        file, not under a file, within the filesystem's name and path limits, on a
-                                        writable filesystem (else OutputPathError: one line naming the path)
+    check_dir_path(path, flag)          a directory a command will create or write into: not empty, not a file,
+                                        not under a file, within the filesystem's limits, writable (else
+                                        OutputPathError: one line naming the path; data_pipelines/output_paths.py)
     check_export_dir(out, flag)         `xlgen export` / `convert` outputs: absent, an empty directory, or a previous
                                         export (its marker file `.xlgen-export`); anything else is refused
     write_export_dir(out, fill, flag)   `fill(tmp)` writes the files into a temporary sibling, then they move into
@@ -21,7 +21,6 @@ are not checked (no local filesystem limits; object stores have no directories t
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import shutil
@@ -29,6 +28,12 @@ import tempfile
 from typing import Callable, Iterator, List
 
 from data_pipelines import paths
+from data_pipelines.output_paths import (  # noqa: F401  (the path checks, re-exported)
+    OutputPathError,
+    check_dir_path,
+    check_nonempty,
+    os_error_line,
+)
 
 EXPORT_MARKER = ".xlgen-export"
 # The entries of a workdir and the kind each must have when present ("file" | "dir").
@@ -43,90 +48,6 @@ WORKDIR_ENTRIES = {
     "tokenizer": "dir",
     "cache": "dir",
 }
-
-
-class OutputPathError(ValueError):
-    """A path a command would write to cannot or must not be written (one line, names the path)."""
-
-
-def _short(s: str, n: int = 60) -> str:
-    return s if len(s) <= n else f"{s[: n // 2]}…{s[-n // 2 :]} ({len(s)} characters)"
-
-
-def _existing_ancestor(path: str) -> str:
-    p = path
-    while not os.path.lexists(p):
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    return p
-
-
-def _limit(path: str, name: str, default: int) -> int:
-    try:
-        return int(os.pathconf(path, name))
-    except (OSError, ValueError):
-        return default
-
-
-def check_dir_path(path, flag: str = "--workdir") -> str:
-    """The absolute form of `path`, a directory a command will create or write into; raises OutputPathError when
-    it is empty, a file, under a file, too long for the filesystem, or on a filesystem that cannot be written."""
-    if path is None or str(path).strip() == "":
-        raise OutputPathError(f"{flag} is empty: give a directory path")
-    if paths.is_remote(path):
-        return str(path)
-    full = os.path.abspath(os.fspath(path))
-    anc = _existing_ancestor(full)
-    probe = anc if os.path.isdir(anc) else os.path.dirname(anc) or "/"
-    max_path = _limit(probe, "PC_PATH_MAX", 4096)
-    if len(full.encode()) >= max_path:
-        raise OutputPathError(
-            f"{flag}={_short(full)}: the path is {len(full.encode())} bytes long, beyond the filesystem's limit "
-            f"of {max_path - 1}"
-        )
-    max_name = _limit(probe, "PC_NAME_MAX", 255)
-    for part in full.split(os.sep):
-        if len(part.encode()) > max_name:
-            raise OutputPathError(
-                f"{flag}={_short(full)}: the name {_short(part, 40)} is {len(part.encode())} bytes long, beyond the "
-                f"filesystem's limit of {max_name}"
-            )
-    if anc == full:
-        if not os.path.isdir(full):
-            raise OutputPathError(f"{flag}={full}: exists and is not a directory")
-    elif not os.path.isdir(anc):
-        raise OutputPathError(f"{flag}={full}: {anc} is a file, not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        ro = _read_only_fs(anc)
-        raise OutputPathError(
-            f"{flag}={full}: {anc} is " + ("on a read-only filesystem" if ro else "not writable (permission denied)")
-        )
-    return full
-
-
-def _read_only_fs(path: str) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def os_error_line(e: OSError, flag: str, path) -> str:
-    """One line for an OSError met while creating or writing `path` (read-only filesystem, permission, name too
-    long, not a directory)."""
-    where = e.filename or path
-    reason = {
-        errno.EROFS: "read-only filesystem",
-        errno.EACCES: "permission denied",
-        errno.EPERM: "operation not permitted",
-        errno.ENAMETOOLONG: "name too long",
-        errno.ENOTDIR: "a part of the path is a file",
-        errno.EEXIST: "exists",
-        errno.ENOSPC: "no space left on the device",
-    }.get(e.errno, e.strerror or str(e))
-    return f"{flag}={path}: cannot write {where} ({reason})"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -244,6 +165,28 @@ def check_workdir_entries(path) -> None:
             raise OutputPathError(f"{p}: is a file; the run keeps a directory there")
 
 
+def check_not_foreign(path: str, flag: str = "--workdir") -> None:
+    """A run writes only into a new or empty directory or an xlgen workdir (its config.json, or only entries a
+    run writes): a directory holding anything else (the repository, a corpus, an export, a home directory) is
+    refused with OutputPathError."""
+    from xlgen.train import guards
+
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
+        return  # config.json: Workdir.require_kind tells an xlgen run of the right kind from anything else
+    known = set(WORKDIR_ENTRIES) | {guards.LOCK_NAME}
+    foreign = sorted(n for n in os.listdir(path) if n not in known)
+    if foreign:
+        raise OutputPathError(
+            f"{flag}={path}: a non-empty directory that is not an xlgen workdir (it holds {_short(foreign[0], 40)}"
+            + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")
+            + "); give a new or empty directory"
+        )
+
+
+def _short(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
 def _makedirs(path: str) -> List[str]:
     """mkdir -p `path`; the directories this call created, outermost first (each by an atomic `mkdir`: of two
     processes creating the same directory exactly one creates it)."""
@@ -293,6 +236,7 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
         return
     full = check_dir_path(path, flag)
     check_workdir_entries(full)
+    check_not_foreign(full, flag)
     try:
         made = _makedirs(full)
     except OSError as e:
