@@ -425,6 +425,11 @@ def check_outputs(args) -> None:
         return
     output_paths.check_dir_path(out, flag)
     full = os.path.abspath(out)
+    held = [f for f in ("config.json", "checkpoints", ".xlgen-export") if os.path.exists(os.path.join(full, f))]
+    if held and not os.path.exists(os.path.join(full, corpus_lib.MANIFEST)):
+        raise output_paths.OutputPathError(
+            f"{flag}={full}: holds {held[0]} (an xlgen workdir or export), not prepared data; give another directory"
+        )
     if args.cmd == "corpus" and os.path.isdir(full) and os.listdir(full):
         if not os.path.exists(os.path.join(full, corpus_lib.MANIFEST)):
             raise output_paths.OutputPathError(
@@ -432,11 +437,11 @@ def check_outputs(args) -> None:
                 "give a new or empty directory"
             )
     files = {
-        "vocab": [args.output],
-        "spm": [args.model_prefix + ".model", args.model_prefix + ".vocab"],
-        "wordpiece": [os.path.join(out, "vocab.txt")],
+        "vocab": lambda: [args.output],
+        "spm": lambda: [args.model_prefix + ".model", args.model_prefix + ".vocab"],
+        "wordpiece": lambda: [os.path.join(out, "vocab.txt")],
     }
-    for f in files.get(args.cmd, []):
+    for f in files.get(args.cmd, list)():
         if os.path.isdir(f):
             raise output_paths.OutputPathError(f"{flag}: {os.path.abspath(f)} is a directory; give a file path")
         if os.path.lexists(f) and not _replaceable(f, args.cmd):

@@ -22,6 +22,10 @@ class _ToolParser(argparse.ArgumentParser):
         from data_pipelines import output_paths
 
         ns = super().parse_args(args, namespace)
+        workdirs = getattr(ns, "workdir", None)
+        for w in workdirs if isinstance(workdirs, list) else [workdirs]:
+            if w is not None and not str(w).strip():
+                self.exit(2, f"{self.prog}: error: --workdir is empty: give a directory path\n")
         for flag in ("json", "png"):
             if getattr(ns, flag, ""):
                 try:
