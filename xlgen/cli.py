@@ -11,6 +11,7 @@
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
     xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
+    xlgen export   --workdir=DIR --to-onnx=OUT | --to-stablehlo=OUT   a deployed function (docs/deploy.md)
     xlgen convert  --from-tf=CKPT_PREFIX --family=xlnet|funnel|transformer_xl --config=CONFIG --out=DIR
                           an original TensorFlow checkpoint as a from_pretrained directory (xlgen.convert:main)
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
