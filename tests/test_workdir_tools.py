@@ -78,17 +78,17 @@ def test_export_generate_from_workdir_and_hf_dir(workdir, tmp_path, compile_cach
 
 
 def test_export_stablehlo_from_trained_workdir(workdir, tmp_path, compile_cache):  # noqa: F811
-    """`--to-stablehlo` on a trained workdir (in-process `xlgen.deploy.export_workdir`): model.stablehlo, io.json,
+    """`--to-stablehlo` on a trained workdir (in-process `xlgen.export.export_deployed`): model.stablehlo, io.json,
     the tokenizer and the export marker; the artefact's log-probs over two segments (memory fed back, starting
     empty: mem_valid 0) equal `xlgen.from_pretrained(workdir)` called with `mem_valid=0` within 1e-5; a second
     export replaces the first."""
     from jax import export as jax_export
 
-    from xlgen import deploy
+    from xlgen import export
 
     out = tmp_path / "shlo"
-    deploy.export_workdir(str(workdir), str(out), "stablehlo")
-    path, desc = deploy.export_workdir(str(workdir), str(out), "stablehlo")  # replaces its own export
+    export.export_deployed(str(workdir), str(out), "stablehlo")
+    path, desc = export.export_deployed(str(workdir), str(out), "stablehlo")  # replaces its own export
     assert {"model.stablehlo", "io.json", "tokenizer.json", ".xlgen-export"} <= set(os.listdir(out))
     io = json.loads((out / "io.json").read_text())
     assert io == desc and [i["name"] for i in io["inputs"]] == ["input_ids", "mems", "mem_valid"]

@@ -368,10 +368,17 @@ def run_kind(workdir: str) -> str:
     return "pretrain"
 
 
-def export_workdir(workdir: str, out_dir: str, fmt: str, step: Optional[int] = None, with_tokenizer: bool = True):
-    """Write `OUT/model.<fmt>`, `OUT/io.json`, the tokenizer files and `OUT/labels.txt` (classification); returns
-    (out path, io description)."""
-    from xlgen import export, outdir, registry
+def export_workdir(
+    workdir: str,
+    out_dir: str,
+    fmt: str,
+    step: Optional[int] = None,
+    tokenizer_files: Optional[Callable[[Any, str, str], List[str]]] = None,
+):
+    """Write `OUT/model.<fmt>`, `OUT/io.json`, `OUT/labels.txt` (tasks with label names) and the tokenizer files
+    (`tokenizer_files(config, directory, hf_model_type) -> names`, `xlgen.export`); returns (out path, io
+    description)."""
+    from xlgen import outdir, registry
     from xlgen.train.workdir_model import restore_params
 
     flag = f"--to-{fmt}"
@@ -388,15 +395,14 @@ def export_workdir(workdir: str, out_dir: str, fmt: str, step: Optional[int] = N
 
         payload, axes, out_shapes, used = deploy_onnx.export_onnx(served_)
         served_ = dataclasses.replace(served_, inputs=[s for s in served_.inputs if s.name in used])
-    tokenizer = export.workdir_tokenizer(config, workdir) if with_tokenizer else None
     desc = {}
 
     def fill(tmp: str) -> None:
         with open(os.path.join(tmp, FORMATS[fmt]), "wb") as f:
             f.write(payload)
         files = [FORMATS[fmt], "io.json"]
-        if tokenizer is not None:
-            files += export.write_tokenizer(tokenizer, tmp, registry.get(served_.family).hf_model_type or "")
+        if tokenizer_files is not None:
+            files += tokenizer_files(config, tmp, registry.get(served_.family).hf_model_type or "")
         if served_.label_names:
             with open(os.path.join(tmp, "labels.txt"), "w", encoding="utf-8") as f:
                 f.write("".join(f"{n}\n" for n in served_.label_names))

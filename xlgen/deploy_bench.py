@@ -33,7 +33,7 @@ def served():
     from xlgen import deploy
     from xlgen.config import load_config
     from xlgen.finetune.objective import FINETUNE
-    from xlgen.models.xlnet import materialize
+    from xlgen.models.params import materialize
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     overrides = ["task=glue/sst2", f"data.max_seq_length={LENGTH}", "data.eval_batch_size=1"]

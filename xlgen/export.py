@@ -265,12 +265,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def export_deployed(workdir: str, out_dir: str, fmt: str, step: Optional[int] = None, with_tokenizer: bool = True):
+    """`--to-onnx` / `--to-stablehlo` of a workdir (`xlgen.deploy.export_workdir`) with the tokenizer files of
+    `--to-hf`; returns (out path, io description)."""
+    from xlgen import deploy
+
+    def tokenizer_files(config, directory: str, model_type: str) -> List[str]:
+        return write_tokenizer(workdir_tokenizer(config, workdir), directory, model_type)
+
+    return deploy.export_workdir(workdir, out_dir, fmt, step, tokenizer_files if with_tokenizer else None)
+
+
 def _export_deployed(workdir: str, out_dir: str, fmt: str, step: Optional[int], with_tokenizer: bool) -> int:
-    """`--to-onnx` / `--to-stablehlo` (`xlgen.deploy`)."""
     from xlgen import deploy
 
     try:
-        out, desc = deploy.export_workdir(workdir, out_dir, fmt, step, with_tokenizer=with_tokenizer)
+        out, desc = export_deployed(workdir, out_dir, fmt, step, with_tokenizer)
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"xlgen export: error: {e}", file=sys.stderr)
         return 2
