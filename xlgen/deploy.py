@@ -48,9 +48,6 @@ class TensorSpec:
     def concrete(self, sizes: Dict[str, int]) -> Tuple[int, ...]:
         return tuple(sizes[d] if isinstance(d, str) else d for d in self.shape)
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
-
 
 @dataclasses.dataclass
 class Served:

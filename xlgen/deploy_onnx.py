@@ -125,7 +125,7 @@ def check(served_, payload: bytes) -> List[Tuple[list, str]]:
             raise ValueError(
                 f"--to-onnx: the {served_.family} {served_.kind} graph (torch.onnx via transformers) differs from "
                 f"xlgen in {name!r} by {err:.2g} at batch {CHECK_SIZES['batch']}, length {CHECK_SIZES['length']} "
-                "(shapes traced as constants): not written; --to-stablehlo exports this model"
+                "(a shape it was not traced at): not written; --to-stablehlo exports this model"
             )
     return [([d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim], _dtype(o)) for o in _outputs(payload)]
 
