@@ -423,6 +423,10 @@ def check_outputs(args) -> None:
     out = _output_dir(args)
     if not out or paths.is_remote(out):
         return
+    if args.cmd == "corpus" and os.path.exists(out) and not os.path.isdir(out):
+        raise output_paths.OutputPathError(
+            f"--output {args.output}: is a file; give a directory for the shards and manifest"
+        )
     output_paths.check_dir_path(out, flag)
     full = os.path.abspath(out)
     held = [f for f in ("config.json", "checkpoints", ".xlgen-export") if os.path.exists(os.path.join(full, f))]

@@ -332,10 +332,14 @@ def test_failed_start_leaves_nothing_and_a_racing_loser_keeps_the_winner(runs, t
         assert "wandb is not installed" in capsys.readouterr().err
         assert not (tmp_path / "new").exists()
     capsys.readouterr()
-    for cmd in (train_args("", **{}), ["eval", "--workdir="], finetune_args("", runs["data"])):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # an empty --workdir= never means the current directory
+    for cmd in (train_args(""), ["eval", "--workdir="], finetune_args("", runs["data"])):
         assert cli(*cmd) == 2
         assert "--workdir is empty" in capsys.readouterr().err
-    assert not (runs["root"] / "config.json").exists() and not os.path.exists("config.json")
+    assert os.listdir(cwd) == []
+    monkeypatch.chdir(REPO)
 
     # the loser checks the new workdir first, then waits until the winner holds its lock, then tries it
     enter = guards.WorkdirLock.__enter__
