@@ -423,3 +423,20 @@ def test_output_paths_that_cannot_be_written_are_one_line_errors(runs, tmp_path,
         err = capsys.readouterr().err
         assert f"{wd}/metrics.jsonl: is a directory" in err and len(err.strip().splitlines()) == 1, err
     assert_unchanged(wd, before, "metrics.jsonl a directory")
+
+
+def test_writing_workdir_removes_only_what_its_failed_start_wrote(tmp_path):
+    """Item 5, the claim itself: a failed start removes the directory it made (and its parents), empties a
+    directory the user made empty (which stays), and leaves a started run (a committed checkpoint) alone."""
+    made, empty, started = tmp_path / "a" / "b" / "run", tmp_path / "empty", tmp_path / "started"
+    empty.mkdir()
+    for wd in (made, empty, started):
+        with pytest.raises(RuntimeError, match="failed start"):
+            with outdir.writing_workdir(str(wd)):
+                (wd / "checkpoints").mkdir()
+                (wd / "config.json").write_text("{}")
+                if wd == started:
+                    (wd / "checkpoints" / "2").mkdir()
+                raise RuntimeError("failed start")
+    assert sorted(os.listdir(tmp_path)) == ["empty", "started"] and os.listdir(empty) == []
+    assert sorted(os.listdir(started)) == [".xlgen.lock", "checkpoints", "config.json"]
