@@ -266,7 +266,9 @@ def test_every_write_command_against_every_other_kind_changes_nothing(runs, tmp_
     try:
         import wandb  # noqa: F401
     except ImportError:
-        refused(*train_args(r["pretrain"], trackers="wandb"), what="train with a missing tracker package")
+        refused(
+            *train_args(r["pretrain"], trackers="wandb", total_steps=4), what="train with a missing tracker package"
+        )
     refused(
         *finetune_args(r["finetune"], data, **{"model.d_model": 48}), what="finetune with other shapes", one_line=False
     )
