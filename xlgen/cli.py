@@ -103,6 +103,13 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
     args = _train_eval_parser(cmd).parse_args(rest)
+    from xlgen import outdir
+
+    try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)
+        outdir.check_dir_path(args.workdir, "--workdir") if cmd == "train" else outdir.check_nonempty(args.workdir)
+    except outdir.OutputPathError as e:
+        print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        return 2
     sweep = None  # `xlgen eval --config.eval.mem_len=64,128,256`: one evaluation per memory length (eval_sweep.py)
     if cmd == "eval" and "," in str(overrides.get("eval.mem_len", "")):
         from xlgen.train import eval_sweep

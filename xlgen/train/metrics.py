@@ -253,12 +253,21 @@ def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return out
 
 
-def make_trackers(config, workdir: str) -> list:
-    """The trackers `config.trackers` names (TensorBoard comes from `config.tensorboard`, see MetricsWriter)."""
+def check_trackers(config) -> list:
+    """The tracker names of `config.trackers`; an unknown one or a missing package is an error (checked before
+    a run writes anything)."""
     names = [n.strip() for n in str(config.get("trackers", "") or "").split(",") if n.strip()]
     unknown = sorted(set(names) - set(TRACKERS))
     if unknown:
         raise ValueError(f"trackers={config.trackers!r}: unknown {unknown}; expected a comma list of {list(TRACKERS)}")
+    for n in names:
+        _need(n, n)
+    return names
+
+
+def make_trackers(config, workdir: str) -> list:
+    """The trackers `config.trackers` names (TensorBoard comes from `config.tensorboard`, see MetricsWriter)."""
+    names = check_trackers(config)
     if not names:
         return []
     t = config.get("tracking", {})
