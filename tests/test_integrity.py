@@ -137,8 +137,9 @@ def test_item6_metrics_repair_keeps_good_records_and_sets_aside_bad_ones(tmp_pat
     bad = [b'{"step": 2, "lo\xffss": 1.9}', b'{"step": 3, "lo']
     body = [good[0], bad[0], bad[1], good[1], good[2], b'{"step": 9, "loss": 1.0}']
     path.write_bytes(b"\n".join(body) + b'\n{"step": 10, "lo')
+    before = path.read_bytes()
     assert plot_main([f"--workdir={tmp_path}"]) == 2  # a read-only command names the line and changes nothing
-    assert metrics_lib.read_metrics.__doc__ and path.read_bytes().startswith(good[0])
+    assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]
     with pytest.raises(ValueError, match=rf"^{path}:2: not UTF-8 text \(byte 0xff at column 16\)$"):
         metrics_lib.read_metrics(str(path))
     with caplog.at_level("WARNING", logger="xlgen"):
@@ -149,7 +150,11 @@ def test_item6_metrics_repair_keeps_good_records_and_sets_aside_bad_ones(tmp_pat
         f"{path}: lines 2, 3 are not a record (line 2: not UTF-8 text (byte 0xff at column 16)); set aside in "
         f"{path}.bad, the other 3 records kept"
     ]
-    assert [r["step"] for r in metrics_lib.read_metrics(str(path))] == [1, 4]
+    assert [(r["step"], r.get("split")) for r in metrics_lib.read_metrics(str(path))] == [
+        (1, None),
+        (4, None),
+        (4, "valid"),
+    ]
     assert metrics_lib.truncate_after(str(path), 4) == 0 and path.read_bytes() == b"\n".join(good) + b"\n"
 
 
