@@ -148,7 +148,7 @@ def test_item6_metrics_repair_keeps_good_records_and_sets_aside_bad_ones(tmp_pat
     assert (tmp_path / "metrics.jsonl.bad").read_bytes() == b"\n".join(bad) + b"\n"
     assert [r.getMessage() for r in caplog.records] == [
         f"{path}: lines 2, 3 are not a record (line 2: not UTF-8 text (byte 0xff at column 16)); set aside in "
-        f"{path}.bad, the other 3 records kept"
+        f"{path}.bad, 3 good records kept"
     ]
     assert [(r["step"], r.get("split")) for r in metrics_lib.read_metrics(str(path))] == [
         (1, None),

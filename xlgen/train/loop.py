@@ -283,9 +283,10 @@ def run(
     block, skips non-finite updates and writes summary.json at the end.
 
     Health (guards.HealthGuard): checkpoints are saved only while the steps are healthy (no skipped update, no
-    loss above `divergence_factor` x the best, or above a uniform guess once the model has beaten it), the newest checkpoint proven healthy is pinned through `keep`'s
-    rotation, and `max_nonfinite_steps` unhealthy steps in a row stop the run (TrainingDiverged, `good_step` set)
-    after moving the checkpoints newer than the good one to `checkpoints/diverged-<step>/`.
+    loss above `divergence_factor` x the best, or above a uniform guess once the model has beaten it), the newest
+    checkpoint proven healthy is pinned through `keep`'s rotation, and `max_nonfinite_steps` unhealthy steps in a
+    row stop the run (TrainingDiverged, `good_step` set) after moving the checkpoints newer than the good one to
+    `checkpoints/diverged-<step>/`.
 
     The run is the workdir's writer (the caller holds its lock): a checkpoint that fails verification is moved to
     `checkpoints/corrupt-<step>/`. If checkpoints existed but none is usable and metrics.jsonl holds records, the

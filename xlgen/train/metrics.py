@@ -81,7 +81,7 @@ def truncate_after(path: str, step: int) -> int:
         paths.atomic_write_bytes(aside, old + b"".join(line + b"\n" for _, line, _ in bad))
         where = ", ".join(str(i) for i, _, _ in bad[:10]) + (", ..." if len(bad) > 10 else "")
         log.warning(
-            "%s: line%s %s not a record (line %d: %s); set aside in %s, the other %d records kept",
+            "%s: line%s %s not a record (line %d: %s); set aside in %s, %d good records kept",
             path,
             "s" if len(bad) > 1 else "",
             where + (" are" if len(bad) > 1 else " is"),
