@@ -285,7 +285,8 @@ class ChecksummedShard:
     one-line ValueError naming the file and the byte range, and drops the cached verification (the next open
     re-hashes the file and names it against the manifest).
 
-    Reads like the 1-D array it wraps: `len`, `x[i]`, `x[a:b]`, `x[int array]` (values, as NumPy arrays)."""
+    Reads like the 1-D array it wraps: `len`, `x[i]`, `x[a:b]`, `x[int array]` (values, as NumPy arrays), and
+    `np.asarray(x)` (the whole shard, every block checked)."""
 
     def __init__(self, array: np.ndarray, path: str, crc32: Sequence[int], block_bytes: int = SHARD_BLOCK_BYTES):
         if array.ndim != 1 or block_bytes % array.itemsize:
@@ -319,6 +320,12 @@ class ChecksummedShard:
                     f"`xlgen prepare corpus` command to rewrite it"
                 )
             self.checked[k] = True
+
+    def __array__(self, dtype=None, copy=None):
+        """The whole shard as an array (every block checked first)."""
+        if len(self.crc32):
+            self.check_blocks(0, len(self.crc32) - 1)
+        return np.asarray(self.array, dtype=dtype)
 
     def __getitem__(self, key):
         n, b = len(self.array), self.block_items

@@ -76,11 +76,12 @@ def test_item3_block_checks_cover_every_read_path():
     assert np.array_equal(s[10:40], data[10:40]) and s.checked.tolist() == [True, True] + [False] * 30
     assert s[-1] == 999 and s.checked[-1] and s.checked.sum() == 3
     assert np.array_equal(s[np.array([500, -2])], data[[500, -2]]) and s.checked.sum() == 4
+    assert np.array_equal(np.asarray(s), data) and s.checked.all()
     rotten = data.copy()
     rotten[700] ^= 4
     r = corpus.ChecksummedShard(rotten, "x.npy", crcs, 64)
     assert np.array_equal(r[:640], data[:640])  # blocks 0..19 are intact
-    for read in (lambda: r[690:710], lambda: r[700], lambda: r[np.array([1, 700])]):
+    for read in (lambda: r[690:710], lambda: r[700], lambda: r[np.array([1, 700])], lambda: np.asarray(r)):
         with pytest.raises(ValueError, match=r"x.npy: data bytes 1344-1408 have CRC32"):
             read()
 
