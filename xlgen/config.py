@@ -275,6 +275,8 @@ _POSITIVE = (
     "model.d_head",
     "model.n_layer",
     "optimizer.grad_accum_steps",
+    "optimizer.adafactor.min_dim_size_to_factor",
+    "optimizer.adafactor.decay_rate",
 )
 _NON_NEGATIVE = (
     "data.seq_len",  # finetuning: 0 until resolved from the task's max_seq_length
@@ -288,7 +290,13 @@ _NON_NEGATIVE = (
     "divergence_factor",
     "model.dropout",
     "model.dropatt",
+    "optimizer.adafactor.eps",
 )
+# key -> (low, high, why): closed intervals, or a value outside it (`off`) meaning "disabled"
+_BOUNDED = {
+    "optimizer.adafactor.momentum": (0.0, 1.0, "must be in [0, 1) (0 = no first moment)"),
+    "optimizer.adafactor.clipping_threshold": (1.0, float("inf"), "must be 0 (off) or >= 1 (block-RMS clipping)"),
+}
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -315,6 +323,12 @@ def validate(config: ConfigDict) -> ConfigDict:
         v = _get(config, key)
         if v is not None and number(key, v) < 0:
             bad(key, v, "must be >= 0")
+    for key, (low, high, why) in _BOUNDED.items():
+        v = _get(config, key)
+        if v is None or number(key, v) == 0:
+            continue
+        if not (low <= v <= high) or (key.endswith("momentum") and v >= 1):
+            bad(key, v, why)
     lr = _get(config, "optimizer.learning_rate")
     if lr is not None and number("optimizer.learning_rate", lr) <= 0:
         bad("optimizer.learning_rate", lr, "must be a finite number > 0")
@@ -446,6 +460,22 @@ def base_config() -> ConfigDict:
             # (xlgen/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
             schedule_history=(),
             state_dtype="",  # optimizer state (Adam moments) storage dtype: "" = the parameters', or "bfloat16"
+            # name "lamb": which parameters get the trust ratio ("xlgen": not biases / LayerNorm; "all"); optim.py
+            lamb=ConfigDict(dict(trust_ratio_mask="xlgen")),
+            # name "adafactor": optax.adafactor's options (xlgen/optim.py); clipping_threshold / momentum 0 = off
+            adafactor=ConfigDict(
+                dict(
+                    factored=True,
+                    min_dim_size_to_factor=128,
+                    decay_rate=0.8,
+                    clipping_threshold=1.0,
+                    multiply_by_parameter_scale=True,
+                    momentum=0.0,
+                    eps=1e-30,
+                    relative_step=False,
+                    warmup_init=False,
+                )
+            ),
         )
     )
     c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all
