@@ -26,9 +26,9 @@ CPU_COLLECTIVE_TIMEOUTS = (
 # XLA:CPU runs the simulated devices' programs on one intra-op thread pool of max(cores, devices) threads, and a
 # collective blocks its thread until every participant has arrived. A device can hold several such threads at once
 # (one per executor running: the entry computation and each while-loop body, e.g. the layer scan): in the 2x2x2 train
-# step, 4 devices each blocked in a top-level and an in-loop collective-permute held all 8 threads while the other 4
-# devices' work waited in the pool's queue, forever (tests/test_pod_comm.py, test_constrained_step_on_2x2x2_...). The
-# pools get 8 threads per device (`PJRT_NPROC`, read by XLA's DefaultThreadPoolSize).
+# step, devices held all 8 threads in collectives (one device in two) while the last device's work waited in the
+# pool's queue, forever (tests/test_pod_comm.py, test_constrained_step_on_2x2x2_mesh_equals_one_device). The pools
+# get 8 threads per device (`PJRT_NPROC`, read by XLA's DefaultThreadPoolSize; idle threads cost no CPU).
 CPU_THREADS_PER_DEVICE = 8
 
 
