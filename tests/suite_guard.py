@@ -18,7 +18,7 @@ def budget_s() -> float:
     return float(os.environ.get("XLGEN_TEST_BUDGET_S", DEFAULT_BUDGET_S))
 
 
-def pytest_sessionstart(session):
+def pytest_sessionstart():
     _session_start[0] = time.monotonic()
 
 
@@ -27,7 +27,7 @@ def pytest_runtest_logreport(report):
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
+def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workerinput"):  # an xdist worker: the controller reports
         return
     wall, budget = time.monotonic() - _session_start[0], budget_s()
