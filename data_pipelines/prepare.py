@@ -153,13 +153,14 @@ def _file_sha256(path: str) -> str | None:
 
 
 def _intact(out_dir, entry: dict) -> bool:
-    """A local shard (and its sentence file) still has the sha256 the manifest recorded (remote: trusted; readers
-    verify their cached copy)."""
+    """A local shard (and its sentence file) still has the sha256 the manifest recorded, hashed again now (a
+    cached digest cannot see a changed byte that kept the file's size and mtime); remote: trusted (readers verify
+    their cached copy)."""
     if paths.is_remote(out_dir):
         return True
     for kind in ("tokens", "sentences"):
         sha = entry.get(f"{kind}_sha256")
-        if sha and corpus_lib.shard_info(str(out_dir.joinpath(entry[kind])))["sha256"] != sha:
+        if sha and corpus_lib.shard_info(str(out_dir.joinpath(entry[kind])), rehash=True)["sha256"] != sha:
             return False
     return True
 
@@ -423,6 +424,10 @@ def check_outputs(args) -> None:
     out = _output_dir(args)
     if not out or paths.is_remote(out):
         return
+    if args.cmd == "corpus" and os.path.exists(out) and not os.path.isdir(out):
+        raise output_paths.OutputPathError(
+            f"--output {args.output}: is a file; give a directory for the shards and manifest"
+        )
     output_paths.check_dir_path(out, flag)
     full = os.path.abspath(out)
     held = [f for f in ("config.json", "checkpoints", ".xlgen-export") if os.path.exists(os.path.join(full, f))]

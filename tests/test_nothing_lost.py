@@ -266,7 +266,9 @@ def test_every_write_command_against_every_other_kind_changes_nothing(runs, tmp_
     try:
         import wandb  # noqa: F401
     except ImportError:
-        refused(*train_args(r["pretrain"], trackers="wandb"), what="train with a missing tracker package")
+        refused(
+            *train_args(r["pretrain"], trackers="wandb", total_steps=4), what="train with a missing tracker package"
+        )
     refused(
         *finetune_args(r["finetune"], data, **{"model.d_model": 48}), what="finetune with other shapes", one_line=False
     )
@@ -332,10 +334,14 @@ def test_failed_start_leaves_nothing_and_a_racing_loser_keeps_the_winner(runs, t
         assert "wandb is not installed" in capsys.readouterr().err
         assert not (tmp_path / "new").exists()
     capsys.readouterr()
-    for cmd in (train_args("", **{}), ["eval", "--workdir="], finetune_args("", runs["data"])):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # an empty --workdir= never means the current directory
+    for cmd in (train_args(""), ["eval", "--workdir="], finetune_args("", runs["data"])):
         assert cli(*cmd) == 2
         assert "--workdir is empty" in capsys.readouterr().err
-    assert not (runs["root"] / "config.json").exists() and not os.path.exists("config.json")
+    assert os.listdir(cwd) == []
+    monkeypatch.chdir(REPO)
 
     # the loser checks the new workdir first, then waits until the winner holds its lock, then tries it
     enter = guards.WorkdirLock.__enter__
@@ -419,3 +425,20 @@ def test_output_paths_that_cannot_be_written_are_one_line_errors(runs, tmp_path,
         err = capsys.readouterr().err
         assert f"{wd}/metrics.jsonl: is a directory" in err and len(err.strip().splitlines()) == 1, err
     assert_unchanged(wd, before, "metrics.jsonl a directory")
+
+
+def test_writing_workdir_removes_only_what_its_failed_start_wrote(tmp_path):
+    """Item 5, the claim itself: a failed start removes the directory it made (and its parents), empties a
+    directory the user made empty (which stays), and leaves a started run (a committed checkpoint) alone."""
+    made, empty, started = tmp_path / "a" / "b" / "run", tmp_path / "empty", tmp_path / "started"
+    empty.mkdir()
+    for wd in (made, empty, started):
+        with pytest.raises(RuntimeError, match="failed start"):
+            with outdir.writing_workdir(str(wd)):
+                (wd / "checkpoints").mkdir()
+                (wd / "config.json").write_text("{}")
+                if wd == started:
+                    (wd / "checkpoints" / "2").mkdir()
+                raise RuntimeError("failed start")
+    assert sorted(os.listdir(tmp_path)) == ["empty", "started"] and os.listdir(empty) == []
+    assert sorted(os.listdir(started)) == [".xlgen.lock", "checkpoints", "config.json"]

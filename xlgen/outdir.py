@@ -258,7 +258,8 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
             else:
                 for name in os.listdir(full):
                     p = os.path.join(full, name)
-                    shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
+                    with contextlib.suppress(OSError):  # the command's own error is the one to report
+                        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
         raise
     finally:
         lock.__exit__(None, None, None)

@@ -284,9 +284,10 @@ def run(
     block, skips non-finite updates and writes summary.json at the end.
 
     Health (guards.HealthGuard): checkpoints are saved only while the steps are healthy (no skipped update, no
-    loss above `divergence_factor` x the best), the newest checkpoint proven healthy is pinned through `keep`'s
-    rotation, and `max_nonfinite_steps` unhealthy steps in a row stop the run (TrainingDiverged, `good_step` set)
-    after moving the checkpoints newer than the good one to `checkpoints/diverged-<step>/`.
+    loss above `divergence_factor` x the best, or above a uniform guess once the model has beaten it), the newest
+    checkpoint proven healthy is pinned through `keep`'s rotation, and `max_nonfinite_steps` unhealthy steps in a
+    row stop the run (TrainingDiverged, `good_step` set) after moving the checkpoints newer than the good one to
+    `checkpoints/diverged-<step>/`.
 
     The run is the workdir's writer (the caller holds its lock): a checkpoint that fails verification is moved to
     `checkpoints/corrupt-<step>/`. If checkpoints existed but none is usable and metrics.jsonl holds records, the
@@ -393,9 +394,7 @@ def run(
             print(report.start_block(config, program, mesh, pipeline, wd.path, start), flush=True)
             print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
         progress = metrics_lib.Progress(total, start, enabled=is_main)
-        health = guards.HealthGuard(
-            int(config.get("max_nonfinite_steps", 10)), float(config.get("divergence_factor", 0.0)), best_loss
-        )
+        health = guards.health_guard(config, program.objective, best_loss)
         if restored is not None:
             health.watch(start)
         throughput = report.Throughput()
