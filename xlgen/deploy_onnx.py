@@ -84,7 +84,7 @@ def export_onnx(served_) -> Tuple[bytes, Dict[str, Any], List[Tuple[list, str]],
     try:
         model, hf_config = _hf_model(served_.module)
     except ValueError as e:
-        raise ValueError(f"--to-onnx: {e} (--to-stablehlo exports this model)") from None
+        raise ValueError(f"--to-onnx: {e}; --to-stablehlo exports this model") from None
     wrapper = _wrapper(served_, model, hf_config)
     trace = [torch.from_numpy(a) for a in served_.example(TRACE_SIZES, seed=0)]
     dynamic = {}
