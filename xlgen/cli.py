@@ -104,7 +104,7 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
     args = _train_eval_parser(cmd).parse_args(rest)
-    from xlgen import outdir
+    from xlgen.train import outdir
 
     try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)
         outdir.check_dir_path(args.workdir, "--workdir") if cmd == "train" else outdir.check_nonempty(args.workdir)

@@ -375,7 +375,8 @@ def export_workdir(
     """Write `OUT/model.<fmt>`, `OUT/io.json`, `OUT/labels.txt` (tasks with label names) and the tokenizer files
     (`tokenizer_files(config, directory, hf_model_type) -> names`, `xlgen.export`); returns (out path, io
     description)."""
-    from xlgen import outdir, registry
+    from xlgen import registry
+    from xlgen.train import outdir
     from xlgen.train.workdir_model import restore_params
 
     flag = f"--to-{fmt}"

@@ -80,7 +80,7 @@ def save_hf(
     moved in; anything else is refused with OutputPathError before anything is written)."""
     from safetensors.numpy import save_file
 
-    from xlgen import outdir
+    from xlgen.train import outdir
 
     def fill(tmp: str) -> None:
         cfg = dict(hf_config)
@@ -231,7 +231,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
-    from xlgen import outdir, runtime
+    from xlgen import runtime
+    from xlgen.train import outdir
 
     fmt, out_dir = next(
         (f, d)
