@@ -402,6 +402,12 @@ def parse_json_config(data: bytes, path: str) -> ConfigDict:
     return validate(from_json_dict(d))
 
 
+# The run-health defaults (xlgen/train/guards.py), declared once: base_config and runs whose stored config.json
+# predates a key use these.
+MAX_NONFINITE_STEPS = 10
+DIVERGENCE_FACTOR = 3.0
+
+
 def base_config() -> ConfigDict:
     """Every training key with its default; config files start from this and set `model` and `data`.
 
@@ -489,8 +495,9 @@ def base_config() -> ConfigDict:
     c.trackers = ""
     c.tracking = ConfigDict(dict(project="xlgen", run_name="", mlflow_uri=""))  # mlflow_uri "" = WORKDIR/mlruns
     # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
-    c.max_nonfinite_steps = 10
-    # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one: no
-    # checkpoint is saved during such a streak and max_nonfinite_steps of them in a row stop the run (0 = off)
-    c.divergence_factor = 3.0
+    c.max_nonfinite_steps = MAX_NONFINITE_STEPS
+    # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one (so is one
+    # above a uniform guess, log V, once the model has beaten it): no checkpoint is saved during such a streak and
+    # max_nonfinite_steps of them in a row stop the run (0 = off)
+    c.divergence_factor = DIVERGENCE_FACTOR
     return c
