@@ -360,8 +360,8 @@ def opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh: Mesh)
         # optax's `_factored_dims` on the whole parameter, or on each layer of a stack (state batched on axis 0)
         for offset, dims in ((0, shape), (1, shape[1:])):
             if len(dims) >= 2 and (offset == 0 or leaf_shape[0] == shape[0]):
-                d = offset + sorted(range(len(dims)), key=lambda i: dims[i])[which]  # numpy's stable argsort
-                if shape[:d] + shape[d + 1 :] == leaf_shape:
+                d = offset + int(np.argsort(dims, kind="stable")[which])
+                if tuple(np.delete(shape, d)) == leaf_shape:
                     return d
         return None
 
