@@ -59,6 +59,8 @@ USAGE = __doc__
 
 
 def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
+    from xlgen import domains
+
     p = argparse.ArgumentParser(
         prog=f"xlgen {cmd}",
         description=f"xlgen {cmd} (config overrides: --config.KEY=VALUE)",
@@ -75,7 +77,7 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
     if cmd == "train":
         p.add_argument(
             "--stop_at_step",
-            type=int,
+            type=domains.flag(int, domains.Range(1, domains.INT32_MAX)),
             default=None,
             help="save and stop at this step (the schedule still runs to total_steps; re-run to continue)",
         )

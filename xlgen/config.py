@@ -260,72 +260,19 @@ def _get(config: ConfigDict, key: str):
     return node
 
 
-# key -> (lower bound, strict); checked when the key is present and not None
-_POSITIVE = (
-    "total_steps",
-    "log_every_steps",
-    "data.batch_size",
-    "data.eval_batch_size",
-    "data.tgt_len",
-    "data.eval_tgt_len",
-    "model.d_model",
-    "model.d_embed",
-    "model.d_inner",
-    "model.n_head",
-    "model.d_head",
-    "model.n_layer",
-    "optimizer.grad_accum_steps",
-)
-_NON_NEGATIVE = (
-    "data.seq_len",  # finetuning: 0 until resolved from the task's max_seq_length
-    "optimizer.warmup_steps",
-    "optimizer.weight_decay",
-    "optimizer.clip_norm",
-    "model.mem_len",
-    "checkpoint.every_steps",
-    "checkpoint.keep",
-    "max_nonfinite_steps",
-    "divergence_factor",
-    "model.dropout",
-    "model.dropatt",
-)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def validate(config: ConfigDict) -> ConfigDict:
-    """Domain checks of the numeric keys a run uses (present ones only): positive sizes and steps, a finite
-    positive learning rate, known dtype names, seeds in [0, 2**32). A violation is a ConfigError naming the key."""
-    import math
+    """Domain checks of every numeric key (`xlgen.domains.KEYS`: sizes and steps positive, rates in [0, 1), seeds in
+    [0, 2**32), ...) and known dtype names. A violation is a ConfigError naming the key and its allowed range."""
+    from xlgen import domains
 
-    def bad(key, value, want):
-        raise ConfigError(f"config key {key}={value!r}: {want}")
-
-    def number(key, value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            bad(key, value, "expected a number")
-        if not math.isfinite(value):
-            bad(key, value, "must be finite")
-        return value
-
-    for key in _POSITIVE:
-        v = _get(config, key)
-        if v is not None and number(key, v) <= 0:
-            bad(key, v, "must be > 0")
-    for key in _NON_NEGATIVE:
-        v = _get(config, key)
-        if v is not None and number(key, v) < 0:
-            bad(key, v, "must be >= 0")
-    lr = _get(config, "optimizer.learning_rate")
-    if lr is not None and number("optimizer.learning_rate", lr) <= 0:
-        bad("optimizer.learning_rate", lr, "must be a finite number > 0")
-    for key in ("seed", "data.seed"):
-        v = _get(config, key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**32):
-            bad(key, v, "must be an integer in [0, 2**32)")
+    domains.check(config)
     for key in ("model.dtype", "model.param_dtype"):
         v = _get(config, key)
         if v is not None and v not in DTYPES:
-            bad(key, v, f"expected one of {', '.join(DTYPES)}")
+            raise ConfigError(f"config key {key}={v!r}: expected one of {', '.join(DTYPES)}")
     return config
 
 
