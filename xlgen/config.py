@@ -127,9 +127,27 @@ def _flag_text(key: str, text: str, current: Any) -> str:
 
 
 def _unknown_key_error(key: str, valid: Sequence[str], where: str) -> ConfigError:
+    """`unknown config key K (where). Did you mean ...?` and how to list every key; with no close match, the valid
+    keys of K's deepest existing section (the top-level sections when there is none)."""
     close = difflib.get_close_matches(key, valid, n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return ConfigError(f"unknown config key {key!r} ({where}).{hint}\nValid keys:\n  " + "\n  ".join(valid))
+    if close:
+        return ConfigError(
+            f"unknown config key {key!r} ({where}). Did you mean {', '.join(close)}? "
+            "(every key with its value: xlgen config show --config=PATH)"
+        )
+    parts = key.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        section = ".".join(parts[:depth]) + "."
+        keys = [k for k in valid if k.startswith(section)]
+        if keys:
+            return ConfigError(
+                f"unknown config key {key!r} ({where}). Valid keys of {section[:-1]}:\n  " + "\n  ".join(keys)
+            )
+    tops = sorted({k.split(".")[0] + ("." if "." in k else "") for k in valid})
+    return ConfigError(
+        f"unknown config key {key!r} ({where}). Valid keys and sections: {', '.join(tops)} "
+        "(every key: xlgen config show --config=PATH)"
+    )
 
 
 def _field(config: ConfigDict, key: str, valid: Sequence[str]) -> Tuple[ConfigDict, str]:
@@ -198,7 +216,7 @@ def parse_overrides(argv: Iterable[str]) -> Tuple[Dict[str, str], List[str]]:
             body = a[len("--config.") :]
             if "=" in body:
                 k, v = body.split("=", 1)
-            elif i + 1 < len(argv):
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 k, v = body, argv[i + 1]
                 i += 1
             else:

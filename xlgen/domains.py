@@ -295,3 +295,22 @@ def flag(parse: Callable[[str], Any], domain: Domain) -> Callable[[str], Any]:
 
     typed.__name__ = getattr(parse, "__name__", "value")
     return typed
+
+
+def reject_unknown_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """`parser.error` (one usage line, exit 2) naming the first `--flag` of `argv` that `parser` does not define
+    (with the closest defined one), before argparse reports a missing required flag instead (`--work_dir=W`
+    would otherwise read as "--workdir is required")."""
+    import difflib
+
+    defined = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or name in defined:
+            continue
+        if parser.allow_abbrev and sum(d.startswith(name) for d in defined) == 1:
+            continue
+        close = difflib.get_close_matches(name, defined, n=1)
+        parser.error(f"unrecognized argument {name}" + (f" (did you mean {close[0]}?)" if close else ""))

@@ -43,6 +43,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     p.add_argument("--platform", default=None)
     p.add_argument("--distributed", default="auto", choices=("auto", "on", "off"))
+    from xlgen.domains import reject_unknown_flags
+
+    reject_unknown_flags(p, rest)
     args = p.parse_args(rest)
     if not args.config and not args.eval_only:
         p.error("--config is required (unless --eval_only)")

@@ -391,7 +391,7 @@ def run(
         if is_main and start < total:
             print(report.start_block(config, program, mesh, pipeline, wd.path, start), flush=True)
             print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
-        progress = metrics_lib.Progress(total, start, enabled=is_main)
+        progress = metrics_lib.Progress(total, start, enabled=is_main, unit=report.unit(config))
         health = guards.HealthGuard(
             int(config.get("max_nonfinite_steps", 10)), float(config.get("divergence_factor", 0.0)), best_loss
         )
@@ -428,8 +428,9 @@ def run(
                     progress.reset_clock(step)
                     if is_main:
                         progress.message(
-                            f"first step done {t_last - t_begin:.0f}s after start (compiled; {program.tokens_per_step} "
-                            f"tokens/step, {program.analytic_flops_per_step:.3g} FLOPs/step)"
+                            f"first step done {t_last - t_begin:.0f}s after start (compiled; "
+                            + report.step_size_text(config, program)
+                            + ")"
                         )
                 if step % log_every == 0 or step == total:
                     health.check(step)
@@ -599,13 +600,7 @@ def resume_config(config, wd: Workdir):
         shown = ", ".join(f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:8])
         notes.append(f"config changes against {wd.config_path}: {shown}" + (" ..." if len(changed) > 8 else ""))
     if new_total != old_total:
-        lr = optim.make_schedule(config.optimizer, new_total)
-        at, end = float(lr(step)), float(lr(new_total))
-        notes.append(
-            f"total_steps {old_total} -> {new_total} at step {step}: the learning rate continues from {at:.3g} "
-            f"(its value at step {step}) to {end:.3g} at step {new_total}, no re-warm-up"
-            + (" — it is 0: these steps learn nothing (the schedule decays to min_lr_ratio=0)" if at == 0 else "")
-        )
+        notes.append(report.total_steps_note(config, step, old_total, new_total))
     return config, None, notes
 
 
