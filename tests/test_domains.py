@@ -168,3 +168,25 @@ def test_language_model_reporting_unchanged(capsys):
     out = capsys.readouterr().out
     assert out == "".join(f"{k} = {v!r}\n" for k, v in config_lib.flat_items(config).items())
     assert report.unit(config) == "tokens"
+
+
+def test_small_graph_and_one_class_runs_get_a_hint(tmp_path):
+    """Item 12: Planetoid's default split on a small graph names the flags to lower and the most that fit; a GLUE run
+    whose dev predictions are all one class (a paper learning rate on a tiny model) ends with a note saying so."""
+    import numpy as np
+
+    from xlgen.finetune.run import one_class_hint
+    from xlgen.systems.planetoid.data import DataError, planetoid_split
+
+    y = np.repeat(np.arange(3), 30)  # 90 nodes, 3 classes
+    with pytest.raises(DataError, match=r"for this graph set --config.data.num_test=30 or fewer"):
+        planetoid_split(y, 20, 1000, 0)
+    with pytest.raises(DataError, match="lower --config.data.labels_per_class"):
+        planetoid_split(y, 40, 10, 0)
+    config = config_lib.load_config(f"{REPO}/configs/finetune/glue.py")
+    rows = ["index\tprediction\tlabel", "0\t1\t1", "1\t1\t0", "2\t1\t0"]
+    (tmp_path / "dev_predictions.tsv").write_text("\n".join(rows) + "\n")
+    hint = one_class_hint(str(tmp_path), config)
+    assert hint.startswith("note: every dev prediction is '1' (the labels hold 2 classes)") and "2e-05" in hint
+    (tmp_path / "dev_predictions.tsv").write_text("\n".join(rows[:2] + ["1\t0\t0"]) + "\n")
+    assert one_class_hint(str(tmp_path), config) is None

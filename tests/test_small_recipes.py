@@ -37,10 +37,10 @@ def user_dir(path) -> str:
     os.makedirs(path / ".venv" / "bin")
     for name in ("configs", "data_pipelines"):
         os.symlink(os.path.join(REPO, name), path / name)
-    os.symlink(sys.executable, path / ".venv" / "bin" / "python")
-    xlgen = path / ".venv" / "bin" / "xlgen"
-    xlgen.write_text(f'#!/bin/sh\nexec {sys.executable} -m xlgen.cli "$@"\n')
-    xlgen.chmod(xlgen.stat().st_mode | stat.S_IXUSR)
+    for name, run in (("python", sys.executable), ("xlgen", f"{sys.executable} -m xlgen.cli")):
+        exe = path / ".venv" / "bin" / name
+        exe.write_text(f'#!/bin/sh\nexec {run} "$@"\n')
+        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
 
