@@ -62,7 +62,9 @@ def test_every_numeric_key_of_every_shipped_config_has_a_declared_domain():
 
 def test_domain_wording_and_extension():
     r = domains.Range(0, 1, lo_open=True)
-    assert r.problem(0) == "must be > 0 and <= 1" and r.problem(1) is None and r.problem(float("nan")) == "must be finite"
+    assert (
+        r.problem(0) == "must be > 0 and <= 1" and r.problem(1) is None and r.problem(float("nan")) == "must be finite"
+    )
     assert domains.OneOf((-1,), domains.Range(1)).problem(0) == "must be -1 or >= 1"
     saved = dict(domains.KEYS)
     try:  # a new key (e.g. a new optimizer's) is one declaration, ahead of the general patterns
