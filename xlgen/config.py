@@ -353,6 +353,12 @@ def parse_json_config(data: bytes, path: str) -> ConfigDict:
     return validate(from_json_dict(d))
 
 
+# The run-health defaults (xlgen/train/guards.py), declared once: base_config and runs whose stored config.json
+# predates a key use these.
+MAX_NONFINITE_STEPS = 10
+DIVERGENCE_FACTOR = 3.0
+
+
 def base_config() -> ConfigDict:
     """Every training key with its default; config files start from this and set `model` and `data`.
 
@@ -405,6 +411,22 @@ def base_config() -> ConfigDict:
             # (xlgen/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
             schedule_history=(),
             state_dtype="",  # optimizer state (Adam moments) storage dtype: "" = the parameters', or "bfloat16"
+            # name "lamb": which parameters get the trust ratio ("xlgen": not biases / LayerNorm; "all"); optim.py
+            lamb=ConfigDict(dict(trust_ratio_mask="xlgen")),
+            # name "adafactor": optax.adafactor's options (xlgen/optim.py); clipping_threshold / momentum 0 = off
+            adafactor=ConfigDict(
+                dict(
+                    factored=True,
+                    min_dim_size_to_factor=128,
+                    decay_rate=0.8,
+                    clipping_threshold=1.0,
+                    multiply_by_parameter_scale=True,
+                    momentum=0.0,
+                    eps=1e-30,
+                    relative_step=False,
+                    warmup_init=False,
+                )
+            ),
         )
     )
     c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all
@@ -424,8 +446,9 @@ def base_config() -> ConfigDict:
     c.trackers = ""
     c.tracking = ConfigDict(dict(project="xlgen", run_name="", mlflow_uri=""))  # mlflow_uri "" = WORKDIR/mlruns
     # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
-    c.max_nonfinite_steps = 10
-    # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one: no
-    # checkpoint is saved during such a streak and max_nonfinite_steps of them in a row stop the run (0 = off)
-    c.divergence_factor = 3.0
+    c.max_nonfinite_steps = MAX_NONFINITE_STEPS
+    # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one (so is one
+    # above a uniform guess, log V, once the model has beaten it): no checkpoint is saved during such a streak and
+    # max_nonfinite_steps of them in a row stop the run (0 = off)
+    c.divergence_factor = DIVERGENCE_FACTOR
     return c

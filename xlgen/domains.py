@@ -81,8 +81,11 @@ class OneOf:
 
     values: Sequence[Any] = ()
     otherwise: Optional[Range] = None  # or any value in this range
+    text: str = ""
 
     def describe(self) -> str:
+        if self.text:
+            return self.text
         listed = ", ".join(map(str, self.values))
         return f"{listed} or {self.otherwise.describe()}" if self.otherwise else f"one of {listed}"
 
@@ -145,6 +148,11 @@ KEYS: Dict[str, Domain] = {
     "optimizer.poly_power": POSITIVE,
     "optimizer.min_lr_ratio": PROBABILITY,
     "optimizer.lr_layer_decay_rate": Range(0, 1, lo_open=True),
+    "optimizer.adafactor.min_dim_size_to_factor": POSITIVE,
+    "optimizer.adafactor.decay_rate": POSITIVE,
+    "optimizer.adafactor.eps": NON_NEGATIVE,
+    "optimizer.adafactor.momentum": Range(0, 1, hi_open=True, text="in [0, 1) (0 = no first moment)"),
+    "optimizer.adafactor.clipping_threshold": OneOf((0,), Range(1), text="0 (off) or >= 1 (block-RMS clipping)"),
     "*.b1": DROP_RATE,
     "*.b2": DROP_RATE,
     "*.eps": POSITIVE,
