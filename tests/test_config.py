@@ -84,7 +84,7 @@ def test_shape_changing_config_on_existing_workdir_is_an_error(tmp_path, capsys,
     wd = str(tmp_path / "wd")
     old = load_config(TXL)
     config_lib.write_resolved_config(old, wd)
-    os.makedirs(os.path.join(wd, "checkpoints"))
+    os.makedirs(os.path.join(wd, "checkpoints", "2"))  # a committed step: the run started (outdir.run_started)
     check_workdir_compatible(load_config(TXL, ["--config.model.dropout=0.3", "--config.total_steps=5000"]), wd)
     with pytest.raises(ValueError) as e:
         check_workdir_compatible(load_config(TXL, ["--config.model.d_inner=128"]), wd)
