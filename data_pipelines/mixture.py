@@ -63,15 +63,20 @@ def source_name(path: str) -> str:
 
 
 def resolve_sources(spec: str) -> tuple[list[str], list[str], np.ndarray]:
-    """(paths, names, weights summing to 1) of `data.sources`; weights all given or all omitted (equal shares)."""
+    """(paths, names, weights summing to 1) of `data.sources`. Weights all given: normalised; none given: equal
+    shares; some given (fractions summing below 1): the others share the rest equally."""
     items = parse_sources(spec)
     if not items:
         raise ValueError(f"data.sources={spec!r}: no source")
-    given = [w is not None for _, w in items]
-    if any(given) and not all(given):
-        missing = [p for p, w in items if w is None]
-        raise ValueError(f"data.sources: give a weight for every source or for none ({', '.join(missing)} have none)")
-    weights = np.array([w if w is not None else 1.0 for _, w in items], np.float64)
+    given = np.array([w for _, w in items if w is not None], np.float64)
+    n_missing = sum(w is None for _, w in items)
+    if n_missing and len(given) and given.sum() >= 1.0:
+        raise ValueError(
+            f"data.sources={spec!r}: the given weights sum to {given.sum():g} >= 1, nothing is left for the "
+            f"{n_missing} source(s) without a weight"
+        )
+    rest = (1.0 - given.sum()) / n_missing if n_missing and len(given) else 1.0
+    weights = np.array([w if w is not None else rest for _, w in items], np.float64)
     if weights.sum() <= 0:
         raise ValueError(f"data.sources={spec!r}: the weights sum to 0")
     paths_, names = [p for p, _ in items], [source_name(p) for p, _ in items]

@@ -169,8 +169,9 @@ def test_history_from_config_changes():
     assert mixture.continue_history(old, {"sources": "a:1,b:1"}, 10) == ((4, "a"),)  # same shares: no stage
     assert mixture.continue_history(old, {"sources": "a:0.9,b:0.1"}, 10) == ((4, "a"), (10, "a:0.5,b:0.5"))
     assert mixture.continue_history(old, {"sources": "a:0.9,b:0.1"}, 3) == ((3, "a:0.5,b:0.5"),)  # rolled back
-    with pytest.raises(ValueError, match="every source or for none"):
-        mixture.resolve_sources("x:0.5,y")
+    assert mixture.resolve_sources("x:0.5,y,z")[2].tolist() == [0.5, 0.25, 0.25]  # the others share the rest
+    with pytest.raises(ValueError, match="nothing is left"):
+        mixture.resolve_sources("x:1,y")
     with pytest.raises(ValueError, match="share the base name 'c'"):
         mixture.resolve_sources("a/c,b/c")
     assert mixture.parse_sources("gs://bkt/x:0.25,/d/y") == [("gs://bkt/x", 0.25), ("/d/y", None)]
