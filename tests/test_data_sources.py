@@ -45,6 +45,7 @@ def tfds_dir(tmp_path_factory):
             )
 
         def _split_generators(self, dl_manager):
+            del dl_manager  # nothing to download
             return {s: self._generate_examples(d) for s, d in DOCS.items()}
 
         def _generate_examples(self, docs):
