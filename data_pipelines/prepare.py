@@ -5,10 +5,12 @@
   xlgen prepare vocab --level word --input train.txt --output out/vocab.json [--min_freq 3] [--max_size 267735]
   xlgen prepare corpus --train a.txt b.txt [--valid v.txt] --tokenizer spm:out/spiece.model \\
       --layout sentences --output data/xlnet [--workers 2] [--min_doc_tokens 0]
+  xlgen prepare corpus --tfds=wiki40b/en[:train] | --hf=NAME[:SPLIT] [--text_field text] --tokenizer ... --output DIR
   xlgen prepare show --source data/xlnet --pipeline xlnet --step 0 --row 1 [--set seq_len=512 reuse_len=256]
 
 `corpus` writes DIR/manifest.json, the vocabulary file and one memory-mapped `.npy` token shard (+ a sentence
-parity shard for the `sentences` layout) per input file. Re-runs are idempotent: a shard whose source content,
+parity shard for the `sentences` layout) per input file (or dataset file of a `tfds:` / `hf:` source,
+`data_pipelines.dataset_sources`). Re-runs are idempotent: a shard whose source content,
 tokenizer and settings are unchanged is kept. Unreadable, empty or non-UTF-8 inputs are skipped and reported
 (in the output and in the manifest's `skipped`), or are errors with --strict. Every file is written to a temp
 path and renamed. `--output` may be a URL (`gs://bucket/corpus`, needs `xlgen[gcs]`); the manifest records each
