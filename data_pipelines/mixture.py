@@ -6,7 +6,7 @@ backward rows of a stream share it); for `mlm`/`electra` a slot is one example (
 Slots are dealt to sources by nested Bresenham counting: with weights w_1..w_N, the number of the first j slots of a
 lane that go to source 1 is n_1(j) = ⌊j·p_1 + c_1⌋ with p_1 = w_1 / Σw, the remaining j − n_1(j) slots are dealt
 the same way among sources 2..N (p_2 = w_2 / Σ_{k≥2} w_k), and so on; the last source takes the rest. Every
-source's count is within one slot of w_s·j at every j (so source frequencies converge as 1/j, not 1/√j as
+source's count stays within N slots of w_s·j at every j (so source frequencies converge as 1/j, not 1/√j as
 independent draws), and n_s(j) is a closed form, so a batch stays a pure function of (seed, step, rows). The phases
 c are a Weyl sequence over the lanes (streams), offset by a Philox draw keyed by the seed, so the lanes switch
 source at different steps.
