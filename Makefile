@@ -15,7 +15,7 @@ $(PY):
 # TensorBoard command is run by a test) and tf (tests/test_tf_import.py writes the original TF checkpoints and runs
 # HF's TF loaders on them) extras, pinned by constraints.txt.
 $(STAMP): $(PY) setup.py constraints.txt Makefile
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tensorboard,tf]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,parity,tpu,tensorboard,tf,deploy]"
 	touch $(STAMP)
 
 # Demo: only what it runs: xlgen itself (jax CPU, matplotlib for the plot) + the TensorBoard server it mentions.

@@ -11,6 +11,7 @@
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
     xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
+    xlgen export   --workdir=DIR --to-onnx=OUT | --to-stablehlo=OUT   a deployed function (docs/deploy.md)
     xlgen convert  --from-tf=CKPT_PREFIX --family=xlnet|funnel|transformer_xl --config=CONFIG --out=DIR
                           an original TensorFlow checkpoint as a from_pretrained directory (xlgen.convert:main)
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
@@ -103,7 +104,7 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
     args = _train_eval_parser(cmd).parse_args(rest)
-    from xlgen import outdir
+    from xlgen.train import outdir
 
     try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)
         outdir.check_dir_path(args.workdir, "--workdir") if cmd == "train" else outdir.check_nonempty(args.workdir)

@@ -68,8 +68,8 @@ def command(
     """Finetune (or, `eval_only`, re-evaluate) the run in `workdir`; prints the results; the exit status.
     `xlgen eval` on a finetune workdir calls this with `eval_only=True`."""
     from xlgen import config as config_lib
-    from xlgen import outdir
     from xlgen.runtime import default_platform, setup_runtime
+    from xlgen.train import outdir
 
     try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)
         outdir.check_nonempty(workdir) if eval_only else outdir.check_dir_path(workdir, "--workdir")
@@ -111,7 +111,7 @@ def finetune(config, workdir: str, stop_at: Optional[int] = None) -> Dict[str, A
     (`build_program`), a pipeline of tokenized features, the initialisation from `init_from` (fresh runs only), and
     the dev evaluation with the best checkpoint (`best/`, by the task's primary metric) whose results and
     prediction files are written when it improves."""
-    from xlgen import outdir
+    from xlgen.train import outdir
 
     t_begin = time.time()
     if not str(workdir).strip():
@@ -129,8 +129,7 @@ def check_finetune_workdir(config, wd: Workdir) -> None:
     """A finetune workdir holding checkpoints of another task, or of a model with other shapes, is an error raised
     before anything in it changes (re-running the same task resumes or extends it)."""
     from data_pipelines import paths as paths_lib
-    from xlgen import outdir
-    from xlgen.train import loop
+    from xlgen.train import loop, outdir
 
     old = wd.read_config()
     if old is None:

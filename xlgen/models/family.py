@@ -47,6 +47,8 @@ entry; the data pipeline follows from the objective.
                        `xlgen.generate` (a prompt, memory)
     from_tf            `TFImport`: the original TensorFlow release's variable names -> the family's module
                        (`xlgen convert --from-tf`, in the family's own `tf_import.py`); None = no importer
+    stream             `Stream`: the pretrained language model served segment by segment with its memory
+                       (`xlgen export --to-onnx/--to-stablehlo`, `xlgen.deploy`); None = no such export
 """
 
 from __future__ import annotations
@@ -150,6 +152,24 @@ class TFImport:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stream:
+    """A pretrained language model as a deployed function of one segment and its memory (`xlgen.deploy`).
+
+    scores   the name of the per-position output ("log_probs" | "logits"), `[b, l, V]` float32
+    step     (module, input_ids `[b, l]`, mems `[n_layer, b, M, d]` | None, mem_valid `[b]` int | None) ->
+             (scores, new_mems `[n_layer, b, M, d]`): a fixed-length memory buffer of M = mem_len rows whose
+             last `mem_valid` rows are real (0 = empty: the first segment sees no memory)
+    memory   module -> (n_layer, mem_len, d_model): the memory's shape; mem_len 0 = no memory
+    prepare  module -> module in its inference settings (e.g. pretraining-only batch layouts off)
+    """
+
+    scores: str
+    step: Callable[..., Tuple[Any, Any]]
+    memory: Callable[[Any], Tuple[int, int, int]]
+    prepare: Callable[[Any], Any] = lambda module: module
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str
     config_class: type
@@ -171,6 +191,7 @@ class Family:
     hf_bench: Optional[HFBench] = None
     sample: Optional[Callable[..., List[str]]] = None
     from_tf: Optional[TFImport] = None
+    stream: Optional[Stream] = None
 
     def model_config(self, model_section: Mapping[str, Any], **overrides):
         """`config_class` from a `config.model` mapping (its `family` key ignored), lists as tuples; an unknown key

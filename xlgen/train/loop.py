@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines import paths
-from xlgen import outdir, registry, sharding
-from xlgen.train import guards, report, tokenizer_store
+from xlgen import registry, sharding
+from xlgen.train import guards, outdir, report, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.profile import StepProfiler
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
