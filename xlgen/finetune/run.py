@@ -211,9 +211,26 @@ def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None
             wd.write_config(stored, "finetune")
         tokenizer_store.save(workdir, tokenizer)  # DIR/tokenizer/, named in config.json: the workdir is enough
     bspec = program.objective.batch_shapes(config, "train")
-    pipe = FeaturePipeline(
-        train_feats, global_batch_size=bspec["input_ids"][0][0], seed=int(config.seed), keys=set(bspec)
-    )
+    if "pack_ids" in bspec:  # finetune.packing: several examples per row
+        from xlgen.finetune import packing
+        from xlgen.finetune.objective import pack_size
+        from xlgen.finetune.readers.features import cls_last
+
+        packer = packing.Packer(
+            train_feats,
+            cls_last=cls_last(tokenizer),
+            stride=packing.pack_stride(config),
+            max_examples=pack_size(config),
+            pad_id=int(tokenizer.pad_id),
+            kind=task.kind,
+        )
+        pipe = packing.PackedFeaturePipeline(packer, global_batch_size=bspec["input_ids"][0][0], seed=int(config.seed))
+        if is_main:
+            print(f"packing: {pipe.examples_per_row():.2f} examples per row", flush=True)
+    else:
+        pipe = FeaturePipeline(
+            train_feats, global_batch_size=bspec["input_ids"][0][0], seed=int(config.seed), keys=set(bspec)
+        )
 
     initialize = None
     if config.init_from and wd.latest_step() is None:

@@ -439,6 +439,8 @@ def run(
                     n = max(step - s_last, 0)
                     dt = max(now - t_last, 1e-9)
                     record = {"step": step, **vals}
+                    if hasattr(pipeline, "source_tokens"):  # a mixture: tokens/<source> read in steps [0, step)
+                        record.update(pipeline.source_tokens(step))
                     if health.total:
                         record["nonfinite_steps"] = health.take_window()  # updates skipped since the last record
                     if n:
@@ -578,6 +580,8 @@ def resume_config(config, wd: Workdir):
     if old is None or not step:
         with config.optimizer.unlocked():
             config.optimizer.schedule_history = ()
+        if "sources_history" in config.get("data", {}):
+            config.data.sources_history = ()
         return config, None, []
     new_total, old_total = int(config.total_steps), int(old.total_steps)
     if new_total <= step:
@@ -594,9 +598,13 @@ def resume_config(config, wd: Workdir):
     )
     with config.optimizer.unlocked():
         config.optimizer.schedule_history = history
+    if "sources_history" in config.get("data", {}):  # a mixture's weights changed: each source continues (mixture.py)
+        from data_pipelines.mixture import continue_history
+
+        config.data.sources_history = continue_history(old.data, config.data, step)
     notes = []
     a, b = (json.loads(json.dumps(config_lib.flat_items(c), default=str)) for c in (old, config))  # tuple = list
-    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k != "optimizer.schedule_history"]
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.endswith("_history")]
     if changed:
         shown = ", ".join(f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:8])
         notes.append(f"config changes against {wd.config_path}: {shown}" + (" ..." if len(changed) > 8 else ""))
