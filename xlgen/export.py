@@ -76,7 +76,7 @@ def save_hf(
     out_dir: str, hf_config: Dict[str, Any], state_dict: Dict[str, np.ndarray], tokenizer=None, flag: str = "--to-hf"
 ) -> str:
     """Write `config.json`, `model.safetensors` (and tokenizer files) as the export directory `out_dir`: a new or
-    empty directory, or a previous export (`xlgen.outdir.write_export_dir`: staged in a temporary sibling, then
+    empty directory, or a previous export (`xlgen.train.outdir.write_export_dir`: staged in a temporary sibling, then
     moved in; anything else is refused with OutputPathError before anything is written)."""
     from safetensors.numpy import save_file
 

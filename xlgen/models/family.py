@@ -47,6 +47,9 @@ entry; the data pipeline follows from the objective.
                        `xlgen.generate` (a prompt, memory)
     from_tf            `TFImport`: the original TensorFlow release's variable names -> the family's module
                        (`xlgen convert --from-tf`, in the family's own `tf_import.py`); None = no importer
+    reporting          `Reporting`: what the system's logs and advice speak of (the unit a step processes, the
+                       learning-rate schedules that train it, the config sections it reads); default: a language
+                       model's (tokens, `config.optimizer`'s schedule, every section)
     stream             `Stream`: the pretrained language model served segment by segment with its memory
                        (`xlgen export --to-onnx/--to-stablehlo`, `xlgen.deploy`); None = no such export
 """
@@ -136,6 +139,24 @@ class HFBench:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reporting:
+    """How `xlgen train` / `xlgen config show` report a system's runs (`xlgen.train.report` asks the record, never
+    the system's name).
+
+        unit            what `Objective.tokens_per_step` counts: logs print `<unit>/step`, `<unit>/s`
+        learning_rates  (config, total_steps) -> {player: step -> learning rate}: the schedules that train the
+                        system (a game's players); None = `config.optimizer`'s schedule (xlgen/optim.py), which
+                        the end-of-run extend advice and the total_steps-change note read
+        unused_keys     config sections (dotted prefixes, e.g. "optimizer", "objective_options") the system never
+                        reads: left out of `xlgen config show`
+    """
+
+    unit: str = "tokens"
+    learning_rates: Optional[Callable[[Any, int], Dict[str, Callable[[int], float]]]] = None
+    unused_keys: Tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class TFImport:
     """How `xlgen convert --from-tf` reads the family's original TensorFlow checkpoints (the family's own
     `tf_import.py` holds its name map: original variable name -> xlgen parameter).
@@ -191,6 +212,7 @@ class Family:
     hf_bench: Optional[HFBench] = None
     sample: Optional[Callable[..., List[str]]] = None
     from_tf: Optional[TFImport] = None
+    reporting: Reporting = Reporting()
     stream: Optional[Stream] = None
 
     def model_config(self, model_section: Mapping[str, Any], **overrides):
