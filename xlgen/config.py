@@ -286,7 +286,11 @@ def validate(config: ConfigDict) -> ConfigDict:
     [0, 2**32), ...) and known dtype names. A violation is a ConfigError naming the key and its allowed range."""
     from xlgen import domains
 
-    domains.check(config)
+    items = flat_items(config)
+    bad = domains.problems(items)
+    if bad:
+        key = sorted(bad)[0]
+        raise ConfigError(f"config key {key}={items[key]!r}: {bad[key]}")
     for key in ("model.dtype", "model.param_dtype"):
         v = _get(config, key)
         if v is not None and v not in DTYPES:

@@ -1,6 +1,6 @@
 """Allowed values of every numeric config key and command-line flag, declared once, checked at config load.
 
-    domains.check(config)                     # ConfigError "config key K=V: must be ..." for the first bad key
+    domains.problems(flat_items)              # {key: "must be ..."} of the keys outside their domain (config.validate)
     p.add_argument("--top_p", type=domains.flag(float, Range(0, 1, lo_open=True)), default=1.0)
     domains.KEYS["optimizer.lamb_*"] = Range(0)   # a new key: one line here (or `declare(...)` from its module)
 
@@ -223,6 +223,7 @@ KEYS: Dict[str, Domain] = {
     "finetune.lora.rank": NON_NEGATIVE,  # 0 = off
     "finetune.lora.alpha": POSITIVE,
     "finetune.mem_len": NON_NEGATIVE,
+    "finetune.pack_size": POSITIVE,  # examples in one packed row (finetune.packing)
     "squad.*": POSITIVE,
     "gdan.d_steps": POSITIVE,
     "gdan.g_steps": POSITIVE,
@@ -275,16 +276,6 @@ def problems(items: Dict[str, Any]) -> Dict[str, str]:
         if problem is not None:
             out[key] = problem
     return out
-
-
-def check(config) -> None:
-    """ConfigError naming the first key (sorted) whose value is outside its domain: `config key K=V: must be ...`."""
-    from xlgen.config import ConfigError, flat_items
-
-    bad = problems(flat_items(config))
-    if bad:
-        key = sorted(bad)[0]
-        raise ConfigError(f"config key {key}={flat_items(config)[key]!r}: {bad[key]}")
 
 
 def flag(parse: Callable[[str], Any], domain: Domain) -> Callable[[str], Any]:

@@ -36,12 +36,11 @@ Features = Dict[str, np.ndarray]
 
 
 def pack_stride(config) -> int:
-    """S: examples start at multiples of it (Funnel: its total pooling stride; XLNet: 1)."""
-    m = config.model
-    if m.get("family") == "funnel":
-        n_blocks = len(tuple(m.block_sizes))
-        return 2 ** (n_blocks - 1)
-    return 1
+    """S: examples start at multiples of it: the model config's `pooling_stride` (Funnel: 2^(blocks - 1)), 1 for a
+    model that does not pool the sequence (XLNet)."""
+    from xlgen import registry
+
+    return int(getattr(registry.model_config(config), "pooling_stride", 1))
 
 
 def slot_length(n: int, stride: int, max_len: int) -> int:

@@ -34,8 +34,8 @@ MFU from each report's own config + overrides (a CPU trace, no compile) and rewr
 
 Modules: `measure` (the mesh over the topology's devices, the AOT compile, memory and XLA's cost analysis, the
 collectives), `cost` (FLOPs counted on the traced jaxpr, the step-time / MFU model), `report` (one plan, the
-remat-policy comparison, refresh of saved reports, suggestions), `render` (text and the pod table), `runcost` (the
-whole run's cost, the sweep, the run-cost table), `cli` (the command).
+remat-policy comparison, refresh of saved reports, suggestions), `render` (text, the pod table, the sweep rows and the run-cost table), `runcost` (the
+whole run's cost, the mesh rule, the sweep), `cli` (the command).
 """
 
 from xlgen.plan.cost import (  # noqa: F401 - the package's API
@@ -46,17 +46,21 @@ from xlgen.plan.cost import (  # noqa: F401 - the package's API
     traced_matmul_flops,
 )
 from xlgen.plan.measure import build_mesh, compile_and_measure, parse_oom, state_breakdown  # noqa: F401
-from xlgen.plan.render import (  # noqa: F401
+from xlgen.plan.render import (  # noqa: F401  # noqa: F401
     REMAT_TABLE_BEGIN,
     REMAT_TABLE_END,
     TABLE_BEGIN,
     TABLE_END,
     TABLE_HEADER,
+    TODAY_TABLE_BEGIN,
+    TODAY_TABLE_END,
     render_remat,
     render_remat_table,
     render_row,
+    render_sweep,
     render_table,
     render_text,
+    render_today_table,
     replace_between_markers,
     table_order,
 )
@@ -69,12 +73,8 @@ from xlgen.plan.report import (  # noqa: F401
     suggestions,
 )
 from xlgen.plan.runcost import (  # noqa: F401
-    TODAY_TABLE_BEGIN,
-    TODAY_TABLE_END,
     add_run_cost,
     mesh_for_devices,
-    render_sweep,
-    render_today_table,
     sweep,
 )
 

@@ -94,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _sweep(args, config, override_list) -> int:
     from xlgen import topology as topo
-    from xlgen.plan.runcost import config_for_topology, render_sweep, sweep
+    from xlgen.plan.render import render_sweep
+    from xlgen.plan.runcost import config_for_topology, sweep
 
     names = [n.strip() for n in args.topologies.split(",") if n.strip()]
     try:
@@ -143,7 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
         return 0
     if args.today_table:
-        from xlgen.plan.runcost import TODAY_TABLE_BEGIN, TODAY_TABLE_END, render_today_table
+        from xlgen.plan.render import TODAY_TABLE_BEGIN, TODAY_TABLE_END, render_today_table
 
         reports = []
         for path in args.today_table:

@@ -161,6 +161,12 @@ class FunnelConfig:
         return self.d_embed or self.d_model
 
     @property
+    def pooling_stride(self) -> int:
+        """Positions one position of the last block stands for (each block after the first halves the length):
+        packed finetuning rows (`xlgen.finetune.packing`) start every example at a multiple of it."""
+        return 2 ** (self.num_blocks - 1)
+
+    @property
     def compute_dtype(self):
         return jnp.bfloat16 if self.dtype == "bfloat16" else jnp.float32
 
