@@ -1,4 +1,4 @@
-"""`xlgen export --to-stablehlo / --to-onnx` (xlgen/deploy.py): the deployed functions equal xlgen's.
+"""`xlgen export --to-stablehlo / --to-onnx` (xlgen/deploy/__init__.py): the deployed functions equal xlgen's.
 
 * StableHLO: every finetuning head of XLNet and Funnel (classification, regression, multiple choice, token
   classification, SQuAD 1.1 / 2.0 with answerability) and the Transformer-XL / XLNet language models with memory,
@@ -232,7 +232,7 @@ def test_onnx_head_equals_xlgen_at_new_shapes_or_is_refused(name):
     ort = pytest.importorskip("onnxruntime")
     import jax
 
-    from xlgen import deploy_onnx
+    from xlgen.deploy import onnx_graph as deploy_onnx
 
     served = cases()[name]()
     if name not in ONNX_EXACT:

@@ -1,7 +1,7 @@
 """Latency of one deployed model in three runtimes, each in a process of its own (docs/deploy.md):
 
-    python -m xlgen.deploy_bench --out=DIR                 # every runtime x batch size, one process each
-    python -m xlgen.deploy_bench --runtime=R --batch=B --out=DIR   # one measurement (R: xlgen | onnxruntime | torch)
+    python -m xlgen.deploy.bench --out=DIR                 # every runtime x batch size, one process each
+    python -m xlgen.deploy.bench --runtime=R --batch=B --out=DIR   # one measurement (R: xlgen | onnxruntime | torch)
 
 The model: an XLNet sequence classifier (6 layers, d_model 256, 4 heads, d_inner 1024, vocabulary 32,000,
 2 labels), random weights from a fixed seed, inputs of length 128. xlgen runs the deployed function jitted
@@ -74,7 +74,7 @@ def measure(runtime: str, batch: int, out_dir: str) -> float:
         return timed(lambda: session.run(None, feed), batch)
     import torch
 
-    from xlgen import deploy_onnx
+    from xlgen.deploy import onnx_graph as deploy_onnx
 
     model, hf_config = deploy_onnx._hf_model(s.module)
     wrapper = deploy_onnx._wrapper(s, model, hf_config)
@@ -88,7 +88,7 @@ def measure(runtime: str, batch: int, out_dir: str) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m xlgen.deploy_bench")
+    p = argparse.ArgumentParser(prog="python -m xlgen.deploy.bench")
     p.add_argument("--out", required=True, help="directory for model.onnx and results.json")
     p.add_argument("--runtime", choices=RUNTIMES)
     p.add_argument("--batch", type=int)
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         seconds = measure(args.runtime, args.batch, args.out)
         print(json.dumps({"runtime": args.runtime, "batch": args.batch, "seconds": seconds}))
         return 0
-    from xlgen import deploy_onnx
+    from xlgen.deploy import onnx_graph as deploy_onnx
 
     payload = deploy_onnx.export_onnx(served())[0]
     with open(os.path.join(args.out, "model.onnx"), "wb") as f:
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     results = []
     for batch in BATCHES:
         for runtime in RUNTIMES:
-            cmd = [sys.executable, "-m", "xlgen.deploy_bench", f"--out={args.out}", f"--runtime={runtime}"]
+            cmd = [sys.executable, "-m", "xlgen.deploy.bench", f"--out={args.out}", f"--runtime={runtime}"]
             p = subprocess.run(cmd + [f"--batch={batch}"], capture_output=True, text=True, check=True)
             results.append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(f"batch {batch:>2}  {runtime:<12} {results[-1]['seconds'] * 1e3:8.2f} ms", flush=True)

@@ -389,7 +389,7 @@ def export_workdir(
         payload = bytes(exported.serialize())
         out_shapes = [(a.shape, np.dtype(a.dtype).name) for a in exported.out_avals]
     else:
-        from xlgen import deploy_onnx
+        from xlgen.deploy import onnx_graph as deploy_onnx
 
         payload, axes, out_shapes, used = deploy_onnx.export_onnx(served_)
         served_ = dataclasses.replace(served_, inputs=[s for s in served_.inputs if s.name in used])
