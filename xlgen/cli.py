@@ -85,6 +85,19 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
             help="start again at step 0 when the workdir's checkpoints all failed or were set aside (its metric "
             "records are dropped)",
         )
+        p.add_argument(
+            "--max_restarts",
+            type=int,
+            default=None,
+            help="supervise: run training as a child process and re-run it from its latest good checkpoint when it "
+            "is killed, hangs or is preempted, at most N times (xlgen/train/supervisor.py)",
+        )
+        p.add_argument(
+            "--restart_backoff",
+            type=float,
+            default=10.0,
+            help="with --max_restarts: seconds before the first restart, doubling per restart (at most 300)",
+        )
     return p
 
 
@@ -146,6 +159,13 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
     except config_lib.ConfigError as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
+    if cmd == "train" and args.max_restarts is not None:
+        if args.max_restarts < 0 or args.restart_backoff < 0:
+            print("xlgen train: error: --max_restarts and --restart_backoff must be >= 0", file=sys.stderr)
+            return 2
+        from xlgen.train.supervisor import supervise
+
+        return supervise(["train", *argv], args.max_restarts, args.restart_backoff)
     setup_runtime(args.platform or _default_platform(), args.distributed)
     import jax
 

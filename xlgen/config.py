@@ -263,6 +263,7 @@ def _get(config: ConfigDict, key: str):
 # key -> (lower bound, strict); checked when the key is present and not None
 _POSITIVE = (
     "total_steps",
+    "mesh.num_slices",
     "log_every_steps",
     "data.batch_size",
     "data.eval_batch_size",
@@ -286,6 +287,11 @@ _NON_NEGATIVE = (
     "checkpoint.keep",
     "max_nonfinite_steps",
     "divergence_factor",
+    "watchdog.timeout_s",
+    "watchdog.factor",
+    "watchdog.min_timeout_s",
+    "watchdog.phase_timeout_s",
+    "watchdog.straggler_factor",
     "model.dropout",
     "model.dropatt",
 )
@@ -406,6 +412,8 @@ def base_config() -> ConfigDict:
     optimizer         see xlgen/optim.py
     mesh              data / fsdp / tensor sizes (-1 = fill) and the rule preset (dp | fsdp | fsdp_tp)
     checkpoint        every_steps, keep, async_save, save_mems
+    watchdog          timeout_s (0 = derived from the step time), factor, min_timeout_s, phase_timeout_s,
+                      straggler_factor (xlgen/train/watchdog.py)
     profile           start_step (-1 = off), num_steps, top_ops: a jax.profiler trace of those steps + a summary
     eval              split, steps (-1 = whole split), mem_len / same_length / clamp_len (TXL eval), metric
     """
@@ -450,8 +458,14 @@ def base_config() -> ConfigDict:
             state_dtype="",  # optimizer state (Adam moments) storage dtype: "" = the parameters', or "bfloat16"
         )
     )
-    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all
+    # num_devices 0 = all; num_slices: slices over DCN (`data` spans them; xlgen.sharding.make_mesh)
+    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0, num_slices=1))
     c.checkpoint = ConfigDict(dict(every_steps=1000, keep=3, async_save=True, save_mems=True))
+    # hang watchdog (xlgen/train/watchdog.py): timeout_s 0 = factor x the longest recent gap between steps, at least
+    # min_timeout_s; compilation, evaluation and checkpointing get phase_timeout_s; a hung run exits with status 3
+    c.watchdog = ConfigDict(
+        dict(timeout_s=0.0, factor=10.0, min_timeout_s=300.0, phase_timeout_s=3600.0, straggler_factor=3.0)
+    )
     # jax.profiler trace of updates start_step+1 .. start_step+num_steps into WORKDIR/profile (start_step -1 = off),
     # then the top_ops operations by time printed (xlgen/train/profile.py)
     c.profile = ConfigDict(dict(start_step=-1, num_steps=3, top_ops=12))

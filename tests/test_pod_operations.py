@@ -1,0 +1,323 @@
+"""Pod operations (issue 51): goodput accounting, the hang watchdog, supervised restarts.
+
+* The goodput ledger's arithmetic on hand-made ledgers (in-process): a resume moves the productive seconds after the
+  restored checkpoint's save to `lost_to_restarts`, the gap to the restart to `idle`; the categories sum to the wall.
+* A preemption storm, as an operator would cause it: one `xlgen train --max_restarts` run of a tiny config whose
+  training child is SIGKILLed ten times at random moments (half of them while a checkpoint is being written) plus
+  one injected hang (the data for a step never arrives: the watchdog exits 3). The run reaches total_steps on its
+  own, its final parameters equal an uninterrupted run's bit for bit, and the goodput ledger's lost steps are the
+  steps recomputed (each failed attempt's last logged step minus the checkpoint the next one resumed from), its time
+  categories sum to the measured wall time.
+* Two processes, one killed mid-run: the other exits with status 3 within the watchdog bound, its last line the
+  reason.
+"""
+
+import json
+import os
+import queue
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+from test_train_utils import REPO, compile_cache, run_train, train_cmd, train_losses, xlgen_env  # noqa: F401
+
+from xlgen.train import goodput
+
+# ------------------------------------------------------------------------------------------------ the ledger
+
+
+def _previous(**kw):
+    base = {
+        "time_s": {**goodput.zero(), "productive": 10.0, "compile": 5.0, "checkpoint": 1.0},
+        "attempt_time_s": {**goodput.zero(), "productive": 10.0, "compile": 5.0, "checkpoint": 1.0},
+        "attempt": 1,
+        "attempt_start_step": 0,
+        "step": 20,
+        "accounted_until": 1000.0,
+        "lost_steps": 0,
+        "saves": {"10": 4.0, "16": 7.0},
+        "end": None,
+    }
+    base.update(kw)
+    return base
+
+
+def test_ledger_resume_moves_recomputed_time_and_counts_the_gap():
+    g = goodput.Ledger(t_begin=1012.5)
+    g.resume(_previous(), restored_step=16, logged_step=20)
+    t = g.carried
+    assert t["lost_to_restarts"] == pytest.approx(3.0)  # productive 10 at step 20, 7 at the save of 16
+    assert t["productive"] == pytest.approx(7.0)
+    assert t["idle"] == pytest.approx(12.5)  # from the last accounted moment to this start
+    assert sum(t.values()) == pytest.approx(16.0 + 12.5)  # nothing created or dropped
+    assert (g.attempt, g.lost_steps, g.step) == (2, 4, 16)
+    rec = g.previous_record
+    assert rec["split"] == "goodput" and rec["attempt"] == 1 and rec["end"] == "failed" and rec["lost_steps"] == 4
+    assert rec["time_s"]["lost_to_restarts"] == pytest.approx(3.0) and rec["step"] == 16
+
+    # the last logged step is one past the ledger's (killed between the two writes): one more step at the mean
+    g = goodput.Ledger(t_begin=1012.5)
+    g.resume(_previous(), restored_step=16, logged_step=21)
+    assert g.lost_steps == 5 and g.carried["lost_to_restarts"] == pytest.approx(3.0 + 10.0 / 20)
+
+    # a checkpoint the ledger does not remember (older): the steps at the attempt's mean step time
+    g = goodput.Ledger(t_begin=1012.5)
+    g.resume(_previous(), restored_step=4, logged_step=20)
+    assert g.lost_steps == 16 and g.carried["lost_to_restarts"] == pytest.approx(16 * 10.0 / 20)
+
+    # a clean end (completed, then extended later): no idle, nothing lost, no record for it
+    g = goodput.Ledger(t_begin=5000.0)
+    g.resume(_previous(end="completed", step=20), restored_step=20, logged_step=20)
+    assert g.carried["idle"] == 0 and g.carried["lost_to_restarts"] == 0 and g.previous_record is None
+
+
+def test_ledger_attempt_categories_sum_to_the_wall():
+    t0 = time.time()
+    g = goodput.Ledger(t_begin=t0 - 0.2)  # 0.2 s of start-up before the ledger existed: compilation
+    with g.timed("checkpoint"):
+        time.sleep(0.05)
+    g.step_done(1)  # the first step: compile
+    for s in range(2, 5):
+        for _ in g.iterate([None], "data"):
+            pass
+        time.sleep(0.02)
+        g.step_done(s)
+    with g.timed("eval"):
+        time.sleep(0.03)
+    g.saved(4)
+    own = g.attempt_time()
+    wall = time.time() - (t0 - 0.2)
+    assert sum(own.values()) == pytest.approx(wall, abs=0.01)
+    assert own["compile"] >= 0.2 and own["checkpoint"] >= 0.05 and own["eval"] >= 0.03
+    assert 0.06 <= own["productive"] < 0.2
+    assert len(g.gaps) == 3 and g.started
+    snap = g.snapshot()
+    assert snap["step"] == 4 and snap["saves"] == {"4": pytest.approx(own["productive"])}
+
+
+# ------------------------------------------------------------------------------------------------ the storm
+
+STORM = {
+    "total_steps": 120,
+    "checkpoint.every_steps": 2,
+    "checkpoint.keep": 3,
+    "mesh.data": 1,
+    "watchdog.min_timeout_s": 4,
+    "watchdog.factor": 10,
+}
+KILLS = 10
+HANG_ATTEMPT = 6
+
+SITECUSTOMIZE = """
+import os
+if os.environ.get("XLGEN_ATTEMPT") == os.environ.get("XLGEN_TEST_HANG_ATTEMPT"):
+    import threading
+    import xlgen.train.loop as loop
+
+    _batches = loop._train_batches
+
+    def _hanging(pipeline, start, end, depth):  # the 4th batch of this attempt never arrives
+        for i, item in enumerate(_batches(pipeline, start, end, depth)):
+            if i == 3:
+                threading.Event().wait()
+            yield item
+
+    loop._train_batches = _hanging
+"""
+
+
+def _final_state(workdir, step):
+    import orbax.checkpoint as ocp
+
+    state = ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step), "state"))
+    return {k: np.asarray(v) for k, v in state["params"].items()}, state
+
+
+def _pump(stream, q):
+    for line in iter(stream.readline, ""):
+        q.put((time.monotonic(), line))
+    q.put((time.monotonic(), None))
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache):  # noqa: F811
+    ref = str(tmp_path / "ref")
+    run_train(ref, compile_cache, overrides=STORM, devices=1)
+
+    wd = str(tmp_path / "storm")
+    ck = os.path.join(wd, "checkpoints")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = xlgen_env(compile_cache, devices=1)
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{env['PYTHONPATH']}"
+    env["XLGEN_TEST_HANG_ATTEMPT"] = str(HANG_ATTEMPT)
+    cmd = train_cmd(wd, "txl_tiny.py", STORM, extra=["--max_restarts=20", "--restart_backoff=0"])
+    rng = random.Random(51)
+    t_start = time.monotonic()
+    sup = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: "queue.Queue" = queue.Queue()
+    threading.Thread(target=_pump, args=(sup.stdout, lines), daemon=True).start()
+
+    out = []  # every line, in order
+    attempts = []  # {"pid", "start" (restored step), "last_printed", "killed", "during_save", "logged"}
+    kills = 0
+    deadline = time.monotonic() + 900
+    plan = None
+    while time.monotonic() < deadline:
+        try:
+            _, line = lines.get(timeout=0.01)
+        except queue.Empty:
+            line = ""
+        if line is None:
+            break
+        if line:
+            out.append(line)
+            m = re.match(r"supervisor: attempt (\d+) \(pid (\d+)\)", line)
+            if m:
+                attempts.append({"pid": int(m[2]), "start": 0, "last_printed": 0, "killed": False})
+                n = int(m[1])
+                assert n == len(attempts)
+                kill_now = n != HANG_ATTEMPT and kills < KILLS
+                plan = (rng.randint(1, 4), rng.random() < 0.5, rng.uniform(0, 0.05)) if kill_now else None
+            m = re.match(rf"resumed from {re.escape(ck)}/(\d+)", line)
+            if m:
+                attempts[-1]["start"] = int(m[1])
+            m = re.match(r"step (\d+)/\d+ ", line)
+            if m:
+                attempts[-1]["last_printed"] = int(m[1])
+        a = attempts[-1] if attempts else None
+        if plan is None or a is None or a["killed"]:
+            continue
+        after, in_save, delay = plan
+        if a["last_printed"] < a["start"] + after:
+            continue
+        if in_save and not any(".orbax-checkpoint-tmp" in d for d in os.listdir(ck)):
+            continue
+        time.sleep(delay)
+        a["during_save"] = any(".orbax-checkpoint-tmp" in d for d in os.listdir(ck))
+        os.kill(a["pid"], signal.SIGKILL)
+        a["killed"] = True
+        kills += 1
+        while _alive(a["pid"]):
+            time.sleep(0.005)
+        a["logged"] = goodput.last_train_step(os.path.join(wd, "metrics.jsonl"))  # before the next attempt's resume
+        plan = None
+    sup.wait(timeout=60)
+    wall = time.monotonic() - t_start
+    text = "".join(out)
+    assert sup.returncode == 0, text[-6000:]
+
+    # ten kills, some while a checkpoint was being written, one hang, then the end
+    assert kills == KILLS and len(attempts) >= KILLS + 2, text[-4000:]
+    assert sum(a.get("during_save", False) for a in attempts) >= 3
+    assert f"supervisor: attempt {HANG_ATTEMPT} hung (watchdog, status 3)" in text, text[-6000:]
+    assert "xlgen train: hung: no training step completed within" in text
+    marker = json.load(open(os.path.join(wd, "hang-process0.json")))
+    assert marker["phase"] == "training step" and marker["bound_s"] >= 4
+    hang = attempts[HANG_ATTEMPT - 1]
+    hang["logged"] = None  # the ledger's own step (written by the watchdog at the hang)
+
+    # the final parameters are the uninterrupted run's, bit for bit
+    a_params, a_state = _final_state(ref, STORM["total_steps"])
+    b_params, b_state = _final_state(wd, STORM["total_steps"])
+    assert sorted(a_params) == sorted(b_params)
+    for k in a_params:
+        assert a_params[k].tobytes() == b_params[k].tobytes(), k
+    assert int(b_state["step"]) == STORM["total_steps"]
+    losses = train_losses(wd)
+    assert sorted(losses) == list(range(1, STORM["total_steps"] + 1))
+    assert losses == train_losses(ref)
+
+    # goodput: recomputed steps = sum over failures of (last logged step - the next attempt's checkpoint)
+    summary = json.load(open(os.path.join(wd, "summary.json")))
+    recs = [json.loads(x) for x in open(os.path.join(wd, "metrics.jsonl")) if '"split": "goodput"' in x]
+    failed = {r["attempt"]: r for r in recs if r["end"] == "failed"}
+    assert summary["attempts"] == len(attempts) and sorted(failed) == list(range(1, len(attempts)))
+    expected = 0
+    for k, a in enumerate(attempts[:-1], 1):
+        nxt = attempts[k]["start"]
+        if a.get("logged") is not None:
+            assert failed[k]["lost_steps"] == max(a["logged"] - nxt, 0), (k, a, nxt, failed[k])
+        assert failed[k]["lost_steps"] >= max(a["last_printed"] - nxt, 0)
+        assert (failed[k]["time_s"]["lost_to_restarts"] > 0) == (failed[k]["lost_steps"] > 0)
+        expected += failed[k]["lost_steps"]
+    assert summary["lost_steps"] == expected > 0
+    t = summary["time_s"]
+    assert set(t) == set(goodput.CATEGORIES)
+    assert t["lost_to_restarts"] > 0 and t["idle"] > 0 and t["compile"] > 0 and t["productive"] > 0
+    assert wall - 30 < sum(t.values()) <= wall + 0.5  # less the first attempt's imports
+    assert summary["goodput"] == pytest.approx(t["productive"] / sum(t.values()), abs=1e-3)
+    # the recomputed steps cost about what kept steps cost (the same program): within a factor 4 per step
+    per_kept = t["productive"] / STORM["total_steps"]
+    per_lost = t["lost_to_restarts"] / summary["lost_steps"]
+    assert per_kept / 4 < per_lost < per_kept * 4, (per_kept, per_lost)
+    assert re.search(r"^goodput \d+\.\d%: productive ", text, re.M)
+
+
+# ------------------------------------------------------------------------------------------------ peers
+
+
+def test_a_process_whose_peer_died_exits_within_the_bound(tmp_path, compile_cache):  # noqa: F811
+    """Two processes (jax.distributed over localhost); process 1 is SIGKILLed after a few steps. Process 0 waits in
+    the next collective: its watchdog ends it with status 3 within the bound, the last line of stderr the reason."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    wd = str(tmp_path / "wd")
+    bound = 8
+    over = {"total_steps": 100000, "checkpoint.every_steps": 0, "mesh.data": 2, "watchdog.timeout_s": bound}
+    procs = []
+    for i in range(2):
+        env = xlgen_env(compile_cache, devices=1)
+        env.update(XLGEN_COORDINATOR=f"127.0.0.1:{port}", XLGEN_NUM_PROCESSES="2", XLGEN_PROCESS_ID=str(i))
+        procs.append(
+            subprocess.Popen(
+                train_cmd(wd, "txl_tiny.py", over, extra=["--distributed=on"]),
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    lines: "queue.Queue" = queue.Queue()
+    threading.Thread(target=_pump, args=(procs[0].stdout, lines), daemon=True).start()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        _, line = lines.get(timeout=600)
+        assert line is not None, procs[0].communicate()[1][-4000:]
+        if re.match(r"step 5/", line):
+            break
+    procs[1].kill()
+    t_kill = time.monotonic()
+    err = procs[0].stderr.read()
+    procs[0].wait(timeout=120)
+    took = time.monotonic() - t_kill
+    procs[1].wait(timeout=60)
+    assert procs[0].returncode == 3, err[-4000:]
+    assert took < bound + 10, took  # the bound, plus the watchdog's poll and the stack dump
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"xlgen train: hung: no training step completed within {bound}s \(waited \d+s; process 0, last completed "
+        r"step \d+\); exiting with status 3",
+        last,
+    ), last
+    assert "Thread" in err and "watchdog: step" in err  # every thread's stack and the step
+    marker = json.load(open(os.path.join(wd, "hang-process0.json")))
+    assert marker["process"] == 0 and marker["step"] >= 5 and marker["bound_s"] == bound
