@@ -200,6 +200,12 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         if cmd == "train":
             print(diverged_resume_command(e, config, args.config, overrides, args.workdir), file=sys.stderr)
         return 1
+    except RuntimeError as e:  # a multi-process run whose peer died: status 3, one line (xlgen/train/watchdog.py)
+        if cmd != "train" or jax.process_count() == 1:
+            raise
+        from xlgen.train.watchdog import exit_orphaned
+
+        exit_orphaned(e, args.workdir, jax.process_index())
     if jax.process_index() == 0:
         print(end_block(summary, config), flush=True)
     return 0

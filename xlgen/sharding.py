@@ -116,8 +116,8 @@ def make_mesh(mesh_config, devices: Optional[Sequence] = None, num_slices: Optio
     over the slices (DCN: data parallelism across slices, the only traffic between them is the gradient reduction)
     and within each slice over its devices (ICI), `fsdp` and `tensor` stay inside a slice; the logical rules are
     unchanged. A slice is the devices of one `slice_index` (TPU multislice: `mesh_utils.create_hybrid_device_mesh`);
-    devices without one (CPU processes standing in for slices) are split into `num_slices` equal groups in
-    (process, id) order, so one process per slice is one group per process."""
+    devices that do not come in `num_slices` slice indices (CPU processes standing in for slices) are split into
+    `num_slices` equal groups in (process, id) order, so one process per slice is one group per process."""
     devices = list(devices) if devices is not None else jax.devices()
     get = mesh_config.get if hasattr(mesh_config, "get") else (lambda k, d=None: d)
     n = int(get("num_devices", 0) or 0)
@@ -140,7 +140,7 @@ def hybrid_device_grid(shape: Sequence[int], num_slices: int, devices: Sequence)
             f"over DCN; fsdp and tensor stay inside a slice; {len(devices)} devices)"
         )
     ici = (shape[0] // num_slices, shape[1], shape[2])
-    if all(getattr(d, "slice_index", None) is not None for d in devices):
+    if len({getattr(d, "slice_index", None) for d in devices} - {None}) == num_slices:  # TPU multislice
         from jax.experimental import mesh_utils
 
         return mesh_utils.create_hybrid_device_mesh(ici, (num_slices, 1, 1), devices=devices)

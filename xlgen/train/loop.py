@@ -30,7 +30,7 @@ import numpy as np
 
 from data_pipelines import paths
 from xlgen import registry, sharding
-from xlgen.train import goodput, guards, report, tokenizer_store
+from xlgen.train import goodput, guards, report, tiers, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.profile import StepProfiler
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
@@ -315,6 +315,7 @@ def run(
         return b
 
     ckpt = wd.checkpointer(keep=int(ckpt_cfg.keep), async_save=bool(ckpt_cfg.async_save))
+    local_tier = tiers.local_checkpointer(config, wd)  # checkpoint.local_dir: the frequent, local tier (tiers.py)
     writer = metrics_lib.MetricsWriter(
         wd.path,
         enabled=is_main,
@@ -325,7 +326,7 @@ def run(
     ledger = goodput.Ledger(t_begin)  # where the wall time goes (host clocks only; xlgen/train/goodput.py)
     with jax.set_mesh(mesh):
         with ledger.timed("checkpoint"):
-            restored = wd.restore(program, mems=save_mems, checkpointer=ckpt, quarantine=True)
+            restored, restored_from = tiers.restore(wd, program, ckpt, local_tier, mems=save_mems, quarantine=True)
         logged_step = goodput.last_train_step(writer.path) if is_main else None  # before the records are truncated
         best_loss = None
         if restored is not None:
@@ -339,7 +340,7 @@ def run(
             if is_main:
                 dropped = metrics_lib.truncate_after(writer.path, start)
                 print(
-                    f"resumed from {ckpt.directory}/{start}"
+                    f"resumed from {restored_from}/{start}"
                     + (f" (dropped {dropped} metric records logged after it)" if dropped else ""),
                     flush=True,
                 )
@@ -372,11 +373,13 @@ def run(
                 "family": config.model.family,
                 "best_loss": health.best,
                 "learning_rate": float(config.optimizer.learning_rate),
+                "workdir": wd.path,
                 **(meta or {}),
             }
 
-        def save(step):
-            """Save `step` if the run is healthy (never over good checkpoints during an unhealthy streak)."""
+        def save(step, target=ckpt):
+            """Save `step` to `target` (the workdir's or the local tier) if the run is healthy (never over good
+            checkpoints during an unhealthy streak)."""
             health.check(step)
             if health.proven is not None:
                 ckpt.pin(health.proven)
@@ -388,7 +391,7 @@ def run(
                 return False
             writer.flush()  # records up to `step` are durable before its checkpoint can exist (gs://: no append)
             with ledger.timed("checkpoint"):
-                ckpt.save(step, state, mems if save_mems else None, base_meta(step))
+                target.save(step, state, mems if save_mems else None, base_meta(step))
             ledger.saved(step)
             health.watch(step)
             return True
@@ -484,8 +487,9 @@ def run(
                     writer.write(ledger.end_record(step, "preempted"))
                     watchdog.write_ledger_end("preempted")
                     raise Preempted(step)
-                if (every > 0 and step % every == 0) or step == end:
-                    save(step)
+                tier = tiers.save_tier(step, every, end, local_tier, int(ckpt_cfg.get("local_every_steps", 0) or 0))
+                if tier is not None:
+                    save(step, local_tier if tier == "local" else ckpt)
             if evaluation is not None and end == total:
                 if (eval_every != 0 and end > start) or (
                     evaluation.always_at_end and (end > start or (best is not None and best.best() is None))
@@ -498,13 +502,19 @@ def run(
                 writer.write(ledger.end_record(end, "completed" if end == total else "stopped"))
         except guards.TrainingDiverged as e:
             _set_aside_diverged(e, ckpt, health, start if restored is not None else None)
+            if local_tier is not None:  # the local tier's steps after the good one would be restored next
+                local_tier.set_aside(
+                    [t for t in local_tier.all_steps() if e.good_step is None or t > e.good_step], "diverged"
+                )
             raise
         finally:
-            watchdog.stop()
             batches.close()  # stops the prefetch worker
             stop.restore()
             progress.close()
             ckpt.close()
+            if local_tier is not None:
+                local_tier.close()
+            watchdog.stop()  # last: a clean-up that waits on a dead peer is still bounded
             writer.close()
     summary["step"] = max(end, start)
     summary["last"] = record

@@ -59,7 +59,8 @@ def start_block(config, program, mesh, pipeline, workdir: str, start: int) -> st
     axes = " ".join(f"{k}={v}" for k, v in mesh.shape.items())
     lines.append(
         f"  devices   {mesh.devices.size} x {dev.platform} ({jax.process_count()} process"
-        f"{'es' if jax.process_count() > 1 else ''}); mesh {axes} (rules {config.mesh.get('rules', '')})"
+        f"{'es' if jax.process_count() > 1 else ''}); mesh {axes} (rules {config.mesh.get('rules', '')}"
+        + (f"; data over {slices} slices)" if (slices := int(config.mesh.get("num_slices", 1) or 1)) > 1 else ")")
     )
     lines.append(f"  steps     {start} -> {total}" + (" (resuming)" if start else ""))
     lines.append(f"  workdir   {workdir}")

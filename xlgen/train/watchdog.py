@@ -178,3 +178,22 @@ class Watchdog:
             print(f"watchdog: could not write the marker ({e})", file=sys.stderr, flush=True)
         print(f"xlgen train: hung: {reason}; exiting with status {HANG_EXIT_CODE}", file=sys.stderr, flush=True)
         os._exit(HANG_EXIT_CODE)
+
+
+def exit_orphaned(error: BaseException, workdir: str, process_index: int) -> None:
+    """A multi-process run whose collective failed (a peer died: gloo / the coordination service raise instead of
+    hanging): print every thread's stack, write the marker, and exit with status 3 after one line naming the reason,
+    without running jax.distributed's exit barrier (it would abort waiting for the dead peer)."""
+    from xlgen.checkpointing import short_error
+
+    reason = f"a collective failed in process {process_index} (a peer process died?): {short_error(error, 300)}"
+    try:
+        sys.stdout.flush()
+        print(f"\nwatchdog: {reason}; stacks of every thread:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        marker = {"time": time.time(), "process": process_index, "pid": os.getpid(), "reason": reason}
+        paths.atomic_write_text(paths.join(workdir, f"hang-process{process_index}.json"), json.dumps(marker) + "\n")
+    except Exception:  # noqa: BLE001  (exit with the status whatever else fails)
+        pass
+    print(f"xlgen train: orphaned: {reason}; exiting with status {HANG_EXIT_CODE}", file=sys.stderr, flush=True)
+    os._exit(HANG_EXIT_CODE)
