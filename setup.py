@@ -44,6 +44,7 @@ setup(
             "pytest>=8",
             "pytest-xdist>=3.5",
             "ruff==0.17.6",
+            "vulture==2.16",  # make lint: dead code
             "gcsfs==2026.8.2",
             "gcp-storage-emulator==2026.7.19",
         ],

@@ -30,7 +30,6 @@ import numpy as np
 from data_pipelines import paths
 
 XLNET_SPECIALS = ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>")
-XLNET_SPECIAL_IDS = {s: i for i, s in enumerate(XLNET_SPECIALS)}
 SPIECE_UNDERLINE = "\u2581"
 # The original `_is_start_piece` punctuation set (note: it has no apostrophe; the doubled quote is verbatim).
 _ORIG_START_PUNCT = set('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')

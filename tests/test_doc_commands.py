@@ -190,7 +190,6 @@ NOT_RUN = {
         "a server that runs until stopped (tests/test_user_edges.py starts the printed TensorBoard command)"
     ),
 }
-DOWNLOADS = "needs a downloaded model (models/xlnet-*-cased) or dataset"
 
 README = [
     ("xlgen train --config=configs/pretrain/txl_tiny.py --workdir=workdirs/txl_tiny", TXL, {}, trained(4)),

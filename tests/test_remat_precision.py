@@ -200,7 +200,7 @@ def test_precision_option_sets_the_compiled_steps_dtypes(key, value):
     """Each key changes exactly what it names, in the compiled train step (its state in / out and the traced
     program): parameters, Adam moments, the layers' matmuls, the attention softmax `[b, n, q, k]`, the LM logits
     `[b, m, V]`; the default step has float32 everywhere."""
-    program0, jaxpr0, compiled0 = _default()
+    _, jaxpr0, compiled0 = _default()
     program, jaxpr, compiled = _compiled_step({key: value})
     vocab, d_inner = int(program.config.model.vocab_size), int(program.config.model.d_inner)
     state_out = compiled.out_info[0]

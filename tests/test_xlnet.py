@@ -458,13 +458,9 @@ def test_scan_layers_and_remat_equal_unscanned_in_value_and_gradient():
         name = ".".join(map(str, name))
         np.testing.assert_allclose(
             g[...],
-            stacked(name, None)
-            if False
-            else (
-                g_ref[name]
-                if ".layers." not in name
-                else np.stack([g_ref[name.replace(".layers.", f".layers.{i}.")] for i in range(n_layer)])
-            ),
+            g_ref[name]
+            if ".layers." not in name
+            else np.stack([g_ref[name.replace(".layers.", f".layers.{i}.")] for i in range(n_layer)]),
             atol=1e-5,
             err_msg=name,
         )

@@ -336,14 +336,6 @@ def validate(config: ConfigDict) -> ConfigDict:
     return config
 
 
-def check_keys(config: ConfigDict, schema: ConfigDict, where: str) -> None:
-    """Every leaf key of `config` must exist in `schema` (used for config.json of an existing workdir)."""
-    valid = flat_keys(schema)
-    for k in flat_keys(config):
-        if k not in valid:
-            raise _unknown_key_error(k, valid, where)
-
-
 def to_json_dict(config: ConfigDict) -> Dict[str, Any]:
     return json.loads(config.to_json_best_effort())
 

@@ -52,7 +52,7 @@ from typing import Dict, Tuple
 from xlgen import registry
 from xlgen.models.cost import adaptive_softmax_fwd, zipf_share
 
-__all__ = ["adaptive_softmax_fwd", "mfu", "train_flops_per_step", "zipf_share"]
+__all__ = ["adaptive_softmax_fwd", "train_flops_per_step", "zipf_share"]
 
 
 def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None = None) -> float:
@@ -63,9 +63,3 @@ def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None
         return 0.0
     count = registry.get(fam).train_flops  # None: the system does not count its FLOPs (no MFU)
     return float(count(config)) if count is not None else 0.0
-
-
-def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int, peak_flops_per_device: float) -> float:
-    if peak_flops_per_device <= 0 or seconds_per_step <= 0:
-        return 0.0
-    return flops_per_step / seconds_per_step / (num_devices * peak_flops_per_device)

@@ -14,7 +14,9 @@ system", is the recipe.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 from typing import Dict, Tuple
 
 from xlgen.models.family import Family, Objective
@@ -36,6 +38,9 @@ SHARED_OBJECTIVES: Dict[str, str] = {
     "finetune": "xlgen.finetune.objective:FINETUNE",
 }
 
+# installed packages add systems under this entry-point group (`_installed`)
+ENTRY_POINT_GROUP = "xlgen.systems"
+
 _LOADED: Dict[str, object] = {}
 
 
@@ -47,22 +52,39 @@ def _load(ref: str):
 
 
 def register(family: Family) -> Family:
-    """Add (or replace) a system at run time (a user's own package; built-in systems are lines in `SYSTEMS`)."""
+    """Add (or replace) a system in this process (a notebook, a script; an installed package declares its systems
+    under the `xlgen.systems` entry-point group instead, so that every `xlgen` command finds them)."""
     _LOADED[f"<registered>:{family.name}"] = family
     SYSTEMS[family.name] = f"<registered>:{family.name}"
     return family
 
 
+@functools.lru_cache(maxsize=1)
+def _installed() -> Dict[str, str]:
+    """{name: "module:attribute"} of the systems installed packages declare in their metadata:
+
+        [project.entry-points."xlgen.systems"]          # pyproject.toml (setup.py: entry_points={...})
+        my_system = "my_package.system:FAMILY"
+    """
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _systems() -> Dict[str, str]:
+    """The built-in systems and those registered in this process, then the installed ones (a built-in name wins)."""
+    return {**_installed(), **SYSTEMS}
+
+
 def names() -> Tuple[str, ...]:
     """The registered `config.model.family` values."""
-    return tuple(SYSTEMS)
+    return tuple(_systems())
 
 
 def get(name: str) -> Family:
     """The system called `name` (`config.model.family`); ValueError naming the registered ones otherwise."""
-    if name not in SYSTEMS:
-        raise ValueError(f"model.family={name!r}: unknown; expected one of {sorted(SYSTEMS)}")
-    return _load(SYSTEMS[name])
+    systems = _systems()
+    if name not in systems:
+        raise ValueError(f"model.family={name!r}: unknown; expected one of {sorted(systems)}")
+    return _load(systems[name])
 
 
 def objective_names(family: str) -> Tuple[str, ...]:
@@ -86,7 +108,7 @@ def objective(config) -> Objective:
 
 
 def _with_hf() -> Tuple[Family, ...]:
-    return tuple(f for f in (get(n) for n in SYSTEMS) if f.hf_model_type is not None)
+    return tuple(f for f in (get(n) for n in _systems()) if f.hf_model_type is not None)
 
 
 def by_hf_model_type(model_type: str) -> Family:
@@ -105,15 +127,16 @@ def hf_model_types() -> Tuple[str, ...]:
 def family_of(module) -> Family:
     """The system an xlgen module (model or head) belongs to: the system whose package defines its class."""
     mod = type(module).__module__
-    for name, ref in SYSTEMS.items():
+    systems = _systems()
+    for name, ref in systems.items():
         package = ref.split(":")[0].rsplit(".", 1)[0]
         if mod == package or mod.startswith(package + "."):
             return get(name)
-    for name in SYSTEMS:  # systems registered at run time: a model class they list
+    for name in systems:  # systems registered at run time: a model class they list
         family = get(name)
         if any(type(module) is cls for cls in family.models.values() if isinstance(cls, type)):
             return family
-    raise ValueError(f"{type(module).__name__}: not a model of a registered family ({sorted(SYSTEMS)})")
+    raise ValueError(f"{type(module).__name__}: not a model of a registered family ({sorted(systems)})")
 
 
 def model_config(config, **overrides):

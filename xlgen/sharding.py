@@ -43,7 +43,6 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -374,20 +373,6 @@ def addressable_batch_rows(mesh: Mesh, global_batch: int) -> Tuple[int, int]:
             raise ValueError(f"process {jax.process_index()} holds non-contiguous batch rows {covered}")
         pos = b
     return start, stop
-
-
-def describe_param_shardings(specs: Dict[str, P], shapes: Dict[str, Tuple[int, ...]]) -> str:
-    lines = []
-    for name in sorted(specs):
-        lines.append(f"  {name:60s} {str(tuple(shapes[name])):24s} {specs[name]}")
-    return "\n".join(lines)
-
-
-def is_fully_replicated_fraction(specs: Dict[str, P], shapes: Dict[str, Tuple[int, ...]]) -> float:
-    """Fraction of parameter elements that are not sharded at all (MaxText's 'sharding tolerance' figure)."""
-    total = sum(int(np.prod(s)) for s in shapes.values())
-    rep = sum(int(np.prod(shapes[k])) for k, sp in specs.items() if all(a is None for a in sp))
-    return rep / max(total, 1)
 
 
 def opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh: Mesh):

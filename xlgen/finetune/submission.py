@@ -7,8 +7,6 @@ from typing import Sequence
 
 import numpy as np
 
-from data_pipelines.paths import atomic_write_text
-
 
 def glue_submission_text(labels: Sequence[str] | None, ids: Sequence[str], preds: np.ndarray) -> str:
     lines = ["index\tprediction"]
@@ -18,8 +16,3 @@ def glue_submission_text(labels: Sequence[str] | None, ids: Sequence[str], preds
         else:
             lines.append(f"{i}\t{labels[int(p)]}")
     return "\n".join(lines) + "\n"
-
-
-def write_glue_submission(path: str, labels: Sequence[str] | None, ids: Sequence[str], preds: np.ndarray) -> str:
-    atomic_write_text(path, glue_submission_text(labels, ids, preds))
-    return path

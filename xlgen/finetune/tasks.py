@@ -56,10 +56,6 @@ class Task:
             return _race.read_race(data_dir, split, levels)
         return _cls.read_classification(self.name, data_dir, split)
 
-    @property
-    def is_regression(self) -> bool:
-        return self.kind == "regression"
-
 
 def _glue_task(name: str) -> Task:
     spec = _glue.GLUE_TASKS[name]

@@ -68,12 +68,6 @@ def read_conll(path: str) -> List[TokenExample]:
     ]
 
 
-def label_list(examples: Sequence[TokenExample]) -> Tuple[str, ...]:
-    """The tags of `examples`, "O" first, then sorted by entity type and B before I."""
-    tags = {t for e in examples for t in (e.tags or ())} - {"O"}
-    return ("O",) + tuple(sorted(tags, key=lambda t: (t[2:], t[:2])))
-
-
 def token_features(
     examples: Sequence[TokenExample], tokenizer, labels: Sequence[str], *, max_seq_length: int
 ) -> Dict[str, np.ndarray]:

@@ -44,11 +44,6 @@ def _txl_mem_len(config, split):
     return int(config.model.mem_len)
 
 
-def eval_mem_len(config) -> int:
-    """The memory length evaluation uses: `eval.mem_len` when set, else `model.mem_len`."""
-    return _txl_mem_len(config, "eval")
-
-
 def _txl_mems_shape(config, split):
     b = batch_size(config, split)
     m = _txl_mem_len(config, split)

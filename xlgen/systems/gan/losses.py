@@ -134,8 +134,3 @@ def low_density(log_p, log_eps):
     above = log_p > log_eps
     n = jnp.maximum(jnp.sum(above), 1)
     return jnp.sum(jnp.where(above, log_p - log_eps, 0.0)) / n
-
-
-def instance_noise(key, x, std: float):
-    """x + N(0, std²) (the discriminator's input noise)."""
-    return x + std * jax.random.normal(key, x.shape, x.dtype) if std > 0 else x

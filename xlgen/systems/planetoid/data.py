@@ -235,20 +235,6 @@ def _read_features(directory: str, n_nodes: int) -> sp.csr_matrix:
     return sp.csr_matrix((n_nodes, 0), dtype=np.float32)
 
 
-def write_edgelist(directory: str, g: Graph) -> None:
-    """The plain format of `g` (the split is not stored: `read_edgelist` draws it)."""
-    coo = sp.triu(g.adj).tocoo()
-    paths.makedirs(directory)
-    paths.atomic_write_text(
-        paths.join(directory, "edges.txt"), "".join(f"{i} {j} {w:g}\n" for i, j, w in zip(coo.row, coo.col, coo.data))
-    )
-    paths.atomic_write_text(paths.join(directory, "labels.txt"), "".join(f"{v}\n" for v in g.y))
-    if g.x.shape[1]:
-        buf = io.BytesIO()
-        sp.save_npz(buf, g.x.tocsr())
-        paths.atomic_write_bytes(paths.join(directory, "features.npz"), buf.getvalue())
-
-
 def load(data_config) -> Graph:
     """The graph named by `config.data` (format, dir, name, and for edgelist the split settings)."""
     c = data_config
