@@ -232,7 +232,7 @@ def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache):  # n
     hang["logged"] = None  # the ledger's own step (written by the watchdog at the hang)
 
     # the final parameters are the uninterrupted run's, bit for bit
-    a_params, a_state = _final_state(ref, STORM["total_steps"])
+    a_params, _ = _final_state(ref, STORM["total_steps"])
     b_params, b_state = _final_state(wd, STORM["total_steps"])
     assert sorted(a_params) == sorted(b_params)
     for k in a_params:
