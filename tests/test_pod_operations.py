@@ -101,6 +101,39 @@ def test_ledger_attempt_categories_sum_to_the_wall():
     assert snap["step"] == 4 and snap["saves"] == {"4": pytest.approx(own["productive"])}
 
 
+def test_plot_draws_where_the_wall_time_went(tmp_path):
+    """`xlgen plot`'s goodput panel: one stacked bar per attempt (its seconds per category), the run's goodput over
+    all attempts in the title; the goodput records are not drawn as evaluations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from xlgen import plot
+
+    first = {**goodput.zero(), "productive": 2.0, "compile": 1.0, "lost_to_restarts": 1.0}
+    second = {**goodput.zero(), "productive": 4.0, "compile": 1.0, "idle": 1.0}
+    recs = [
+        {"step": 1, "loss": 4.0, "learning_rate": 1e-3, "tokens_per_sec": 10.0},
+        goodput.record(2, 1, "failed", first, 3),
+        {"step": 2, "split": "valid", "loss": 3.5},
+        goodput.record(4, 2, "completed", second, None),
+    ]
+    fig, ax = plt.subplots()
+    plot._goodput_panel(ax, {"w": recs}, {"w": "run"})
+    assert ax.get_title() == "goodput: run 60.0%"  # (2 + 4) / (4 + 6)
+    per_attempt = {}
+    for bar in ax.patches:
+        per_attempt[round(bar.get_x() + bar.get_width() / 2)] = (
+            per_attempt.get(round(bar.get_x() + bar.get_width() / 2), 0) + bar.get_height()
+        )
+    assert per_attempt == {1: 4.0, 2: 6.0}
+    plt.close(fig)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = plot.plot([str(tmp_path)])
+    assert os.path.getsize(out) > 1000
+
+
 # ------------------------------------------------------------------------------------------------ the storm
 
 STORM = {

@@ -215,8 +215,18 @@ class Ledger:
             "end": end,
         }
 
-    def write(self, workdir: str, end: Optional[str] = None) -> None:
-        paths.write_json_atomic(paths.join(workdir, LEDGER), self.snapshot(end))
+    def write(self, workdir: str, end: Optional[str] = None, snapshot: Optional[Dict[str, Any]] = None) -> None:
+        """Replace the ledger file with `snapshot` (default: now); a local one by rename without fsync (it must
+        survive the process, not the machine, and it is rewritten at every logged step)."""
+        snap = self.snapshot(end) if snapshot is None else snapshot
+        path = paths.join(workdir, LEDGER)
+        if paths.is_remote(workdir):
+            paths.write_json_atomic(path, snap)
+            return
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(json.dumps(snap))
+        os.replace(tmp, path)
 
     # -- restarts ----------------------------------------------------------------------------------------------
     def resume(self, previous: Optional[Dict[str, Any]], restored_step: int, logged_step: Optional[int] = None):
