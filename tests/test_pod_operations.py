@@ -166,9 +166,15 @@ if os.environ.get("XLGEN_ATTEMPT") == os.environ.get("XLGEN_TEST_HANG_ATTEMPT"):
 
 
 def _final_state(workdir, step):
+    """The saved train state of `step` as NumPy arrays (whatever devices or processes wrote it)."""
+    import jax
     import orbax.checkpoint as ocp
 
-    state = ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step), "state"))
+    path = os.path.join(workdir, "checkpoints", str(step), "state")
+    ckptr = ocp.PyTreeCheckpointer()
+    meta = ckptr.metadata(path)
+    tree = getattr(meta, "item_metadata", None) or getattr(meta, "tree", None) or meta
+    state = ckptr.restore(path, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree))
     return {k: np.asarray(v) for k, v in state["params"].items()}, state
 
 

@@ -215,10 +215,10 @@ class Ledger:
             "end": end,
         }
 
-    def write(self, workdir: str, end: Optional[str] = None, snapshot: Optional[Dict[str, Any]] = None) -> None:
-        """Replace the ledger file with `snapshot` (default: now); a local one by rename without fsync (it must
-        survive the process, not the machine, and it is rewritten at every logged step)."""
-        snap = self.snapshot(end) if snapshot is None else snapshot
+    def write(self, workdir: str, end: Optional[str] = None) -> None:
+        """Replace the ledger file; a local one by rename without fsync (it must survive the process, not the
+        machine, and it is rewritten at every logged step)."""
+        snap = self.snapshot(end)
         path = paths.join(workdir, LEDGER)
         if paths.is_remote(workdir):
             paths.write_json_atomic(path, snap)

@@ -17,9 +17,9 @@ within the bound.
 Stragglers: `window(steps, seconds)` at each logged step; a window whose time per step is above `watchdog.
 straggler_factor` x the median of the earlier windows is counted and reported in one line.
 
-The goodput ledger (`WORKDIR/goodput.json`, process 0) is written by this thread: for a local workdir the snapshot
-the main thread takes at every logged step (right after the metrics record; the file write is off the step's
-thread), for a remote one every 30 s; and on a hang.
+The goodput ledger (`WORKDIR/goodput.json`, process 0) is written at every logged step for a local workdir (by the
+main thread, right after the metrics record: a few hundred bytes renamed into place, no fsync), every 30 s by the
+thread for a remote one, and on a hang.
 """
 
 from __future__ import annotations
@@ -65,9 +65,6 @@ class Watchdog:
         self.stragglers = 0
         self._windows: list = []
         self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._pending = None  # a ledger snapshot for the thread to write
-        self._pending_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._written = None
 
@@ -92,11 +89,8 @@ class Watchdog:
         """Steps first_step..last_step were logged after `seconds`: check for stragglers; write the ledger (a local
         workdir: a few hundred bytes, renamed into place; a remote one: the thread, every 30 s)."""
         self.window(first_step, last_step, seconds)
-        if not self.remote and self.is_main and self.enabled:
-            snap = self.ledger.snapshot()  # taken here (~25 us), written by the thread
-            with self._pending_lock:
-                self._pending = snap
-            self._wake.set()
+        if not self.remote:
+            self.write_ledger()  # exact at a kill: the steps and seconds after the last checkpoint
 
     def window(self, first_step: int, last_step: int, seconds: float) -> bool:
         """The steps first_step..last_step took `seconds`; returns whether they were stragglers."""
@@ -125,26 +119,13 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        self._flush()
-
-    def _flush(self) -> None:
-        with self._pending_lock:
-            snap, self._pending = self._pending, None
-        if snap is not None:
-            self.write_ledger(snapshot=snap)
 
     def _run(self) -> None:
         last_write = 0.0
-        while not self._stop.is_set():
-            self._wake.wait(0.25)
-            self._wake.clear()
-            self._flush()
-            if self._stop.is_set():
-                return
+        while not self._stop.wait(0.25):
             now = time.monotonic()
             bound, what = self.current_bound()
             if now - self.ledger.last_event > bound:
@@ -161,11 +142,11 @@ class Watchdog:
         """The ledger of an attempt that ended cleanly (completed | stopped | preempted)."""
         self.write_ledger(end)
 
-    def write_ledger(self, end: Optional[str] = None, snapshot=None) -> None:
+    def write_ledger(self, end: Optional[str] = None) -> None:
         if not self.is_main or not self.enabled:
             return
         try:
-            self.ledger.write(self.workdir, end=end, snapshot=snapshot)
+            self.ledger.write(self.workdir, end=end)
         except Exception as e:  # noqa: BLE001  (a full disk or a flaky store must not stop training)
             print(f"warning: could not write the goodput ledger: {e}", file=sys.stderr, flush=True)
 
