@@ -1,6 +1,8 @@
 """Input-pipeline benchmark: XLNet examples/s per process (one core).
 
   python -m data_pipelines.bench [--seq_len 512 --reuse_len 256 --num_predict 85 --batch_size 32 --steps 20]
+  python -m data_pipelines.bench --checksums     the same corpus memory-mapped from .npy shards, read plain and
+                                                 through `corpus.ChecksummedShard` (per-block CRC32 checks)
 
 Defaults are the XLNet-Large settings (seq_len 512, reuse_len 256, perm_size 256, num_predict 85, bi_data). The
 corpus is synthetic (a SentencePiece-like stream of 32k ids with ~1.3 pieces per word and ~25-word sentences),
@@ -50,12 +52,23 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="report the best of this many timed runs")
     ap.add_argument("--span_unit", default="word", choices=["word", "piece"])
     ap.add_argument("--uni", action="store_true", help="bi_data=False")
+    ap.add_argument(
+        "--checksums",
+        action="store_true",
+        help="compare batches/s reading memory-mapped shards plainly and through ChecksummedShard",
+    )
     args = ap.parse_args(argv)
-
-    from data_pipelines.xlnet import XLNetPipeline
+    if args.checksums:
+        return checksum_cost(args)
 
     c = synthetic_corpus(4_000_000)
-    p = XLNetPipeline(
+    return _measure(c, args, "XLNet examples/s per process")
+
+
+def _pipeline(c, args):
+    from data_pipelines.xlnet import XLNetPipeline
+
+    return XLNetPipeline(
         c,
         global_batch_size=args.batch_size,
         seq_len=args.seq_len,
@@ -65,6 +78,62 @@ def main(argv=None):
         bi_data=not args.uni,
         span_unit=args.span_unit,
     )
+
+
+def checksum_cost(args):
+    """Batches/s of the XLNet pipeline on the synthetic corpus saved as .npy shards (tokens uint16, sentence parity
+    bool) and memory-mapped: read plainly, and through `ChecksummedShard` (what training reads). The first pass over
+    the checked shards includes the CRC32 of every block it touches (each block once per process: a one-time cost
+    of corpus bytes / CRC32 throughput, printed too); the timed passes after it measure the per-read overhead."""
+    import tempfile
+    import zlib
+
+    from data_pipelines import corpus as corpus_lib
+
+    base = synthetic_corpus(16_000_000)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for name, arr in (("tokens", base.shards[0].astype(np.uint16)), ("sentences", base.sent[0])):
+            path = os.path.join(tmp, f"{name}.npy")
+            np.save(path, arr)
+            files.append(path)
+        mapped = [np.load(f, mmap_mode="r") for f in files]
+        crcs = [corpus_lib.shard_block_crcs(np.asarray(m).view(np.uint8)) for m in mapped]
+        plain = corpus_lib.TokenCorpus([mapped[0]], [mapped[1]], base.tokenizer, "plain")
+        t0 = time.perf_counter()
+        checked = corpus_lib.TokenCorpus(
+            [corpus_lib.ChecksummedShard(mapped[0], files[0], crcs[0])],
+            [corpus_lib.ChecksummedShard(mapped[1], files[1], crcs[1])],
+            base.tokenizer,
+            "checked",
+        )
+        p = _pipeline(checked, args)
+        p.batch(0)
+        first = time.perf_counter() - t0
+        nbytes = sum(m.nbytes for m in mapped)
+        raw = np.concatenate([np.asarray(m).view(np.uint8) for m in mapped])
+        t0 = time.perf_counter()
+        zlib.crc32(raw)
+        crc_gbs = nbytes / (time.perf_counter() - t0) / 1e9
+        fraction = np.mean([s.checked.mean() for s in checked.shards + checked.sent])
+        print(
+            f"corpus {nbytes / 1e6:.0f} MB in {sum(len(c) for c in crcs)} blocks of "
+            f"{corpus_lib.SHARD_BLOCK_BYTES >> 20} MiB; CRC32 {crc_gbs:.1f} GB/s (one-time check: "
+            f"{1 / crc_gbs:.2f} s per GB read); first batch with checks {first:.2f}s ({fraction:.0%} of blocks checked)"
+        )
+        rates = {}
+        for name, c in (("plain mmap", plain), ("checksummed", checked), ("plain mmap again", plain)):
+            rates[name] = _measure(c, args, f"{name}: XLNet examples/s")
+    b = args.batch_size
+    print(
+        f"batches/s: plain {rates['plain mmap'] / b:.2f} / {rates['plain mmap again'] / b:.2f}, checksummed "
+        f"{rates['checksummed'] / b:.2f} ({rates['checksummed'] / max(rates['plain mmap'], rates['plain mmap again']) - 1:+.1%})"
+    )
+    return rates
+
+
+def _measure(c, args, label):
+    p = _pipeline(c, args)
     p.batch(0)  # warm-up
     times, cpu = [], []
     for r in range(args.repeats):
@@ -76,7 +145,7 @@ def main(argv=None):
     dt = min(times)
     n = args.steps * args.batch_size
     print(
-        f"XLNet examples/s per process: {n / dt:.0f}  (seq_len {args.seq_len}, reuse_len {args.reuse_len}, "
+        f"{label}: {n / dt:.0f}  (seq_len {args.seq_len}, reuse_len {args.reuse_len}, "
         f"perm_size {args.perm_size}, num_predict {args.num_predict}, bi_data {not args.uni}, "
         f"span_unit {args.span_unit}, {args.batch_size} rows/step, best of {args.repeats} x {args.steps} steps: "
         f"{dt:.2f}s; all runs {[round(n / t) for t in times]} ex/s)"

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import zlib
 from typing import Sequence
 
 import numpy as np
@@ -217,21 +218,54 @@ def check_tokenizer_matches(directory: str, manifest: dict, tokenizer_path: str)
         )
 
 
-def shard_info(path: str) -> dict:
-    """{"sha256", "max"} of a local `.npy` shard (max: its largest value, -1 if empty), cached by the file's path,
-    size and mtime under `paths.cache_dir("verified")` so that a shard is hashed once, not at every open."""
+SHARD_BLOCK_BYTES = 1 << 20  # the unit of `ChecksummedShard`'s checks: one CRC32 per MiB of a shard's data
+
+
+def _open_npy(path: str) -> np.ndarray:
+    """np.load(path, mmap_mode="r") with an error naming the file (a truncated shard fails to map)."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(
+            f"{path}: not a readable .npy shard ({e}; truncated?); re-run the same `xlgen prepare corpus` "
+            f"command to rewrite it"
+        ) from None
+
+
+def _verified_cache_path(path: str) -> str:
+    return os.path.join(paths.cache_dir("verified"), hashlib.sha256(path.encode()).hexdigest()[:24] + ".json")
+
+
+def shard_info(path: str, *, rehash: bool = False) -> dict:
+    """{"sha256", "max", "crc32", "block_bytes"} of a local `.npy` shard: the file's sha256, its largest value (-1
+    if empty) and the CRC32 of each `block_bytes` block of its data, all computed from one reading of the bytes.
+    Cached by the file's path, size and mtime under `paths.cache_dir("verified")`, so a shard is hashed once, not at
+    every open; `rehash` ignores the cache (`xlgen prepare corpus` before it calls a shard up to date). What the
+    cache cannot see (a changed byte that kept size and mtime) the block CRCs catch when the bytes are read
+    (`ChecksummedShard`)."""
     st = os.stat(path)
     stamp = {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    cache = os.path.join(paths.cache_dir("verified"), hashlib.sha256(stamp["path"].encode()).hexdigest()[:24] + ".json")
-    try:
-        with open(cache) as f:
-            hit = json.load(f)
-        if all(hit.get(k) == v for k, v in stamp.items()):
-            return hit
-    except (OSError, ValueError):
-        pass
-    arr = np.load(path, mmap_mode="r")
-    info = {**stamp, "sha256": paths.sha256_of(path), "max": int(arr.max()) if arr.size else -1}
+    cache = _verified_cache_path(stamp["path"])
+    if not rehash:
+        try:
+            with open(cache) as f:
+                hit = json.load(f)
+            if all(hit.get(k) == v for k, v in stamp.items()) and hit.get("block_bytes") == SHARD_BLOCK_BYTES:
+                return hit
+        except (OSError, ValueError):
+            pass
+    arr = _open_npy(path)
+    raw = np.memmap(path, dtype=np.uint8, mode="r") if st.st_size else np.zeros(0, np.uint8)
+    digest = hashlib.sha256()
+    for i in range(0, len(raw), 1 << 24):
+        digest.update(raw[i : i + (1 << 24)])
+    info = {
+        **stamp,
+        "sha256": digest.hexdigest(),
+        "max": int(arr.max()) if arr.size else -1,
+        "block_bytes": SHARD_BLOCK_BYTES,
+        "crc32": shard_block_crcs(raw[arr.offset : arr.offset + arr.nbytes]),
+    }
     try:
         paths.write_json_atomic(cache, info)
     except OSError:  # a read-only cache only costs the next open a re-hash
@@ -239,24 +273,101 @@ def shard_info(path: str) -> dict:
     return info
 
 
-def _load_shard(path: str, entry: dict, kind: str, vocab_size: int | None = None) -> np.ndarray:
+def shard_block_crcs(data: np.ndarray, block_bytes: int = SHARD_BLOCK_BYTES) -> list:
+    """CRC32 (zlib) of each `block_bytes` block of `data` (uint8 [n]; the last block may be shorter)."""
+    return [zlib.crc32(data[i : i + block_bytes]) for i in range(0, len(data), block_bytes)]
+
+
+class ChecksummedShard:
+    """A memory-mapped shard whose bytes are checked where they are read: the first read touching a block of
+    `block_bytes` compares that block's CRC32 with the one recorded when the whole file was verified against the
+    manifest's sha256 (`shard_info`), so each byte the pipeline reads is checked once per process. A mismatch is a
+    one-line ValueError naming the file and the byte range, and drops the cached verification (the next open
+    re-hashes the file and names it against the manifest).
+
+    Reads like the 1-D array it wraps: `len`, `x[i]`, `x[a:b]`, `x[int array]` (values, as NumPy arrays), and
+    `np.asarray(x)` (the whole shard, every block checked)."""
+
+    def __init__(self, array: np.ndarray, path: str, crc32: Sequence[int], block_bytes: int = SHARD_BLOCK_BYTES):
+        if array.ndim != 1 or block_bytes % array.itemsize:
+            raise ValueError(f"{path}: a shard is a 1-D array (shape {array.shape}, block {block_bytes} bytes)")
+        self.array, self.path, self.crc32 = array, path, list(crc32)
+        self.block_bytes, self.block_items = block_bytes, block_bytes // array.itemsize
+        if len(self.crc32) != -(-array.nbytes // block_bytes):
+            raise ValueError(f"{path}: {len(self.crc32)} block checksums for {array.nbytes} bytes")
+        self.checked = np.zeros(len(self.crc32), bool)
+        self.dtype, self.shape = array.dtype, array.shape
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def check_blocks(self, first: int, last: int) -> None:
+        """Verify blocks first..last (inclusive) that were not yet verified."""
+        raw = self.array.view(np.uint8)
+        for k in range(first, last + 1):
+            if self.checked[k]:
+                continue
+            lo, hi = k * self.block_bytes, min((k + 1) * self.block_bytes, len(raw))
+            got = zlib.crc32(raw[lo:hi])
+            if got != self.crc32[k]:
+                try:
+                    os.remove(_verified_cache_path(os.path.abspath(self.path)))
+                except OSError:
+                    pass
+                raise ValueError(
+                    f"{self.path}: data bytes {lo}-{hi} have CRC32 {got:08x}, not the {self.crc32[k]:08x} recorded "
+                    f"when the shard was verified: the shard is corrupt (changed since); re-run the same "
+                    f"`xlgen prepare corpus` command to rewrite it"
+                )
+            self.checked[k] = True
+
+    def __array__(self, dtype=None, copy=None):
+        """The whole shard as an array (every block checked first)."""
+        if len(self.crc32):
+            self.check_blocks(0, len(self.crc32) - 1)
+        return np.asarray(self.array, dtype=dtype)
+
+    def __getitem__(self, key):
+        n, b = len(self.array), self.block_items
+        if isinstance(key, slice):
+            start, stop, _ = key.indices(n)
+            if stop > start:
+                first, last = start // b, (stop - 1) // b
+                if not (first == last and self.checked[first]):
+                    self.check_blocks(first, last)
+        elif isinstance(key, (int, np.integer)):
+            k = (int(key) % n if n else 0) // b
+            if not self.checked[k]:
+                self.check_blocks(k, k)
+        else:
+            idx = np.asarray(key)
+            if idx.size:
+                blocks = np.unique((idx % n) // b)
+                for k in blocks[~self.checked[blocks]]:
+                    self.check_blocks(int(k), int(k))
+        return self.array[key]
+
+
+def _load_shard(path: str, entry: dict, kind: str, vocab_size: int | None = None):
     """Memory-maps a `.npy` shard; a remote one through a local cached copy named by its content hash (the
-    manifest's `<kind>_sha256`; manifests written before it existed use the shard's key, verified by length). A
-    local one is verified against that sha256 (`shard_info`, cached by mtime), and its token ids must be below
-    `vocab_size`: either failing is an error naming the shard."""
+    manifest's `<kind>_sha256`; manifests written before it existed use the shard's key, verified by length). The
+    local file is verified against that sha256 (`shard_info`, cached by size and mtime) and read through
+    `ChecksummedShard` (each block's CRC32 checked when first read); its token ids must be below `vocab_size`. Any
+    failure is an error naming the shard."""
     sha = entry.get(f"{kind}_sha256")
     if paths.is_remote(path):
         path = paths.local_copy(path, sha256=sha, key=None if sha else f"{entry['key']}.{kind}", subdir="shards")
-    elif sha:
-        info = shard_info(path)
-        if info["sha256"] != sha:
-            raise ValueError(
-                f"{path}: sha256 {info['sha256'][:12]} does not match the manifest's {sha[:12]}: the shard is "
-                f"corrupt; re-run the same `xlgen prepare corpus` command to rewrite it"
-            )
-        if kind == "tokens" and vocab_size is not None and info["max"] >= vocab_size:
-            raise ValueError(f"{path}: token id {info['max']} >= the vocabulary size {vocab_size}")
-    return np.load(path, mmap_mode="r")
+    if not sha:
+        return _open_npy(path)
+    info = shard_info(path)
+    if info["sha256"] != sha:
+        raise ValueError(
+            f"{path}: sha256 {info['sha256'][:12]} does not match the manifest's {sha[:12]}: the shard is "
+            f"corrupt; re-run the same `xlgen prepare corpus` command to rewrite it"
+        )
+    if kind == "tokens" and vocab_size is not None and info["max"] >= vocab_size:
+        raise ValueError(f"{path}: token id {info['max']} >= the vocabulary size {vocab_size}")
+    return ChecksummedShard(_open_npy(path), path, info["crc32"], info["block_bytes"])
 
 
 def prepared_corpus(

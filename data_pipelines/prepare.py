@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 from data_pipelines import corpus as corpus_lib
-from data_pipelines import paths
+from data_pipelines import output_paths, paths
 from data_pipelines import vocab as vocab_lib
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -153,13 +153,14 @@ def _file_sha256(path: str) -> str | None:
 
 
 def _intact(out_dir, entry: dict) -> bool:
-    """A local shard (and its sentence file) still has the sha256 the manifest recorded (remote: trusted; readers
-    verify their cached copy)."""
+    """A local shard (and its sentence file) still has the sha256 the manifest recorded, hashed again now (a
+    cached digest cannot see a changed byte that kept the file's size and mtime); remote: trusted (readers verify
+    their cached copy)."""
     if paths.is_remote(out_dir):
         return True
     for kind in ("tokens", "sentences"):
         sha = entry.get(f"{kind}_sha256")
-        if sha and corpus_lib.shard_info(str(out_dir.joinpath(entry[kind])))["sha256"] != sha:
+        if sha and corpus_lib.shard_info(str(out_dir.joinpath(entry[kind])), rehash=True)["sha256"] != sha:
             return False
     return True
 
@@ -396,19 +397,84 @@ def _output_dir(args) -> str | None:
     return getattr(args, "output", None)
 
 
+def _replaceable(path: str, cmd: str) -> bool:
+    """An existing file `prepare <cmd>` may replace: an earlier output of the same kind (a SymbolVocab JSON, a
+    SentencePiece model and its .vocab, a WordPiece vocab.txt), never anything else."""
+    try:
+        if cmd == "vocab":
+            return "symbols" in json.loads(open(path, encoding="utf-8").read())
+        if cmd == "spm":
+            import sentencepiece as spm
+
+            model = path[: -len(".vocab")] + ".model" if path.endswith(".vocab") else path
+            return spm.SentencePieceProcessor(model_file=model).vocab_size() > 0
+        if cmd == "wordpiece":
+            return "[UNK]" in open(path, encoding="utf-8").read().split("\n")
+    except Exception:  # noqa: BLE001  (unreadable or another format: not ours to replace)
+        return False
+    return False
+
+
+def check_outputs(args) -> None:
+    """The paths a `prepare` command writes, checked before anything is written (OutputPathError): the output
+    directory can be created and written; a corpus goes into a new or empty directory or a prepared corpus (its
+    manifest.json), never a workdir or another non-empty directory; a tokenizer or vocabulary file replaces only
+    an earlier one of its kind."""
+    flag = {"spm": "--model_prefix", "wordpiece": "--output_dir"}.get(args.cmd, "--output")
+    out = _output_dir(args)
+    if not out or paths.is_remote(out):
+        return
+    if args.cmd == "corpus" and os.path.exists(out) and not os.path.isdir(out):
+        raise output_paths.OutputPathError(
+            f"--output {args.output}: is a file; give a directory for the shards and manifest"
+        )
+    output_paths.check_dir_path(out, flag)
+    full = os.path.abspath(out)
+    held = [f for f in ("config.json", "checkpoints", ".xlgen-export") if os.path.exists(os.path.join(full, f))]
+    if held and not os.path.exists(os.path.join(full, corpus_lib.MANIFEST)):
+        raise output_paths.OutputPathError(
+            f"{flag}={full}: holds {held[0]} (an xlgen workdir or export), not prepared data; give another directory"
+        )
+    if args.cmd == "corpus" and os.path.isdir(full) and os.listdir(full):
+        if not os.path.exists(os.path.join(full, corpus_lib.MANIFEST)):
+            raise output_paths.OutputPathError(
+                f"--output={full}: a non-empty directory that is not a prepared corpus (no {corpus_lib.MANIFEST}); "
+                "give a new or empty directory"
+            )
+    files = {
+        "vocab": lambda: [args.output],
+        "spm": lambda: [args.model_prefix + ".model", args.model_prefix + ".vocab"],
+        "wordpiece": lambda: [os.path.join(out, "vocab.txt")],
+    }
+    for f in files.get(args.cmd, list)():
+        if os.path.isdir(f):
+            raise output_paths.OutputPathError(f"{flag}: {os.path.abspath(f)} is a directory; give a file path")
+        if os.path.lexists(f) and not _replaceable(f, args.cmd):
+            raise output_paths.OutputPathError(
+                f"{flag}: {os.path.abspath(f)} exists and is not an earlier `xlgen prepare {args.cmd}` output; "
+                "not replacing it (give another path)"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out = _output_dir(args) if args.cmd != "show" else None
     try:
+        if out:
+            check_outputs(args)
         with paths.removed_on_failure(out) if out else contextlib.nullcontext():
             return _run(args)
     except (ValueError, FileNotFoundError) as e:  # UnicodeDecodeError (a binary vocab file) is a ValueError
         print(f"xlgen prepare: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        if e.errno != errno.ENOSPC:
-            raise
-        print(f"xlgen prepare: error: no space left on the device writing {e.filename or args.output}", file=sys.stderr)
+        if e.errno == errno.ENOSPC:
+            print(
+                f"xlgen prepare: error: no space left on the device writing {e.filename or args.output}",
+                file=sys.stderr,
+            )
+        else:
+            print(f"xlgen prepare: error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
         return 2
 
 

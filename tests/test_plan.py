@@ -35,15 +35,18 @@ CASES = {
         "--config.model.mem_len=64",
         "--remat_policies=none,full,dots_no_batch",  # the policy comparison: two more compiles of this step
     ],
-    "xlnet_v4": [
-        "--config=configs/pretrain/xlnet_tiny.py",
-        "--topology=v4:2x2x1",
-        *WIDE,
-        "--config.data.batch_size=16",
-        "--config.mesh.fsdp=2",
-        "--config.mesh.rules=fsdp",
-    ],
 }
+# The sweep (`--topologies`): xlnet_tiny on three chip generations, one process each; its v4 report is the "xlnet_v4"
+# case of the checks above.
+SWEEP = [
+    "--config=configs/pretrain/xlnet_tiny.py",
+    "--topologies=v4:2x2x1,v5e:2x2,v6e:2x2",
+    *WIDE,
+    "--config.data.batch_size=16",
+    "--config.mesh.fsdp=2",
+    "--config.mesh.rules=fsdp",
+    "--config.total_steps=5000",
+]
 # (Funnel is planned at paper size in docs/pod_scale.md; a third TPU compile here would exceed this file's budget.)
 
 RUNNER = """
@@ -51,9 +54,10 @@ import json, sys
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 from xlgen import plan, sharding, topology
-cases, out = json.loads(sys.argv[1]), sys.argv[2]
+cases, sweep, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 for name, argv in cases.items():
     plan.main(argv + [f"--json={out}/{name}.json"])
+assert plan.main(sweep + [f"--json={out}/sweep.json"]) == 0
 # A program that cannot fit 16 GiB per v3 core (a replicated 2**16 x 2**16 float32 matrix product): XLA refuses it;
 # the plan reports it instead of crashing.
 mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, topology.topology_devices("v3:2x2"))
@@ -101,16 +105,21 @@ for name, f in (("forward_scanned", forward_scanned), ("forward_unrolled", forwa
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("plans")
-    run_plans_subprocess(RUNNER, json.dumps(CASES), str(out))
-    names = [*CASES, "oom", "tiny", "scanned", "unrolled", "forward_scanned", "forward_unrolled"]
-    return {name: json.load(open(out / f"{name}.json")) for name in names}
+    run_plans_subprocess(RUNNER, json.dumps(CASES), json.dumps(SWEEP), str(out))
+    names = [*CASES, "oom", "tiny", "scanned", "unrolled", "forward_scanned", "forward_unrolled", "sweep"]
+    reports = {name: json.load(open(out / f"{name}.json")) for name in names}
+    reports["xlnet_v4"] = reports["sweep"][0]
+    return reports
+
+
+PLANNED = [*CASES, "xlnet_v4"]
 
 
 # ------------------------------------------------------------------------------------------------ compiled plans
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PLANNED)
 def test_tiny_configs_compile_and_fit(reports, case):
     r = reports[case]
     assert r["fits"] is True and r["suggestions"] == []
@@ -129,7 +138,7 @@ def test_tiny_configs_compile_and_fit(reports, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PLANNED)
 def test_flops_xla_matches_counted_matmuls(reports, case):
     """XLA's cost_analysis (per device x devices) = the jaxpr's matmul FLOPs + a little element-wise work."""
     fl = reports[case]["flops_per_step"]
@@ -141,7 +150,7 @@ def test_flops_xla_matches_counted_matmuls(reports, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PLANNED)
 def test_flops_match_analytic_model(reports, case):
     """The analytic model (xlgen.flops: matmul FLOPs, 6ND-style incl. attention) is within 10% of the matmul FLOPs
     of the compiled step (counted on its dead-code-eliminated jaxpr) and never above them; XLA's total adds
@@ -614,7 +623,7 @@ def test_roofline_of_a_scanned_compute_bound_model_is_the_unrolled_ones(reports)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", PLANNED)
 def test_plan_reports_the_roofline(reports, case):
     """Every compiled plan has the roofline keys of the contract, at least its own compute-only bound."""
     r = reports[case]
@@ -623,3 +632,93 @@ def test_plan_reports_the_roofline(reports, case):
         r["flops_per_step"]["analytic_model"] / (r["devices"] * r["peak_bf16_flops_per_device"] * r["roofline_time_s"])
     )
     assert r["top_ops"] and all(op["time_s"] <= r["roofline_time_s"] for op in r["top_ops"])
+
+
+# ------------------------------------------------------------------------------------------------ run cost, sweep
+
+
+def test_run_cost_of_a_hand_checked_report():
+    """8 devices on 4 chips at 50 TFLOP/s per device; 40 TFLOP of matmuls = 0.1 s compute, roofline 0.12 s, 15 GB
+    of communication at 100 GB/s = 0.15 s, so the step bound is max(0.12, 0.15) = 0.15 s; 1000 steps: 150 s, 4 chips
+    x 150 s = 1/6 chip-hour, 6000 tokens per step / (4 chips x 0.15 s) = 10,000 tokens per chip-second, MFU 30 TFLOP
+    / (8 x 50 TFLOP/s x 0.15 s) = 50%."""
+    r = {
+        "devices": 8,
+        "chips": 4,
+        "peak_bf16_flops_per_device": 50e12,
+        "flops_per_step": {"matmul_jaxpr": 40e12, "analytic_model": 30e12, "xla_counts_loop_bodies_once": True},
+        "tokens_per_step": 6000,
+        "ici_bytes_per_s_per_device": 1e11,
+        "comm_bytes_per_device": 15e9,
+        "roofline_time_s": 0.12,
+        "total_steps": 1000,
+    }
+    plan_lib.derive_timing(r)
+    assert r["step_time_s"] == pytest.approx(0.1) and r["roofline_step_time_bound_s"] == pytest.approx(0.15)
+    assert r["run_step_time_s"] == pytest.approx(0.15)
+    assert r["run_step_time_source"] == "roofline with communication (overlapped)"
+    assert r["run_time_s"] == pytest.approx(150.0) and r["run_days"] == pytest.approx(150 / 86400)
+    assert r["chip_hours"] == pytest.approx(1 / 6)
+    assert r["tokens_per_chip_s"] == pytest.approx(10_000)
+    assert r["run_mfu"] == pytest.approx(0.5)
+    # without the roofline: the compute bound with communication, max(0.1, 0.15); without comm: the compute bound
+    del r["roofline_time_s"], r["roofline_step_time_bound_s"]
+    plan_lib.derive_timing(r)
+    assert r["run_step_time_source"].startswith("compute with communication") and r["run_time_s"] == pytest.approx(150)
+    r["comm_bytes_per_device"] = 5e9
+    plan_lib.derive_timing(r)
+    assert r["run_time_s"] == pytest.approx(100.0) and r["chip_hours"] == pytest.approx(4 * 100 / 3600)
+
+
+def test_mesh_rule_per_topology():
+    from xlgen.plan.runcost import mesh_for_devices
+
+    large = {"data": -1, "fsdp": 16, "tensor": 1}  # XLNet-Large
+    assert mesh_for_devices(large, 256, 2048) == {"data": 16, "fsdp": 16, "tensor": 1}
+    assert mesh_for_devices(large, 512, 8192, num_slices=2) == {"data": 32, "fsdp": 16, "tensor": 1}
+    base = {"data": -1, "fsdp": 8, "tensor": 1}  # XLNet-Base on a 4-chip slice: fsdp cut to 4
+    assert mesh_for_devices(base, 4, 256) == {"data": 1, "fsdp": 4, "tensor": 1}
+    wt103 = {"data": 2, "fsdp": -1, "tensor": 1}
+    assert mesh_for_devices(wt103, 32, 128) == {"data": 2, "fsdp": 16, "tensor": 1}
+    # fsdp 16 cut to 8 where the batch is 8 rows; more devices than rows is an error
+    assert mesh_for_devices({"data": 1, "fsdp": 16, "tensor": 1}, 8, 8) == {"data": 1, "fsdp": 8, "tensor": 1}
+    with pytest.raises(ValueError, match="global batch 32 does not divide over mesh data×fsdp = 4×16"):
+        mesh_for_devices({"data": -1, "fsdp": 16, "tensor": 1}, 64, 32)
+
+
+@pytest.mark.slow
+def test_sweep_rows_for_three_generations(reports):
+    """`--topologies=v4:2x2x1,v5e:2x2,v6e:2x2`: one report per topology with that chip's HBM and peak, the mesh by
+    the rule, and the whole run's time, chip-hours and tokens per chip-second from its own step bound."""
+    rows = reports["sweep"]
+    assert [r["topology"] for r in rows] == ["v4:2x2x1", "v5e:2x2", "v6e:2x2"]
+    chips = {"v4:2x2x1": (32 * GiB, 275e12), "v5e:2x2": (16 * GiB, 197e12), "v6e:2x2": (32 * GiB, 918e12)}
+    for r in rows:
+        assert (r["hbm_per_device"], r["peak_bf16_flops_per_device"]) == chips[r["topology"]]
+        assert r["chips"] == r["devices"] == 4 and r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+        assert r["fits"] and r["total_steps"] == 5000 and r["optimizer"] == "adamw"
+        assert r["run_step_time_s"] == r["roofline_step_time_bound_s"]
+        assert r["run_time_s"] == pytest.approx(5000 * r["roofline_step_time_bound_s"])
+        assert r["chip_hours"] == pytest.approx(4 * r["run_time_s"] / 3600)
+        assert r["tokens_per_chip_s"] == pytest.approx(r["tokens_per_step"] / (4 * r["run_step_time_s"]))
+        assert r["optimizer_state_bytes_per_device"] == r["state_bytes_per_device"]["opt_state"] > 0
+    # the same per-device program: v6e's peak and HBM bandwidth (2x v5e's) give it the shortest run
+    assert rows[2]["run_time_s"] < rows[0]["run_time_s"] and rows[2]["run_time_s"] < rows[1]["run_time_s"]
+    text = plan_lib.render_sweep(rows)
+    assert len(text.splitlines()) == 5 and all(t in text for t in ("v4:2x2x1", "v5e:2x2", "v6e:2x2"))
+
+
+def test_current_chips_table_in_docs_is_generated_from_saved_plans():
+    """docs/pod_scale.md's run-cost table is exactly `python -m xlgen.plan --today_table
+    docs/pod_plans/current_chips/*.json`, every row with its run cost from the report's own step bound."""
+    paths = sorted(glob.glob(os.path.join(ROOT, "docs", "pod_plans", "current_chips", "*.json")))
+    if not paths:
+        pytest.skip("no saved plans in docs/pod_plans/current_chips")
+    reports = [json.load(open(p)) for p in paths]
+    table = plan_lib.render_today_table(reports)
+    doc = open(os.path.join(ROOT, "docs", "pod_scale.md")).read()
+    assert f"{plan_lib.TODAY_TABLE_BEGIN}\n{table}\n{plan_lib.TODAY_TABLE_END}" in doc
+    for r in reports:
+        assert r["run_time_s"] == pytest.approx(r["total_steps"] * r["run_step_time_s"])
+        assert r["chip_hours"] == pytest.approx(r["chips"] * r["run_time_s"] / 3600)
+    assert len({r["topology"].split(":")[0] for r in reports}) >= 3

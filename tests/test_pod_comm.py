@@ -176,6 +176,18 @@ def _one_step(config_file, mesh_over):
 
 @pytest.mark.parametrize("config_file", list(FAMILY))
 def test_constrained_step_on_2x2x2_mesh_equals_one_device(config_file):
+    """The 8-device step equals the one-device step under both rule presets.
+
+    A deadlock this test once hit, and why it no longer occurs: XLA:CPU runs the 8 simulated devices' programs on one
+    shared intra-op pool of max(cores, devices) = 8 threads. A collective (`InProcessCommunicator`) blocks its thread
+    until every participant has arrived, and one device can hold several blocked threads at once: its entry
+    computation and a running while-loop body (the layer scan) each run their collectives on a thread of their own.
+    Caught with gdb while repeating the adaptive fsdp step: after 50 and 53 executions, devices held all 8 threads in
+    collective-permutes (one device in two of them: op 7 at the top level and op 113 in the scan) while the last
+    device's work sat in the pool's queue with no thread to run it. The 40 s collective terminate timeout turned this
+    into an abort, the 1200 s one into a 20-minute hang. The tests size XLA:CPU's pools at 8 threads per device
+    (`PJRT_NPROC`, `test_train_utils.CPU_THREADS_PER_DEVICE`), several times the 2 a device held here; 4,500 executions of the adaptive steps (1,500 each of
+    adaptive / fsdp, adaptive / fsdp_tp, adaptive_rows / fsdp) then ran clean under load."""
     p1, m1 = _one_step(config_file, ONE)
     assert np.isfinite(m1["loss"]) and m1["grad_norm"] > 0
     for rules in ("fsdp", "fsdp_tp"):

@@ -79,6 +79,18 @@ def _inputs(seed, b, n, q, klen, rlen, d, shared_r, segments, mask_rows):
     return args, flags
 
 
+def _output_and_grads(f, xs, cot=None):
+    """f(*xs) and the gradients of <f(*xs), cot> (cot: all ones if None) with respect to every x, from ONE compiled
+    program (eagerly, each call and its VJP dispatched op by op cost several times more)."""
+
+    def loss(*xs):
+        out = f(*xs)
+        return jnp.vdot(out, jnp.ones_like(out) if cot is None else cot), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(xs))), has_aux=True))(*xs)
+    return out, grads
+
+
 CASES = {
     # name: (b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, dropout, memory rows apart);
     # heads per block of lanes (`heads_per_block`): 2 (d 64: two heads in 128 lanes), 3 (the whole 192 lanes), 1
@@ -103,11 +115,9 @@ def test_kernel_equals_xla_form_and_gradients(case):
     fused = lambda *xs: kernel(**dict(zip(names, xs)), memory_rows=memory_rows, **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
     xs = [args[key] for key in names]
-    out, ref_out = fused(*xs), ref(*xs)
+    cot = jax.random.normal(jax.random.key(1), jax.eval_shape(fused, *xs).shape)
+    (out, grads), (ref_out, ref_grads) = _output_and_grads(fused, xs, cot), _output_and_grads(ref, xs, cot)
     np.testing.assert_allclose(out, ref_out, rtol=2e-5, atol=2e-5)
-    cot = jax.random.normal(jax.random.key(1), out.shape)
-    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
-    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
     for name, g, rg in zip(names, grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -123,9 +133,8 @@ def test_per_row_starts_equal_windows():
     xs = [args[key] for key in names]
     fused = lambda *xs: kernel(**dict(zip(names, xs)), **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)
-    np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
-    grads = jax.grad(lambda *xs: fused(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
-    ref_grads = jax.grad(lambda *xs: ref(*xs).sum(), argnums=tuple(range(len(xs))))(*xs)
+    (out, grads), (ref_out, ref_grads) = _output_and_grads(fused, xs), _output_and_grads(ref, xs)
+    np.testing.assert_allclose(out, ref_out, rtol=2e-5, atol=2e-5)
     for name, g, rg in zip(names, grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -143,10 +152,9 @@ def test_directed_keys_equal_per_row_keys():
     xs = [args[key] for key in names]
     fused = lambda *xs: kernel(**dict(zip(names, xs)), directions=directions, **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs), r=dict(zip(names, xs))["r"][directions]), **kw)
-    np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
     cot = jax.random.normal(jax.random.key(12), (b, n, q, 32))
-    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
-    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(len(xs))))(*xs)
+    (out, grads), (ref_out, ref_grads) = _output_and_grads(fused, xs, cot), _output_and_grads(ref, xs, cot)
+    np.testing.assert_allclose(out, ref_out, rtol=2e-5, atol=2e-5)
     for name, g, rg in zip(names, grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -204,8 +212,9 @@ def test_two_streams_equal_two_calls():
     )
     values = [xs[name] for name in names]
     argnums = tuple(range(1, len(names) + 1))
-    (_, outs), grads = jax.value_and_grad(loss, argnums, has_aux=True)(one, *values)
-    (_, ref_outs), ref_grads = jax.value_and_grad(loss, argnums, has_aux=True)(two, *values)
+    value_and_grads = jax.jit(jax.value_and_grad(loss, argnums, has_aux=True), static_argnums=0)
+    (_, outs), grads = value_and_grads(one, *values)
+    (_, ref_outs), ref_grads = value_and_grads(two, *values)
     for out, ref in zip(outs, ref_outs):
         np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
     for name, g, rg in zip(names, grads, ref_grads):
@@ -267,10 +276,9 @@ def test_factorized_position_term_with_cls_excluded():
     """Funnel: the rotated factorized position term formed in the kernel from qv (`Factorized`), pooled queries,
     no position or segment term on <cls>'s row and column, dropout on: equals the XLA form and its gradients."""
     fused, ref, xs, names = _factorized_problem(2, 2)
-    np.testing.assert_allclose(fused(*xs), ref(*xs), rtol=2e-5, atol=2e-5)
     cot = jax.random.normal(jax.random.key(9), xs[0].shape)
-    grads = jax.grad(lambda *xs: jnp.vdot(fused(*xs), cot), argnums=tuple(range(7)))(*xs)
-    ref_grads = jax.grad(lambda *xs: jnp.vdot(ref(*xs), cot), argnums=tuple(range(7)))(*xs)
+    (out, grads), (ref_out, ref_grads) = _output_and_grads(fused, xs, cot), _output_and_grads(ref, xs, cot)
+    np.testing.assert_allclose(out, ref_out, rtol=2e-5, atol=2e-5)
     for name, g, rg in zip(names, grads, ref_grads):
         np.testing.assert_allclose(g, rg, rtol=1e-4, atol=1e-4, err_msg=name)
 

@@ -23,6 +23,20 @@ CPU_COLLECTIVE_TIMEOUTS = (
     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120 --xla_cpu_collective_call_terminate_timeout_seconds=1200"
 )
 
+# XLA:CPU runs the simulated devices' programs on one intra-op thread pool of max(cores, devices) threads, and a
+# collective blocks its thread until every participant has arrived. A device can hold several such threads at once
+# (one per executor running: the entry computation and each while-loop body, e.g. the layer scan): in the 2x2x2 train
+# step, devices held all 8 threads in collectives (one device in two) while the last device's work waited in the
+# pool's queue, forever (tests/test_pod_comm.py, test_constrained_step_on_2x2x2_mesh_equals_one_device). The pools
+# get 8 threads per device (`PJRT_NPROC`, read by XLA's DefaultThreadPoolSize; idle threads cost no CPU).
+CPU_THREADS_PER_DEVICE = 8
+
+
+def cpu_thread_pool_env(devices: int) -> dict:
+    """Environment that sizes XLA:CPU's thread pools for `devices` simulated devices (see CPU_THREADS_PER_DEVICE)."""
+    return {"PJRT_NPROC": str(CPU_THREADS_PER_DEVICE * devices)}
+
+
 TINY = {
     "log_every_steps": 1,
     "eval_every_steps": 0,
@@ -73,6 +87,7 @@ def xlgen_env(cache: str, devices: int = 8) -> dict:
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0 "
             + CPU_COLLECTIVE_TIMEOUTS,
             "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""),
+            **cpu_thread_pool_env(devices),
         }
     )
     return env

@@ -116,6 +116,13 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
     args = _train_eval_parser(cmd).parse_args(rest)
+    from xlgen import outdir
+
+    try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)
+        outdir.check_dir_path(args.workdir, "--workdir") if cmd == "train" else outdir.check_nonempty(args.workdir)
+    except outdir.OutputPathError as e:
+        print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
+        return 2
     sweep = None  # `xlgen eval --config.eval.mem_len=64,128,256`: one evaluation per memory length (eval_sweep.py)
     if cmd == "eval" and "," in str(overrides.get("eval.mem_len", "")):
         from xlgen.train import eval_sweep
@@ -328,12 +335,13 @@ def no_space_message(e: OSError, workdir: str) -> str:
 def diverged_resume_command(e, config, config_path: str, overrides, workdir: str) -> str:
     """The command that continues a run stopped by the health guard: from its good checkpoint (the later ones
     were set aside) with the learning rate it was trained with when that was lower, else 10x lower; `--restart`
-    when no checkpoint remains."""
+    when no checkpoint remains. A run started from the workdir alone (no --config) is continued the same way (its
+    config.json), so the command runs as printed."""
     xlgen = user_command("xlgen") or f"{shlex.quote(sys.executable)} -m xlgen.cli"
     lr = float(config.optimizer.learning_rate)
     lr = e.good_lr if e.good_lr and e.good_lr < lr else lr / 10
     keep = {k: v for k, v in overrides.items() if k != "optimizer.learning_rate"}
-    args = [f"--config={config_path}"] + [f"--config.{k}={v}" for k, v in keep.items()]
+    args = ([f"--config={config_path}"] if config_path else []) + [f"--config.{k}={v}" for k, v in keep.items()]
     args += [f"--config.optimizer.learning_rate={lr:g}", f"--workdir={shown_path(workdir)}"]
     if e.good_step is None:
         args.append("--restart")

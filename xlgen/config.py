@@ -276,6 +276,8 @@ _POSITIVE = (
     "model.d_head",
     "model.n_layer",
     "optimizer.grad_accum_steps",
+    "optimizer.adafactor.min_dim_size_to_factor",
+    "optimizer.adafactor.decay_rate",
 )
 _NON_NEGATIVE = (
     "data.seq_len",  # finetuning: 0 until resolved from the task's max_seq_length
@@ -295,7 +297,13 @@ _NON_NEGATIVE = (
     "watchdog.straggler_factor",
     "model.dropout",
     "model.dropatt",
+    "optimizer.adafactor.eps",
 )
+# key -> (low, high, why): closed intervals, or a value outside it (`off`) meaning "disabled"
+_BOUNDED = {
+    "optimizer.adafactor.momentum": (0.0, 1.0, "must be in [0, 1) (0 = no first moment)"),
+    "optimizer.adafactor.clipping_threshold": (1.0, float("inf"), "must be 0 (off) or >= 1 (block-RMS clipping)"),
+}
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -322,6 +330,12 @@ def validate(config: ConfigDict) -> ConfigDict:
         v = _get(config, key)
         if v is not None and number(key, v) < 0:
             bad(key, v, "must be >= 0")
+    for key, (low, high, why) in _BOUNDED.items():
+        v = _get(config, key)
+        if v is None or number(key, v) == 0:
+            continue
+        if not (low <= v <= high) or (key.endswith("momentum") and v >= 1):
+            bad(key, v, why)
     lr = _get(config, "optimizer.learning_rate")
     if lr is not None and number("optimizer.learning_rate", lr) <= 0:
         bad("optimizer.learning_rate", lr, "must be a finite number > 0")
@@ -395,6 +409,12 @@ def parse_json_config(data: bytes, path: str) -> ConfigDict:
     return validate(from_json_dict(d))
 
 
+# The run-health defaults (xlgen/train/guards.py), declared once: base_config and runs whose stored config.json
+# predates a key use these.
+MAX_NONFINITE_STEPS = 10
+DIVERGENCE_FACTOR = 3.0
+
+
 def base_config() -> ConfigDict:
     """Every training key with its default; config files start from this and set `model` and `data`.
 
@@ -449,6 +469,22 @@ def base_config() -> ConfigDict:
             # (xlgen/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
             schedule_history=(),
             state_dtype="",  # optimizer state (Adam moments) storage dtype: "" = the parameters', or "bfloat16"
+            # name "lamb": which parameters get the trust ratio ("xlgen": not biases / LayerNorm; "all"); optim.py
+            lamb=ConfigDict(dict(trust_ratio_mask="xlgen")),
+            # name "adafactor": optax.adafactor's options (xlgen/optim.py); clipping_threshold / momentum 0 = off
+            adafactor=ConfigDict(
+                dict(
+                    factored=True,
+                    min_dim_size_to_factor=128,
+                    decay_rate=0.8,
+                    clipping_threshold=1.0,
+                    multiply_by_parameter_scale=True,
+                    momentum=0.0,
+                    eps=1e-30,
+                    relative_step=False,
+                    warmup_init=False,
+                )
+            ),
         )
     )
     # num_devices 0 = all; num_slices: slices over DCN (`data` spans them; xlgen.sharding.make_mesh)
@@ -477,8 +513,9 @@ def base_config() -> ConfigDict:
     c.trackers = ""
     c.tracking = ConfigDict(dict(project="xlgen", run_name="", mlflow_uri=""))  # mlflow_uri "" = WORKDIR/mlruns
     # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
-    c.max_nonfinite_steps = 10
-    # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one: no
-    # checkpoint is saved during such a streak and max_nonfinite_steps of them in a row stop the run (0 = off)
-    c.divergence_factor = 3.0
+    c.max_nonfinite_steps = MAX_NONFINITE_STEPS
+    # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one (so is one
+    # above a uniform guess, log V, once the model has beaten it): no checkpoint is saved during such a streak and
+    # max_nonfinite_steps of them in a row stop the run (0 = off)
+    c.divergence_factor = DIVERGENCE_FACTOR
     return c

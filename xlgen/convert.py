@@ -61,7 +61,7 @@ def convert(ckpt_prefix: str, family_name: str, config_path: str, out_dir: str):
     ckpt = TFCheckpoint(ckpt_prefix)
     module = family.from_tf.load(ckpt, config)
     hf_config, state_dict = family.to_hf(module)
-    return save_hf(out_dir, hf_config, state_dict), hf_config["architectures"][0]
+    return save_hf(out_dir, hf_config, state_dict, flag="--out"), hf_config["architectures"][0]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -77,8 +77,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
-    from xlgen import runtime
+    from xlgen import outdir, runtime
 
+    try:  # checked before the checkpoint is read: a refused --out changes nothing
+        outdir.check_export_dir(args.out, "--out")
+    except outdir.OutputPathError as e:
+        print(f"xlgen convert: error: {e}", file=sys.stderr)
+        return 2
     runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
     try:
         out, arch = convert(args.from_tf, args.family, args.config, args.out)

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -74,18 +72,17 @@ def _write_json(path: str, obj: Any) -> None:
         f.write("\n")
 
 
-def save_hf(out_dir: str, hf_config: Dict[str, Any], state_dict: Dict[str, np.ndarray], tokenizer=None) -> str:
-    """Write `config.json`, `model.safetensors` (and tokenizer files) into `out_dir` atomically: everything goes to
-    a temporary sibling directory first, which then replaces `out_dir`."""
+def save_hf(
+    out_dir: str, hf_config: Dict[str, Any], state_dict: Dict[str, np.ndarray], tokenizer=None, flag: str = "--to-hf"
+) -> str:
+    """Write `config.json`, `model.safetensors` (and tokenizer files) as the export directory `out_dir`: a new or
+    empty directory, or a previous export (`xlgen.outdir.write_export_dir`: staged in a temporary sibling, then
+    moved in; anything else is refused with OutputPathError before anything is written)."""
     from safetensors.numpy import save_file
 
-    out_dir = os.path.abspath(out_dir)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise FileExistsError(f"--to-hf={out_dir}: exists and is not a directory")
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
-    try:
+    from xlgen import outdir
+
+    def fill(tmp: str) -> None:
         cfg = dict(hf_config)
         cfg.setdefault("torch_dtype", "float32")
         cfg.setdefault("transformers_version", "4.34.1")
@@ -94,22 +91,8 @@ def save_hf(out_dir: str, hf_config: Dict[str, Any], state_dict: Dict[str, np.nd
         save_file(arrays, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             write_tokenizer(tokenizer, tmp, cfg.get("model_type", ""))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp and safetensors create 0700 / 0600: a model directory is shared
-        for name in os.listdir(tmp):
-            os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
-        if os.path.isdir(out_dir):
-            old = out_dir + ".old-" + os.path.basename(tmp)
-            os.rename(out_dir, old)
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+
+    return outdir.write_export_dir(out_dir, fill, flag=flag, kind="hf")
 
 
 def export_model(model, out_dir: str, tokenizer=None) -> str:
@@ -242,8 +225,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--no-tokenizer", action="store_true", help="write only config.json and model.safetensors")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
-    from xlgen import runtime
+    from xlgen import outdir, runtime
 
+    try:  # the output directory is checked before the model is read (a refusal changes nothing)
+        outdir.check_export_dir(args.to_hf, "--to-hf")
+        if not args.workdir:
+            raise outdir.OutputPathError("--workdir is empty: give the run directory to export")
+    except outdir.OutputPathError as e:
+        print(f"xlgen export: error: {e}", file=sys.stderr)
+        return 2
     runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
     try:
         out = export_workdir(args.workdir, args.to_hf, args.step, with_tokenizer=not args.no_tokenizer)

@@ -355,6 +355,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--mem_len", type=int, default=None, help="memory length (default: the model's mem_len)")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
+    for flag in ("workdir", "model"):
+        if getattr(args, flag) is not None and not getattr(args, flag).strip():
+            print(f"xlgen generate: error: --{flag} is empty: give a directory path", file=sys.stderr)
+            return 2
     from xlgen import runtime
 
     runtime.setup_runtime(args.platform or runtime.default_platform(), "off")

@@ -11,6 +11,30 @@ from lr(S) to the same floor at the new total (`continue_schedule`; recorded in 
            -> * lr(t) -> [lr mode: * layer_scale] -> * -1
     (`optimizer.name=sgd`: no Adam and no weight decay, the plain SGD update -lr(t) * grad)
 
+Large-batch optimizers (`optimizer.name`), the same chain around them (clipping, layer-wise decay, parameter groups):
+
+* "lamb" (You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes", 2020): `optax.lamb`'s
+  building blocks, u = Adam direction + weight_decay · mask · param, then the layer-wise trust ratio
+  u *= ||param|| / ||u|| (`optax.scale_by_trust_ratio`; 1 where either norm is 0), then * lr(t). The trust ratio is
+  skipped for the parameters `optimizer.lamb.trust_ratio_mask` excludes: "xlgen" (default) = biases and LayerNorm
+  parameters (the reference BERT LAMB's `exclude_from_layer_adaptation`, which defaults to its weight-decay
+  exclusion), "original" = the same with r_w/r_r/r_s_bias adapted, "all" = every parameter adapted (= `optax.lamb`).
+  Weight decay uses `optimizer.weight_decay` with `optimizer.weight_decay_mask`.
+* "adafactor" (Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost", 2018):
+  `optax.adafactor` with `optimizer.adafactor.*`: `factored` second moments (a matrix's row and column means of g²
+  instead of g², for parameters with two dimensions >= `min_dim_size_to_factor`), the decay 1 - t^-`decay_rate`,
+  update clipping to block RMS `clipping_threshold` (0 = off), `multiply_by_parameter_scale` (the step relative to
+  RMS(param)), `momentum` (0 = no first moment: the memory-saving default), `eps`; weight decay (not scaled by
+  lr(t), as in optax) with `optimizer.weight_decay_mask`. `relative_step=True` replaces lr(t) by Adafactor's
+  relative step size min(learning_rate, 1/sqrt(t)) (t from 1; `warmup_init=True`: min(1e-6 · t, 1/sqrt(t))), as
+  the paper (learning_rate 1e-2) and Hugging Face's `Adafactor(relative_step=True)`.
+
+For both, a scanned stack (parameters with a leading `layers` logical axis) is split per layer: LAMB's trust ratio
+and all of Adafactor (factoring, clipping, parameter scale) run on each layer's slice (`per_layer_slices`), so a
+scanned model gets the updates of the unscanned one, as the layer-wise decay does. Adafactor's factored moments
+(shape of the parameter with one dimension dropped) are sharded like their parameter without that dimension
+(`xlgen.sharding.opt_state_shardings`).
+
 Adam update rule (`optimizer.update_rule`):
 
 * "optax" (default): `optax.scale_by_adam` (bias-corrected moments, eps added to sqrt(v_hat)), then
@@ -344,6 +368,87 @@ def frozen_parameters(config, names: Sequence[str]) -> Optional[frozenset]:
     return frozenset(frozen) or None
 
 
+OPTIMIZERS = ("adamw", "adam", "sgd", "lamb", "adafactor")
+TRUST_RATIO_MASKS = WEIGHT_DECAY_MASKS
+
+
+def relative_step_schedule(cap: float, warmup_init: bool = False) -> optax.Schedule:
+    """Adafactor's relative step size: lr(t) = min(cap, 1/sqrt(t + 1)) for update t = 0, 1, ... (`warmup_init`:
+    min(1e-6 · (t + 1), 1/sqrt(t + 1)), the cap unused), as Hugging Face's `Adafactor(relative_step=True)`."""
+
+    def schedule(count):
+        t = jnp.asarray(count, jnp.float32) + 1.0
+        first = 1e-6 * t if warmup_init else jnp.float32(cap)
+        return jnp.minimum(first, jax.lax.rsqrt(t))
+
+    return schedule
+
+
+def stacked_axes(meta: Dict[str, Tuple[Tuple[int, ...], Tuple]]) -> Dict[str, int]:
+    """{name: position of the `layers` logical axis} of the scanned stacks among the parameters."""
+    from xlgen.models.numbering import stack_axis
+
+    out = {}
+    for name, (_, axes) in meta.items():
+        axis = stack_axis(axes)
+        if axis is not None:
+            out[name] = axis
+    return out
+
+
+def per_layer_slices(make, names: Sequence[str], stacked: Dict[str, int]) -> optax.GradientTransformation:
+    """`make(names) -> GradientTransformation` over the dict of those parameters, run on each layer of a scanned
+    stack separately: `make(unstacked)` on the other parameters as they are, `jax.vmap` of `make(stacked)` over the
+    `layers` axis of the stacks (state batched on axis 0). Without stacks: `make(names)` itself."""
+    plain = [n for n in names if n not in stacked]
+    stack = [n for n in names if n in stacked]
+    if not stack:
+        return make(list(names))
+    tx_plain, tx_stack = make(plain), make(stack)
+    axes = {n: stacked[n] for n in stack}
+
+    def sub(tree, keys):
+        return None if tree is None else {k: tree[k] for k in keys}
+
+    def init(params):
+        return (tx_plain.init(sub(params, plain)), jax.vmap(tx_stack.init, in_axes=(axes,))(sub(params, stack)))
+
+    def update(updates, state, params=None):
+        u_plain, s_plain = tx_plain.update(sub(updates, plain), state[0], sub(params, plain))
+        in_params = axes if params is not None else None
+        u_stack, s_stack = jax.vmap(tx_stack.update, in_axes=(axes, 0, in_params), out_axes=(axes, 0))(
+            sub(updates, stack), state[1], sub(params, stack)
+        )
+        return {**u_plain, **u_stack}, (s_plain, s_stack)
+
+    return optax.GradientTransformation(init, update)
+
+
+def _lamb_trust_ratio(names: Sequence[str], mask: Dict[str, bool]) -> optax.GradientTransformation:
+    """`optax.scale_by_trust_ratio` on the parameters `mask` selects (all: the plain transformation)."""
+    if all(mask[n] for n in names):
+        return optax.scale_by_trust_ratio()
+    return optax.masked(optax.scale_by_trust_ratio(), {n: mask[n] for n in names})
+
+
+def _adafactor(ada, schedule, names: Sequence[str], wd: float, mask) -> optax.GradientTransformation:
+    """`optax.adafactor` with `optimizer.adafactor.*` over the parameters `names` (module docstring)."""
+    clip = float(ada.get("clipping_threshold", 1.0) or 0.0)
+    momentum = float(ada.get("momentum", 0.0) or 0.0)
+    return optax.adafactor(
+        learning_rate=schedule,
+        min_dim_size_to_factor=int(ada.get("min_dim_size_to_factor", 128)),
+        decay_rate=float(ada.get("decay_rate", 0.8)),
+        multiply_by_parameter_scale=bool(ada.get("multiply_by_parameter_scale", True)),
+        clipping_threshold=clip if clip > 0 else None,
+        momentum=momentum if momentum > 0 else None,
+        weight_decay_rate=wd if wd > 0 else None,
+        eps=float(ada.get("eps", 1e-30)),
+        factored=bool(ada.get("factored", True)),
+        weight_decay_mask=None if mask is None else {n: mask[n] for n in names},
+    )
+
+
 def make_optimizer(
     opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str] = None
 ) -> Tuple[optax.GradientTransformation, optax.Schedule]:
@@ -352,8 +457,8 @@ def make_optimizer(
     Layer decay (`lr_layer_decay_rate` != 1): the layer of every parameter comes from `layer_ids(meta, family)`,
     family one of "transformer_xl", "xlnet", "funnel" (`config.model.family`)."""
     schedule = make_schedule(opt_cfg, total_steps)
-    if opt_cfg.name not in ("adamw", "adam", "sgd"):
-        raise ValueError(f"optimizer.name={opt_cfg.name!r}: expected adamw, adam or sgd")
+    if opt_cfg.name not in OPTIMIZERS:
+        raise ValueError(f"optimizer.name={opt_cfg.name!r}: expected one of {', '.join(OPTIMIZERS)}")
     rate = float(opt_cfg.lr_layer_decay_rate)
     mode = opt_cfg.layer_decay_mode
     if mode not in ("lr", "faithful"):
@@ -361,8 +466,10 @@ def make_optimizer(
     rule = opt_cfg.get("update_rule", "optax")
     if rule not in UPDATE_RULES:
         raise ValueError(f"optimizer.update_rule={rule!r}: expected one of {UPDATE_RULES}")
+    if rule != "optax" and opt_cfg.name in ("lamb", "adafactor"):
+        raise ValueError(f"optimizer.update_rule={rule!r} applies to adam/adamw; optimizer.name={opt_cfg.name!r}")
     scales = layer_decay_scales(meta, family, rate)
-    wd = float(opt_cfg.weight_decay) if opt_cfg.name == "adamw" else 0.0
+    wd = float(opt_cfg.weight_decay) if opt_cfg.name in ("adamw", "lamb", "adafactor") else 0.0
     mask = weight_decay_mask(list(meta), opt_cfg.get("weight_decay_mask", "xlgen")) if wd > 0 else None
     groups = opt_cfg.get("param_groups", None)
     group_scales, frozen, _ = param_group_scales(list(meta), groups, float(opt_cfg.learning_rate))
@@ -374,15 +481,29 @@ def make_optimizer(
     if rate != 1.0 and mode == "faithful":
         parts.append(scale_by_tree(scales))
     b1, b2, eps = float(opt_cfg.b1), float(opt_cfg.b2), float(opt_cfg.eps)
-    if opt_cfg.name == "sgd":  # plain SGD: the update is -lr(t) * grad (Planetoid's optimiser)
-        pass
-    elif rule == "original":
-        parts.append(original_adam(b1, b2, eps, bool(opt_cfg.get("bias_correction", True)), wd, mask))
+    names, stacked = list(meta), stacked_axes(meta)
+    if opt_cfg.name == "adafactor":  # its own lr(t) scaling and sign inside `optax.adafactor`
+        ada = opt_cfg.get("adafactor", None) or {}
+        if bool(ada.get("relative_step", False)):
+            schedule = relative_step_schedule(float(opt_cfg.learning_rate), bool(ada.get("warmup_init", False)))
+        parts.append(per_layer_slices(lambda ns: _adafactor(ada, schedule, ns, wd, mask), names, stacked))
     else:
-        parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
-        if wd > 0:
-            parts.append(optax.add_decayed_weights(wd, mask=mask))
-    parts.append(optax.scale_by_learning_rate(schedule))
+        if opt_cfg.name == "sgd":  # plain SGD: the update is -lr(t) * grad (Planetoid's optimiser)
+            pass
+        elif rule == "original":
+            parts.append(original_adam(b1, b2, eps, bool(opt_cfg.get("bias_correction", True)), wd, mask))
+        else:
+            parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+            if wd > 0:
+                parts.append(optax.add_decayed_weights(wd, mask=mask))
+        if opt_cfg.name == "lamb":
+            lamb = opt_cfg.get("lamb", None) or {}
+            kind = lamb.get("trust_ratio_mask", "xlgen")
+            if kind not in TRUST_RATIO_MASKS:
+                raise ValueError(f"optimizer.lamb.trust_ratio_mask={kind!r}: expected one of {TRUST_RATIO_MASKS}")
+            trust = weight_decay_mask(names, kind)
+            parts.append(per_layer_slices(lambda ns: _lamb_trust_ratio(ns, trust), names, stacked))
+        parts.append(optax.scale_by_learning_rate(schedule))
     if rate != 1.0 and mode == "lr":
         parts.append(scale_by_tree(scales))
     if groups:  # per-group learning rate; 0 for frozen groups (weight decay included)

@@ -162,6 +162,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default=None, help="PNG path (default: WORKDIR/plots/training.png)")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
+        if not all(w.strip() for w in args.workdir):
+            raise ValueError("--workdir is empty: give a directory path")
+        if args.out:  # an existing file that is not an earlier figure is not replaced
+            from data_pipelines import output_paths
+
+            output_paths.check_output_file(args.out, "--out")
         out = plot([paths.display(w) for w in args.workdir], args.out)
     except (FileNotFoundError, ValueError) as e:
         print(f"xlgen plot: error: {e}", file=sys.stderr)

@@ -63,8 +63,8 @@ def register(family: Family) -> Family:
 def _installed() -> Dict[str, str]:
     """{name: "module:attribute"} of the systems installed packages declare in their metadata:
 
-        [project.entry-points."xlgen.systems"]          # pyproject.toml (setup.py: entry_points={...})
-        my_system = "my_package.system:FAMILY"
+    [project.entry-points."xlgen.systems"]          # pyproject.toml (setup.py: entry_points={...})
+    my_system = "my_package.system:FAMILY"
     """
     return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 

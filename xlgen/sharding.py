@@ -377,15 +377,39 @@ def addressable_batch_rows(mesh: Mesh, global_batch: int) -> Tuple[int, int]:
 
 
 def opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh: Mesh):
-    """Each optimizer-state leaf that mirrors a parameter (same dict key, same shape) takes its sharding; the rest
-    (counts, scalars) is replicated."""
+    """Each optimizer-state leaf that mirrors a parameter (same dict key, same shape) takes its sharding; a leaf
+    shaped like its parameter with one dimension dropped (Adafactor's factored row / column moments: `v_row`
+    drops the larger of the two largest dimensions, `v_col` the other, optax's rule) takes the parameter's spec
+    without that dimension; the rest (counts, scalars) is replicated."""
     rep = replicated(mesh)
+
+    def dropped_dim(path, shape, leaf_shape):
+        fields = {getattr(p, "name", None) for p in path}
+        which = -1 if "v_row" in fields else -2 if "v_col" in fields else 0
+        if not which or len(leaf_shape) != len(shape) - 1:
+            return None
+        # optax's `_factored_dims` on the whole parameter, or on each layer of a stack (state batched on axis 0)
+        for offset, dims in ((0, shape), (1, shape[1:])):
+            if len(dims) >= 2 and (offset == 0 or leaf_shape[0] == shape[0]):
+                d = offset + int(np.argsort(dims, kind="stable")[which])
+                if tuple(np.delete(shape, d)) == leaf_shape:
+                    return d
+        return None
 
     def pick(path, leaf):
         for p in reversed(path):
             k = getattr(p, "key", None)
-            if isinstance(k, str) and k in param_shardings and tuple(leaf.shape) == param_shapes[k]:
+            if not (isinstance(k, str) and k in param_shardings):
+                continue
+            shape, leaf_shape = tuple(param_shapes[k]), tuple(leaf.shape)
+            if leaf_shape == shape:
                 return param_shardings[k]
+            # a scanned stack's per-layer state is batched on axis 0 (`xlgen.optim.per_layer_slices`)
+            d = dropped_dim(path, shape, leaf_shape)
+            if d is not None:
+                spec = list(param_shardings[k].spec) + [None] * (len(shape) - len(param_shardings[k].spec))
+                del spec[d]
+                return NamedSharding(mesh, P(*spec))
         return rep
 
     return jax.tree_util.tree_map_with_path(pick, abstract_opt)

@@ -14,13 +14,34 @@ from data_pipelines import paths
 EFFECTIVE_EPS = (1e-3, 1e-4, 1e-5)
 
 
+class _ToolParser(argparse.ArgumentParser):
+    """Checks the output files (`--json`, `--png`) before the tool runs: a path that cannot be written, or an
+    existing file that is not an earlier report or figure, is a one-line error (exit 2)."""
+
+    def parse_args(self, args=None, namespace=None):
+        from data_pipelines import output_paths
+
+        ns = super().parse_args(args, namespace)
+        workdirs = getattr(ns, "workdir", None)
+        for w in workdirs if isinstance(workdirs, list) else [workdirs]:
+            if w is not None and not str(w).strip():
+                self.exit(2, f"{self.prog}: error: --workdir is empty: give a directory path\n")
+        for flag in ("json", "png"):
+            if getattr(ns, flag, ""):
+                try:
+                    output_paths.check_output_file(getattr(ns, flag), f"--{flag}")
+                except output_paths.OutputPathError as e:
+                    self.exit(2, f"{self.prog}: error: {e}\n")
+        return ns
+
+
 def tool_parser(
     tool: str, doc: str, *, json: str = "", png: Optional[str] = "", platform: bool = True
 ) -> argparse.ArgumentParser:
     """The parser of `xlgen analyze <tool>` (description: the first paragraph of the tool's docstring `doc`) with
     the options the tools share: `--json` (the report; help `json`), `--png` (its figure; help `png`, None = the tool
     draws none) and, for tools that run a model, `--platform`."""
-    p = argparse.ArgumentParser(prog=f"xlgen analyze {tool}", description=doc.split("\n\n")[0])
+    p = _ToolParser(prog=f"xlgen analyze {tool}", description=doc.split("\n\n")[0])
     p.add_argument("--json", default="", help=json or "write the report here (JSON)")
     if png is not None:
         p.add_argument("--png", default="", help=png or "draw the report's figure here")

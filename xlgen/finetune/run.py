@@ -4,7 +4,6 @@ a finetune workdir. The package docstring (`xlgen.finetune`) describes the run."
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -69,8 +68,14 @@ def command(
     """Finetune (or, `eval_only`, re-evaluate) the run in `workdir`; prints the results; the exit status.
     `xlgen eval` on a finetune workdir calls this with `eval_only=True`."""
     from xlgen import config as config_lib
+    from xlgen import outdir
     from xlgen.runtime import default_platform, setup_runtime
 
+    try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)
+        outdir.check_nonempty(workdir) if eval_only else outdir.check_dir_path(workdir, "--workdir")
+    except outdir.OutputPathError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     if eval_only and is_finetune_workdir(workdir):
         config_path = None  # the stored, resolved config is the truth for an existing run
     try:
@@ -106,16 +111,40 @@ def finetune(config, workdir: str, stop_at: Optional[int] = None) -> Dict[str, A
     (`build_program`), a pipeline of tokenized features, the initialisation from `init_from` (fresh runs only), and
     the dev evaluation with the best checkpoint (`best/`, by the task's primary metric) whose results and
     prediction files are written when it improves."""
-    from xlgen.train import guards
+    from xlgen import outdir
 
     t_begin = time.time()
+    if not str(workdir).strip():
+        raise outdir.OutputPathError("--workdir is empty: give the run directory")
     wd = Workdir(workdir)
     wd.require_kind("finetune")  # a pretraining workdir stays untouched
-    # a workdir this call creates is removed again if it fails before its first checkpoint (nothing half-made)
-    cleanup = paths.removed_on_failure(wd.path, keep=("checkpoints", "best")) if _is_main() else None
-    with cleanup or contextlib.nullcontext():
-        with guards.WorkdirLock(wd.path, enabled=_is_main()):  # a second live run on the workdir fails at once
-            return _finetune(config, wd, t_begin, stop_at)
+    check_finetune_workdir(config, wd)  # another task's or model's run stays untouched
+    # a second live run on the workdir fails at once; a workdir this call found absent or empty is removed again
+    # if it fails before the run started (nothing half-made)
+    with outdir.writing_workdir(wd.path, enabled=_is_main()):
+        return _finetune(config, wd, t_begin, stop_at)
+
+
+def check_finetune_workdir(config, wd: Workdir) -> None:
+    """A finetune workdir holding checkpoints of another task, or of a model with other shapes, is an error raised
+    before anything in it changes (re-running the same task resumes or extends it)."""
+    from data_pipelines import paths as paths_lib
+    from xlgen import outdir
+    from xlgen.train import loop
+
+    old = wd.read_config()
+    if old is None:
+        return
+    if not paths_lib.is_remote(wd.path):
+        has = outdir.committed_steps(wd.checkpoint_dir()) or outdir.committed_steps(wd.checkpoint_dir("best"))
+        if not has:
+            return
+    if old.get("task") != config.get("task"):
+        raise ValueError(
+            f"{wd.path} holds a finetune run of task {old.get('task')!r}, not {config.get('task')!r}; "
+            f"use another --workdir"
+        )
+    loop.check_workdir_compatible(config, wd.path)
 
 
 def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None) -> Dict[str, Any]:
@@ -128,9 +157,8 @@ def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None
     workdir = wd.path  # absolute if local; a URL stays a URL
     task = get_task(config.task)
     is_main = _is_main()
-    if is_main:
-        wd.write_config(config, "finetune")
-    config = localize_data_dir(config)  # after writing: config.json keeps the gs:// data_dir
+    stored = config  # config.json keeps a gs:// data_dir
+    config = localize_data_dir(config)
     tokenizer = load_tokenizer(config)
     t0 = time.time()
     _, train_feats = split_examples_and_features(config, tokenizer, "train", workdir)
@@ -144,6 +172,11 @@ def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None
         )
 
     program = build_program(config, sharding.make_mesh(config.mesh))
+    if is_main:  # the data read and the model built: the run's config is written
+        from xlgen.train import metrics as metrics_lib
+
+        metrics_lib.check_trackers(config)
+        wd.write_config(stored, "finetune")
     bspec = program.objective.batch_shapes(config, "train")
     pipe = FeaturePipeline(
         train_feats, global_batch_size=bspec["input_ids"][0][0], seed=int(config.seed), keys=set(bspec)

@@ -52,6 +52,7 @@ entry; the data pipeline follows from the objective.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -103,6 +104,10 @@ class Objective:
     # it on the latest checkpoint (full=True: every metric and figure, the figures in out_dir) and writes the
     # metrics to DIR/eval_results.json.
     evaluate: Optional[Callable[..., Dict[str, float]]] = None
+    # (config) -> the training loss of a uniform guess (log V for a softmax over V outputs), or None: the health
+    # guard's ceiling (`xlgen.train.guards.HealthGuard`: once the model has beaten it, a loss above it is unhealthy).
+    # None = the objective has no such bound (a sum of losses, a regression, a game).
+    uniform_loss: Optional[Callable[[Any], Optional[float]]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,3 +216,10 @@ def reset_rows(mems, stream_reset):
     """Zero the memory rows whose stream (re)starts: mems [L, b, M, d], stream_reset [b] bool."""
     keep = 1.0 - stream_reset.astype(mems.dtype)
     return mems * keep[None, :, None, None]
+
+
+def log_vocab_size(config) -> Optional[float]:
+    """log V (V = `config.model.vocab_size`): the cross-entropy of a uniform guess over the vocabulary, the
+    `Objective.uniform_loss` of a language-modelling loss; None when the config has no vocabulary size."""
+    v = config.model.get("vocab_size")
+    return math.log(int(v)) if v else None

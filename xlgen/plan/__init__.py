@@ -23,13 +23,19 @@ own roofline estimate when it is larger and not loop-affected); MFU = model FLOP
 so ≤ ≈ 75% with full remat. Both are optimistic bounds: communication that does not overlap and memory-bound ops
 are not modelled beyond XLA's estimate.
 
+Whole run (`xlgen.plan.runcost`): for the config's `total_steps`, `run_time_s` (the roofline step with communication
+× steps, a lower bound), `chip_hours`, `tokens_per_chip_s`; `--topologies=A,B,C` plans each topology (its mesh by
+the rule of `runcost.mesh_for_devices`) and prints one row each; `--today_table A.json ...` renders saved reports as
+the run-cost table of docs/pod_scale.md.
+
 `python -m xlgen.plan --table A.json B.json ... [--into=DOC.md]` renders saved `--json` reports as the markdown pod
 table, `--remat_table` their `--remat_policies` rows as the remat-policy table; `python -m xlgen.plan --refresh A.json ...` recomputes their model FLOPs, traced matmul FLOPs, step time and
 MFU from each report's own config + overrides (a CPU trace, no compile) and rewrites them in place.
 
 Modules: `measure` (the mesh over the topology's devices, the AOT compile, memory and XLA's cost analysis, the
 collectives), `cost` (FLOPs counted on the traced jaxpr, the step-time / MFU model), `report` (one plan, the
-remat-policy comparison, refresh of saved reports, suggestions), `render` (text and the pod table), `cli` (the command).
+remat-policy comparison, refresh of saved reports, suggestions), `render` (text and the pod table), `runcost` (the
+whole run's cost, the sweep, the run-cost table), `cli` (the command).
 """
 
 from xlgen.plan.cost import (  # noqa: F401 - the package's API
@@ -61,6 +67,15 @@ from xlgen.plan.report import (  # noqa: F401
     plan,
     refresh,
     suggestions,
+)
+from xlgen.plan.runcost import (  # noqa: F401
+    TODAY_TABLE_BEGIN,
+    TODAY_TABLE_END,
+    add_run_cost,
+    mesh_for_devices,
+    render_sweep,
+    render_today_table,
+    sweep,
 )
 
 

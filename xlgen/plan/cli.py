@@ -36,6 +36,24 @@ def _parser() -> argparse.ArgumentParser:
         help="number of slices (multislice over DCN; default: the config's mesh.num_slices, which it sets)",
     )
     p.add_argument(
+        "--topologies",
+        metavar="A,B,C",
+        help="sweep: plan the config on each of these topologies (comma-separated; each with --num_slices slices), "
+        "the mesh per topology by the rule of xlgen/plan/runcost.py, and print one row each with the whole run's "
+        "time and chip-hours (--json=PATH: a list of reports)",
+    )
+    p.add_argument(
+        "--json_dir",
+        metavar="DIR",
+        help="with --topologies: also write each topology's report to DIR/<config>_<topology>.json when it is done",
+    )
+    p.add_argument(
+        "--today_table",
+        nargs="+",
+        metavar="REPORT.json",
+        help="render saved --json reports as the markdown run-cost table (docs/pod_scale.md, today's chips) and exit",
+    )
+    p.add_argument(
         "--json",
         nargs="?",
         const="-",
@@ -79,6 +97,38 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sweep(args, config, override_list) -> int:
+    from xlgen import topology as topo
+    from xlgen.plan.runcost import config_for_topology, render_sweep, sweep
+
+    names = [n.strip() for n in args.topologies.split(",") if n.strip()]
+    try:
+        for name in names:  # every topology and its mesh checked before the first compile
+            topo.parse_topology(name, args.num_slices)
+            config_for_topology(config, name, args.num_slices)
+    except ValueError as e:
+        print(f"xlgen plan: error: --topologies: {e}", file=sys.stderr)
+        return 2
+    if args.json_dir:
+        os.makedirs(args.json_dir, exist_ok=True)
+    try:
+        reports = sweep(
+            args.config, names, args.num_slices, config=config, overrides=override_list, json_dir=args.json_dir or ""
+        )
+    except RuntimeError as e:
+        print(f"xlgen plan: error: {e}", file=sys.stderr)
+        return 1
+    if args.json and args.json != "-":
+        from data_pipelines import paths
+
+        paths.write_json_atomic(args.json, reports)
+    elif args.json == "-":
+        print(json.dumps(reports, indent=2, sort_keys=True))
+        return 0
+    print(render_sweep(reports))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     # Off a TPU host the default backend must be the CPU: the TPU plugin is only used to compile for the topology.
     if not (os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):
@@ -97,6 +147,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"step >= {r['step_time_s'] * 1e3:.1f} ms, MFU <= {100 * r['mfu']:.1f}%"
             )
         return 0
+    if args.today_table:
+        from xlgen.plan.runcost import TODAY_TABLE_BEGIN, TODAY_TABLE_END, render_today_table
+
+        reports = []
+        for path in args.today_table:
+            with open(path) as f:
+                reports.append(json.load(f))
+        table = render_today_table(reports)
+        if args.into:
+            replace_between_markers(args.into, table, TODAY_TABLE_BEGIN, TODAY_TABLE_END)
+        print(table)
+        return 0
     if args.table or args.remat_table:
         reports = []
         for path in args.table or args.remat_table:
@@ -111,8 +173,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             replace_between_markers(args.into, table, *markers)
         print(table)
         return 0
-    if not args.config or not args.topology:
-        _parser().error("--config and --topology are required")
+    if not args.config or not (args.topology or args.topologies):
+        _parser().error("--config and --topology (or --topologies) are required")
+    if args.topology and args.topologies:
+        _parser().error("give --topology or --topologies, not both")
     try:
         config = load_config(args.config, overrides)
     except ConfigError as e:
@@ -133,6 +197,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
         return 2
     override_list = [f"--config.{k}={v}" for k, v in overrides.items()]
+    if args.topologies:
+        return _sweep(args, config, override_list)
     report = plan(config, args.topology, args.num_slices, config_path=args.config, overrides=override_list)
     if args.remat_policies:
         from xlgen.models.layers import REMAT_POLICIES

@@ -86,7 +86,8 @@ def derive_timing(report: Dict[str, Any]) -> Dict[str, Any]:
     or XLA's own roofline estimate when larger (same condition). MFU <= model FLOPs (analytic, no remat) /
     (devices · peak · step time): with full remat the executed work is ≈ 4/3 of the model's, so MFU <= ≈ 75%.
     With the compiled step's roofline (`roofline_time_s`): `roofline_mfu` = model FLOPs / (devices · peak · roofline
-    time), and the roofline with communication (overlapped: max, not: sum).
+    time), and the roofline with communication (overlapped: max, not: sum). With `total_steps`: the whole run's
+    cost (`xlgen.plan.runcost.add_run_cost`).
     """
     fl = report["flops_per_step"]
     n, peak = report["devices"], report["peak_bf16_flops_per_device"]
@@ -126,7 +127,9 @@ def derive_timing(report: Dict[str, Any]) -> Dict[str, Any]:
             report["roofline_step_time_bound_s"] = max(roof, comm_s)
             report["roofline_step_time_no_overlap_s"] = roof + comm_s
             report["roofline_mfu_with_comm"] = fl["analytic_model"] / (n * peak * max(roof, comm_s))
-    return report
+    from xlgen.plan.runcost import add_run_cost
+
+    return add_run_cost(report)  # the whole run's time, chip-hours and tokens per chip-second
 
 
 def traced_matmul_flops(config, devices=None) -> float:

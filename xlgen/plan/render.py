@@ -36,7 +36,9 @@ def render_text(r: Dict[str, Any]) -> str:
         f"({r['device_kind']})",
         f"mesh              data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']}  rules={r['mesh_rules']}",
         f"global batch      {r['global_batch_size']}",
-        "state / device    " + ", ".join(f"{k} {_gib(v)}" for k, v in r["state_bytes_per_device"].items()),
+        "state / device    "
+        + ", ".join(f"{k} {_gib(v)}" for k, v in r["state_bytes_per_device"].items())
+        + (f"  (optimizer {r['optimizer']})" if r.get("optimizer") else ""),
     ]
     if "arguments" in mem:
         lines.append(
@@ -71,6 +73,13 @@ def render_text(r: Dict[str, Any]) -> str:
             )
     if "roofline_time_s" in r:
         lines += render_roofline(r)
+    if "run_time_s" in r:
+        lines.append(
+            f"whole run         {r['total_steps']} steps >= {r['run_time_s'] / 86400:.2f} days "
+            f"({r['run_step_time_s'] * 1e3:.1f} ms per step: {r['run_step_time_source']}); "
+            f"{r['chip_hours']:.4g} chip-hours on {r['chips']} chips"
+            + (f"; <= {r['tokens_per_chip_s']:.4g} tokens per chip-second" if "tokens_per_chip_s" in r else "")
+        )
     lines.append(f"compile           {r['compile_time_s']:.1f} s (trace+lower {r['trace_lower_time_s']:.1f} s)")
     for s in r.get("suggestions", []):
         lines.append(f"suggestion        {s}")

@@ -53,6 +53,8 @@ def plan(
         "mesh_rules": _plain(config.mesh.get("rules", None)),
         "hbm_per_device": hbm,
         "peak_bf16_flops_per_device": peak,
+        "total_steps": int(config.total_steps) if "total_steps" in config else None,
+        "optimizer": _plain(config.optimizer.get("name", None)) if "optimizer" in config else None,
     }
 
     t0 = time.perf_counter()
@@ -76,6 +78,7 @@ def plan(
         else None
     )
     report["state_bytes_per_device"] = breakdown
+    report["optimizer_state_bytes_per_device"] = int(breakdown.get("opt_state", 0))
     report["batch_bytes_per_device"] = _bytes_per_device(batch)
     bandwidth = topo.hbm_bytes_per_s_per_device(t, devices)
     report["hbm_bytes_per_s_per_device"] = bandwidth
@@ -221,6 +224,9 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
         raise SystemExit(f"{path}: cannot reload its config {report['config']!r}: {e}") from e
     report["flops_per_step"]["analytic_model"] = float(flops.train_flops_per_step(config))
     report["flops_per_step"]["matmul_jaxpr"] = traced_matmul_flops(config, _trace_devices(report))
+    report["total_steps"] = int(config.total_steps)
+    report.setdefault("optimizer", _plain(config.optimizer.get("name", None)))
+    report["optimizer_state_bytes_per_device"] = int(report["state_bytes_per_device"].get("opt_state", 0))
     if ideal:
         fsdp, bw = fsdp_ideal(config, report["topology"], int(report.get("num_slices", 1)))
         report["ideal_comm_bytes_per_device"] = float(fsdp["total"])

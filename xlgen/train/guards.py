@@ -1,7 +1,7 @@
 """Guards of a training run: one live run per workdir, and a stop after too many unhealthy steps.
 
     with WorkdirLock(workdir): ...        a second `xlgen train` on the workdir fails at once (WorkdirBusy)
-    guard = HealthGuard(max_consecutive, divergence_factor, best_loss)
+    guard = HealthGuard(max_consecutive, divergence_factor, best_loss, uniform_loss)
     guard.add(metrics["nonfinite"], metrics["loss"])   per step (device scalars: no host sync)
     guard.check(step)                      at log/checkpoint steps: counts, raises TrainingDiverged
     guard.healthy / guard.watch(c) / guard.proven      save only while healthy; the newest checkpoint proven good
@@ -71,19 +71,31 @@ class WorkdirLock:
         return False
 
 
+UNIFORM_ARMED = 0.9  # the uniform-guess ceiling applies once the best loss is below this fraction of it
+
+
 class HealthGuard:
     """Watches every step's update (skipped: non-finite loss or gradient norm, see program.train_step) and loss.
 
     A step is unhealthy when its update was skipped or its loss diverges: finite but above `divergence_factor` x
-    max(best loss so far, 1) (0: off; the floor 1 keeps small finetuning losses from tripping it).
+    max(best loss so far, 1) (0: off; the floor 1 keeps small finetuning losses from tripping it), or above
+    `uniform_loss` (the loss of a uniform guess, log V for a language model; None: no such bound) once the best
+    loss has been below UNIFORM_ARMED x it (a model that has learned something and is now worse than guessing).
     `max_consecutive` unhealthy steps in a row raise TrainingDiverged (0: never). The loss of step t is computed on
     the parameters of step t-1, so a checkpoint of step c is proven good when step c+1 is healthy: `watch(c)` for
     each saved or restored checkpoint, `proven` is the newest proven one. `healthy`: the last checked step was.
     Flags and losses stay on the device until `check` (at log and checkpoint steps: no extra host sync)."""
 
-    def __init__(self, max_consecutive: int, divergence_factor: float = 0.0, best_loss: Optional[float] = None):
+    def __init__(
+        self,
+        max_consecutive: int,
+        divergence_factor: float = 0.0,
+        best_loss: Optional[float] = None,
+        uniform_loss: Optional[float] = None,
+    ):
         self.max_consecutive = int(max_consecutive)
         self.divergence_factor = float(divergence_factor)
+        self.uniform_loss = None if uniform_loss is None else float(uniform_loss)
         self.best = best_loss  # the lowest healthy loss so far (carried across resumes in the checkpoint meta)
         self.pending: List = []  # (skipped flag, loss) device scalars since the last check
         self.consecutive = 0
@@ -103,10 +115,27 @@ class HealthGuard:
     def healthy(self) -> bool:
         return self.consecutive == 0
 
+    def limit(self) -> Optional[float]:
+        """The loss above which a finite loss is unhealthy now (None: no limit yet)."""
+        limits = []
+        if self.best is not None and self.divergence_factor > 0:
+            limits.append(self.divergence_factor * max(self.best, 1.0))
+        if self.best is not None and self.uniform_loss is not None and self.best < UNIFORM_ARMED * self.uniform_loss:
+            limits.append(self.uniform_loss)
+        return min(limits) if limits else None
+
     def diverging(self, loss: float) -> bool:
-        return (
-            self.divergence_factor > 0 and self.best is not None and loss > self.divergence_factor * max(self.best, 1.0)
-        )
+        limit = self.limit()
+        return limit is not None and loss > limit
+
+    def describe_limit(self) -> str:
+        """What `limit` is, in words (for the message that stops the run)."""
+        parts = []
+        if self.divergence_factor > 0 and self.best is not None:
+            parts.append(f"divergence_factor={self.divergence_factor:g} x the best loss {self.best:.4g}")
+        if self.uniform_loss is not None and self.best is not None and self.best < UNIFORM_ARMED * self.uniform_loss:
+            parts.append(f"{self.uniform_loss:.4g}, the loss of a uniform guess")
+        return " or ".join(parts)
 
     def check(self, step: int) -> None:
         if not self.pending:
@@ -141,10 +170,7 @@ class HealthGuard:
                 if self.nonfinite_in_streak == self.consecutive:
                     what = "had a non-finite loss or gradient norm; their updates were skipped"
                 else:
-                    what = (
-                        f"had a non-finite or diverging loss (above divergence_factor={self.divergence_factor:g} x "
-                        f"the best loss {self.best:.4g}; last {loss:.4g})"
-                    )
+                    what = f"had a non-finite or diverging loss (above {self.describe_limit()}; last {loss:.4g})"
                 raise TrainingDiverged(
                     f"{self.consecutive} consecutive steps (up to step {t}) {what} and the run is stopped "
                     f"(max_nonfinite_steps={self.max_consecutive})."
@@ -153,3 +179,17 @@ class HealthGuard:
     def take_window(self) -> int:
         n, self.window = self.window, 0
         return n
+
+
+def health_guard(config, objective, best_loss: Optional[float] = None) -> HealthGuard:
+    """The run's HealthGuard: `max_nonfinite_steps` and `divergence_factor` of the config (their declared defaults
+    in xlgen.config when a stored config predates them) and the objective's uniform-guess loss."""
+    from xlgen import config as config_lib
+
+    uniform = getattr(objective, "uniform_loss", None)
+    return HealthGuard(
+        int(config.get("max_nonfinite_steps", config_lib.MAX_NONFINITE_STEPS)),
+        float(config.get("divergence_factor", config_lib.DIVERGENCE_FACTOR)),
+        best_loss,
+        uniform(config) if uniform is not None else None,
+    )

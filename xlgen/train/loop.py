@@ -15,7 +15,6 @@ with status 143).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -29,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines import paths
-from xlgen import registry, sharding
+from xlgen import outdir, registry, sharding
 from xlgen.train import goodput, guards, report, tiers, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.profile import StepProfiler
@@ -67,6 +66,8 @@ def check_workdir_compatible(config, workdir: str) -> None:
     old = wd.read_config()
     if old is None or not wd.has_checkpoints():
         return
+    if not paths.is_remote(wd.path) and not outdir.committed_steps(wd.checkpoint_dir()):
+        return  # no committed checkpoint: nothing of the old model to resume
     old_model, new_model = old.model.to_dict(), config.model.to_dict()
     changed = sorted(k for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
     if old.get("objective") != config.get("objective"):
@@ -284,9 +285,10 @@ def run(
     block, skips non-finite updates and writes summary.json at the end.
 
     Health (guards.HealthGuard): checkpoints are saved only while the steps are healthy (no skipped update, no
-    loss above `divergence_factor` x the best), the newest checkpoint proven healthy is pinned through `keep`'s
-    rotation, and `max_nonfinite_steps` unhealthy steps in a row stop the run (TrainingDiverged, `good_step` set)
-    after moving the checkpoints newer than the good one to `checkpoints/diverged-<step>/`.
+    loss above `divergence_factor` x the best, or above a uniform guess once the model has beaten it), the newest
+    checkpoint proven healthy is pinned through `keep`'s rotation, and `max_nonfinite_steps` unhealthy steps in a
+    row stop the run (TrainingDiverged, `good_step` set) after moving the checkpoints newer than the good one to
+    `checkpoints/diverged-<step>/`.
 
     The run is the workdir's writer (the caller holds its lock): a checkpoint that fails verification is moved to
     `checkpoints/corrupt-<step>/`. If checkpoints existed but none is usable and metrics.jsonl holds records, the
@@ -402,9 +404,7 @@ def run(
             print(report.start_block(config, program, mesh, pipeline, wd.path, start), flush=True)
             print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
         progress = metrics_lib.Progress(total, start, enabled=is_main)
-        health = guards.HealthGuard(
-            int(config.get("max_nonfinite_steps", 10)), float(config.get("divergence_factor", 0.0)), best_loss
-        )
+        health = guards.health_guard(config, program.objective, best_loss)
         if restored is not None:
             health.watch(start)
         throughput = report.Throughput()
@@ -587,16 +587,17 @@ def train(config, workdir: str, *, stop_at: Optional[int] = None, restart: bool 
     """Pretrain (or resume) to config.total_steps. `stop_at` (CLI --stop_at_step) saves and stops early at that
     step without changing the schedule, as an interruption would. `restart`: start at step 0 even though the
     workdir's checkpoints all failed (see `run`). Returns `run`'s summary. A second live run on the same workdir
-    fails at once (guards.WorkdirBusy); a workdir of another kind (a finetune run) is an error, left unchanged; a
-    workdir this call creates is removed again when it fails before its first checkpoint (a missing corpus, a bad
-    key: nothing half-made is left)."""
+    fails at once (guards.WorkdirBusy); a workdir of another kind (a finetune run) is an error, left unchanged;
+    everything that can be checked (shapes, data, vocabulary, tokenizer, trackers) is checked before config.json
+    is written; a workdir this call found absent or empty is removed again when it fails before the run started
+    (`outdir.writing_workdir`: nothing half-made is left)."""
     t_begin = time.time()
+    if not str(workdir).strip():
+        raise outdir.OutputPathError("--workdir is empty: give the run directory")
     wd = Workdir(workdir)
     wd.require_kind("pretrain")
-    cleanup = paths.removed_on_failure(wd.path, keep=("checkpoints", "metrics.jsonl"))
-    with cleanup if jax.process_index() == 0 else contextlib.nullcontext():
-        with guards.WorkdirLock(wd.path, enabled=jax.process_index() == 0):
-            return _train(config, wd, stop_at=stop_at, t_begin=t_begin, restart=restart)
+    with outdir.writing_workdir(wd.path, enabled=jax.process_index() == 0):  # a failed start leaves nothing
+        return _train(config, wd, stop_at=stop_at, t_begin=t_begin, restart=restart)
 
 
 def resume_config(config, wd: Workdir):
@@ -653,21 +654,11 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float, resta
     config, done_at, notes = resume_config(config, wd)
     if done_at is not None:
         stop_at = done_at if stop_at is None else min(int(stop_at), done_at)
-    if jax.process_index() == 0:
-        for note in notes:
-            print(f"note: {note}", flush=True)
-        if done_at is None:
-            wd.write_config(config, "pretrain")
     program = build_program(config, sharding.make_mesh(config.mesh))
 
-    # The data first: a missing corpus fails before anything is compiled.
+    # Checked before anything is written: the data (a missing corpus fails before anything is compiled), the
+    # vocabulary, the workdir's tokenizer, the trackers' packages.
     train_pipe = make_pipeline(config, "train")
-    if (
-        jax.process_index() == 0
-    ):  # the run's tokenizer into DIR/tokenizer/, named in config.json (a different one: error)
-        tokenizer_store.save(wd.path, getattr(train_pipe, "tokenizer", None))
-        if hasattr(train_pipe, "record"):  # what the run must keep of its data (e.g. a labeled subset's indices)
-            train_pipe.record(wd.path)
     data_vocab = getattr(train_pipe, "vocab_size", None)
     model_vocab = config.model.get("vocab_size")
     if data_vocab and model_vocab and int(model_vocab) < int(data_vocab):
@@ -675,6 +666,17 @@ def _train(config, wd: Workdir, *, stop_at: Optional[int], t_begin: float, resta
             f"config.model.vocab_size={model_vocab} is smaller than the data's vocabulary "
             f"({data_vocab} symbols, data.source={config.data.get('source')!r})"
         )
+    if jax.process_index() == 0:
+        tokenizer_store.check_can_save(wd.path, getattr(train_pipe, "tokenizer", None))
+        metrics_lib.check_trackers(config)
+        for note in notes:
+            print(f"note: {note}", flush=True)
+        if done_at is None:
+            wd.write_config(config, "pretrain")
+        # the run's tokenizer into DIR/tokenizer/, named in config.json
+        tokenizer_store.save(wd.path, getattr(train_pipe, "tokenizer", None))
+        if hasattr(train_pipe, "record"):  # what the run must keep of its data (e.g. a labeled subset's indices)
+            train_pipe.record(wd.path)
     objective = registry.objective(config)
     if objective.evaluate is not None:  # the objective's own metrics (the cheap ones during training)
 
@@ -712,6 +714,7 @@ def evaluate(config, workdir: str) -> Dict[str, Any]:
     full and also writes DIR/eval_results.json."""
     wd = Workdir(workdir)
     workdir = wd.path
+    outdir.check_workdir_entries(workdir)  # metrics.jsonl (appended to) is a file
     if not wd.has_checkpoints():
         raise FileNotFoundError(
             f"{workdir}: no checkpoints/ directory (train first: xlgen train ... --workdir={workdir})"

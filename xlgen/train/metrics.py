@@ -14,7 +14,6 @@ with a one-line warning.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -29,41 +28,85 @@ from data_pipelines import paths
 log = logging.getLogger("xlgen")
 
 
+def parse_record(line: bytes) -> Dict[str, Any]:
+    """One metrics.jsonl line (bytes, without its newline) as a record; ValueError saying why it is not one (not
+    UTF-8, not JSON, not an object)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})") from None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not a JSON record ({e.msg} at column {e.colno})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"not a JSON record (a {type(rec).__name__}, not an object)")
+    return rec
+
+
 def truncate_after(path: str, step: int) -> int:
-    """Drop records with step > `step` (left by a run that died after its last checkpoint); atomic rewrite.
-    Returns the number of dropped records."""
+    """Drop records with step > `step` (left by a run that died after its last checkpoint) and a last line cut
+    short (a record being written when the run was killed: after its last checkpoint). Every other line that is not
+    a record (bad bytes, garbled JSON) is set aside, appended as it was to `<path>.bad`, with a one-line warning
+    naming the file and lines; every good record is kept. Atomic rewrites (the set-aside lines first). Returns the
+    number of dropped records."""
     p = paths.as_path(path)
     if not p.exists():
         return 0
-    keep, dropped = [], 0
-    for line in io.StringIO(p.read_text()):
+    lines = paths.read_bytes(path).split(b"\n")
+    keep, bad, dropped = [], [], 0
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a kill: drop it
-            dropped += 1
+            rec = parse_record(line)
+        except ValueError as e:
+            if i == len(lines):  # no newline after it: a record cut short by a kill
+                dropped += 1
+            else:
+                bad.append((i, line, str(e)))
             continue
-        if int(rec.get("step", 0)) > step:
+        try:
+            after = int(rec.get("step", 0)) > step
+        except (TypeError, ValueError):
+            bad.append((i, line, f"step {rec.get('step')!r} is not an integer"))
+            continue
+        if after:
             dropped += 1
         else:
-            keep.append(line if line.endswith("\n") else line + "\n")
-    if dropped:
-        paths.atomic_write_text(p, "".join(keep))
+            keep.append(line + b"\n")
+    if bad:
+        aside = f"{path}.bad"
+        old = paths.read_bytes(aside) if paths.as_path(aside).exists() else b""
+        paths.atomic_write_bytes(aside, old + b"".join(line + b"\n" for _, line, _ in bad))
+        where = ", ".join(str(i) for i, _, _ in bad[:10]) + (", ..." if len(bad) > 10 else "")
+        log.warning(
+            "%s: line%s %s not a record (line %d: %s); set aside in %s, %d good records kept",
+            path,
+            "s" if len(bad) > 1 else "",
+            where + (" are" if len(bad) > 1 else " is"),
+            bad[0][0],
+            bad[0][2],
+            aside,
+            len(keep),
+        )
+    if dropped or bad:
+        paths.atomic_write_bytes(path, b"".join(keep))
     return dropped
 
 
 def read_metrics(path: str, *, adhoc: bool = False):
     """The records of a metrics.jsonl; `adhoc`: also those of ad-hoc `xlgen eval` runs (marked "source"), which
-    are not part of the training curves. A line that is not JSON is an error naming the file and line."""
+    are not part of the training curves. A line that is not a record (not UTF-8, not JSON) is an error naming the
+    file and line (`xlgen train` on the workdir sets such lines aside: `truncate_after`)."""
     out = []
-    for i, line in enumerate(paths.read_text(path).splitlines(), 1):
+    for i, line in enumerate(paths.read_bytes(path).split(b"\n"), 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not a JSON record ({e.msg} at column {e.colno})") from None
+            rec = parse_record(line.rstrip(b"\r"))
+        except ValueError as e:
+            raise ValueError(f"{path}:{i}: {e}") from None
         if adhoc or "source" not in rec:
             out.append(rec)
     return out
@@ -253,12 +296,21 @@ def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return out
 
 
-def make_trackers(config, workdir: str) -> list:
-    """The trackers `config.trackers` names (TensorBoard comes from `config.tensorboard`, see MetricsWriter)."""
+def check_trackers(config) -> list:
+    """The tracker names of `config.trackers`; an unknown one or a missing package is an error (checked before
+    a run writes anything)."""
     names = [n.strip() for n in str(config.get("trackers", "") or "").split(",") if n.strip()]
     unknown = sorted(set(names) - set(TRACKERS))
     if unknown:
         raise ValueError(f"trackers={config.trackers!r}: unknown {unknown}; expected a comma list of {list(TRACKERS)}")
+    for n in names:
+        _need(n, n)
+    return names
+
+
+def make_trackers(config, workdir: str) -> list:
+    """The trackers `config.trackers` names (TensorBoard comes from `config.tensorboard`, see MetricsWriter)."""
+    names = check_trackers(config)
     if not names:
         return []
     t = config.get("tracking", {})

@@ -57,16 +57,7 @@ def save(workdir: str, tokenizer) -> Optional[Dict[str, Any]]:
         "tokenizer_vocab_size": int(tokenizer.vocab_size),
     }
     # config.json is rewritten at every (re)start: the stored files are the record of what the run used
-    d = paths.as_path(workdir) / SUBDIR
-    stored = [f for f in d.iterdir() if f.is_file() and ".tmp" not in f.name] if d.is_dir() else []
-    if stored and not any(hashlib.sha256(f.read_bytes()).hexdigest() == new["tokenizer_sha256"] for f in stored):
-        old = stored[0]
-        raise ValueError(
-            f"the data's tokenizer ({new['tokenizer_kind']}, {new['tokenizer_vocab_size']} symbols, sha256 "
-            f"{new['tokenizer_sha256'][:12]}) differs from the one this workdir was trained with: {old} (sha256 "
-            f"{hashlib.sha256(old.read_bytes()).hexdigest()[:12]}); use the same data/tokenizer to resume, or a new "
-            f"--workdir"
-        )
+    check_can_save(workdir, tokenizer)
     paths.makedirs(paths.join(workdir, SUBDIR))
     name = tokenizer.save(paths.join(workdir, SUBDIR))
     new["tokenizer"] = f"{SUBDIR}/{name}"
@@ -75,6 +66,24 @@ def save(workdir: str, tokenizer) -> Optional[Dict[str, Any]]:
     d.setdefault("xlgen", {}).update(new)
     paths.write_json_atomic(str(p), d)
     return new
+
+
+def check_can_save(workdir: str, tokenizer) -> None:
+    """`save` would succeed: a tokenizer already stored in `workdir` that differs from `tokenizer` is an error
+    naming both (checked before anything of the run is written)."""
+    if tokenizer is None or not hasattr(tokenizer, "save") or not hasattr(tokenizer, "fingerprint"):
+        return
+    sha = tokenizer.fingerprint()
+    d = paths.as_path(workdir) / SUBDIR
+    stored = [f for f in d.iterdir() if f.is_file() and ".tmp" not in f.name] if d.is_dir() else []
+    if stored and not any(hashlib.sha256(f.read_bytes()).hexdigest() == sha for f in stored):
+        old = stored[0]
+        raise ValueError(
+            f"the data's tokenizer ({getattr(tokenizer, 'kind', '')}, {int(tokenizer.vocab_size)} symbols, sha256 "
+            f"{sha[:12]}) differs from the one this workdir was trained with: {old} (sha256 "
+            f"{hashlib.sha256(old.read_bytes()).hexdigest()[:12]}); use the same data/tokenizer to resume, or a new "
+            f"--workdir"
+        )
 
 
 def load(workdir: str):

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import csv
 import glob
+import io
 import os
 from typing import Dict, List
 
-from xlgen.finetune.readers.examples import TaskDataError, TextExample, where
+from xlgen.finetune.readers.examples import TaskDataError, TextExample, read_task_text, where
 
 NUM_CLASSES: Dict[str, int] = {"imdb": 2, "yelp2": 2, "yelp5": 5, "dbpedia": 14, "ag": 4, "amazon2": 2, "amazon5": 5}
 
@@ -36,8 +37,8 @@ def read_imdb(data_dir: str, split: str) -> List[TextExample]:
         if not os.path.isdir(d):
             raise FileNotFoundError(f"{d}: missing (imdb expects the aclImdb layout {{train,test}}/{{pos,neg}}/*.txt)")
         for path in sorted(glob.glob(os.path.join(d, "*.txt"))):
-            with open(path, encoding="utf-8") as f:
-                examples.append(TextExample(f"{name}/{os.path.basename(path)}", _clean(f.read()), None, label))
+            text = read_task_text(path)
+            examples.append(TextExample(f"{name}/{os.path.basename(path)}", _clean(text), None, label))
     return examples
 
 
@@ -48,28 +49,27 @@ def read_zhang_csv(task: str, data_dir: str, split: str) -> List[TextExample]:
         raise FileNotFoundError(f"{path}: missing ({task} split {split!r})")
     k = NUM_CLASSES[task]
     examples = []
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f)
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as e:
-                raise TaskDataError(f"{where(path, reader.line_num)}: malformed CSV ({e})") from None
-            line = reader.line_num
-            if len(row) < 2:
-                raise TaskDataError(
-                    f"{where(path, line)}: expected a label and at least one text field, got {len(row)} fields"
-                )
-            try:
-                label = int(row[0]) - 1
-            except ValueError:
-                raise TaskDataError(f"{where(path, line)}: label {row[0]!r} is not an integer class 1..{k}") from None
-            if not 0 <= label < k:
-                raise TaskDataError(f"{where(path, line)}: label {row[0]!r} outside 1..{k} ({task})")
-            text = " ".join(_clean(x) for x in row[1:] if x.strip())
-            examples.append(TextExample(f"{split}-{len(examples)}", text, None, label))
+    reader = csv.reader(io.StringIO(read_task_text(path), newline=""))
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise TaskDataError(f"{where(path, reader.line_num)}: malformed CSV ({e})") from None
+        line = reader.line_num
+        if len(row) < 2:
+            raise TaskDataError(
+                f"{where(path, line)}: expected a label and at least one text field, got {len(row)} fields"
+            )
+        try:
+            label = int(row[0]) - 1
+        except ValueError:
+            raise TaskDataError(f"{where(path, line)}: label {row[0]!r} is not an integer class 1..{k}") from None
+        if not 0 <= label < k:
+            raise TaskDataError(f"{where(path, line)}: label {row[0]!r} outside 1..{k} ({task})")
+        text = " ".join(_clean(x) for x in row[1:] if x.strip())
+        examples.append(TextExample(f"{split}-{len(examples)}", text, None, label))
     return examples
 
 

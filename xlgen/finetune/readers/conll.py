@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from xlgen.finetune.readers.examples import TaskDataError, TokenExample, where
+from xlgen.finetune.readers.examples import TaskDataError, TokenExample, read_task_text, where
 from xlgen.finetune.readers.features import cls_last, pack
 
 SPLIT_FILES = {"train": ("train.txt",), "dev": ("valid.txt", "dev.txt", "testa.txt"), "test": ("test.txt", "testb.txt")}
@@ -48,19 +48,18 @@ def iob1_to_bio(tags: Sequence[str]) -> Tuple[str, ...]:
 def read_conll(path: str) -> List[TokenExample]:
     """Sentences of a CoNLL file, tags converted to BIO; a malformed line is a `TaskDataError` naming it."""
     sentences: List[List[Tuple[str, str]]] = [[]]
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            cols = line.split()
-            if not cols or cols[0] == "-DOCSTART-":
-                if sentences[-1]:
-                    sentences.append([])
-                continue
-            if len(cols) < 2:
-                raise TaskDataError(f"{where(path, n)}: expected 'word ... TAG' (at least two columns), got {line!r}")
-            tag = cols[-1]
-            if tag != "O" and not (tag[:2] in ("B-", "I-") and len(tag) > 2):
-                raise TaskDataError(f"{where(path, n)}: tag {tag!r} is neither O nor B-TYPE / I-TYPE")
-            sentences[-1].append((cols[0], tag))
+    for n, line in enumerate(read_task_text(path).splitlines(), 1):
+        cols = line.split()
+        if not cols or cols[0] == "-DOCSTART-":
+            if sentences[-1]:
+                sentences.append([])
+            continue
+        if len(cols) < 2:
+            raise TaskDataError(f"{where(path, n)}: expected 'word ... TAG' (at least two columns), got {line!r}")
+        tag = cols[-1]
+        if tag != "O" and not (tag[:2] in ("B-", "I-") and len(tag) > 2):
+            raise TaskDataError(f"{where(path, n)}: tag {tag!r} is neither O nor B-TYPE / I-TYPE")
+        sentences[-1].append((cols[0], tag))
     stem = os.path.splitext(os.path.basename(path))[0]
     return [
         TokenExample(f"{stem}-{i}", tuple(w for w, _ in s), iob1_to_bio([t for _, t in s]))

@@ -18,6 +18,21 @@ def where(path: str, line: int | None = None, record: str | None = None) -> str:
     return path
 
 
+def read_task_text(path: str, encoding: str = "utf-8") -> str:
+    """The text of a task file (`encoding` "utf-8" or "utf-8-sig", newlines as they are); bytes that are not UTF-8
+    are a TaskDataError `path:LINE:COLUMN: not UTF-8 text (byte 0x..)`."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise TaskDataError(
+            f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as UTF-8"
+        ) from None
+
+
 def json_error(path: str, e) -> str:
     """`path:LINE:COLUMN: invalid JSON (...)` for a json.JSONDecodeError, saying when the file ends early."""
     size = len(e.doc or "")

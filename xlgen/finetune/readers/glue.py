@@ -13,7 +13,7 @@ import dataclasses
 import os
 from typing import Dict, List, Optional, Tuple
 
-from xlgen.finetune.readers.examples import TaskDataError, TextExample, where
+from xlgen.finetune.readers.examples import TaskDataError, TextExample, read_task_text, where
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +76,7 @@ def read_glue(task: str, data_dir: str, split: str, *, skip_malformed: bool = Fa
     path = glue_file(task, data_dir, split)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: missing (glue/{task} split {split!r})")
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        lines = f.read().split("\n")
+    lines = read_task_text(path, "utf-8-sig").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]

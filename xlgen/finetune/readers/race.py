@@ -12,7 +12,7 @@ import json
 import os
 from typing import List, Sequence
 
-from xlgen.finetune.readers.examples import ChoiceExample, TaskDataError, json_error, where
+from xlgen.finetune.readers.examples import ChoiceExample, TaskDataError, json_error, read_task_text, where
 
 LEVELS = ("middle", "high")
 NUM_OPTIONS = 4
@@ -25,11 +25,10 @@ def read_race(data_dir: str, split: str, levels: Sequence[str] = LEVELS) -> List
         if not os.path.isdir(d):
             raise FileNotFoundError(f"{d}: missing (RACE expects {{train,dev,test}}/{{high,middle}}/*.txt)")
         for path in sorted(glob.glob(os.path.join(d, "*.txt"))):
-            with open(path, encoding="utf-8") as f:
-                try:
-                    doc = json.load(f)
-                except json.JSONDecodeError as e:
-                    raise TaskDataError(json_error(path, e)) from None
+            try:
+                doc = json.loads(read_task_text(path))
+            except json.JSONDecodeError as e:
+                raise TaskDataError(json_error(path, e)) from None
             for key in ("article", "questions", "options", "answers"):
                 if key not in doc:
                     raise TaskDataError(f"{path}: missing key {key!r}")

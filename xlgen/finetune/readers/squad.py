@@ -25,7 +25,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from xlgen.finetune.readers.examples import SquadExample, TaskDataError, json_error, where
+from xlgen.finetune.readers.examples import SquadExample, TaskDataError, json_error, read_task_text, where
 from xlgen.finetune.readers.features import cls_last
 
 SEG_P, SEG_Q, SEG_CLS, SEG_PAD = 0, 1, 2, 4
@@ -46,11 +46,10 @@ def read_squad(path: str, *, version: str, require_answers: bool) -> List[SquadE
     one answer whose `answer_start` indexes its text in the context (train and dev files)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: missing (SQuAD {version})")
-    with open(path, encoding="utf-8") as f:
-        try:
-            doc = json.load(f)
-        except json.JSONDecodeError as e:
-            raise TaskDataError(json_error(path, e)) from None
+    try:
+        doc = json.loads(read_task_text(path))
+    except json.JSONDecodeError as e:
+        raise TaskDataError(json_error(path, e)) from None
     if not isinstance(doc, dict) or "data" not in doc:
         raise TaskDataError(f"{path}: no top-level 'data' list (not a SQuAD file)")
     examples = []

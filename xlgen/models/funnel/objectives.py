@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from xlgen.models.family import Objective, batch_size, model_config
+from xlgen.models.family import Objective, batch_size, log_vocab_size, model_config
 from xlgen.models.funnel.heads import FunnelElectra, electra_loss, mlm_loss, prediction_count, predictions_per_row
 from xlgen.models.funnel.model import FunnelConfig, FunnelForMaskedLM
 
@@ -92,6 +92,7 @@ FUNNEL_MLM = Objective(
     eval_loss=_funnel_mlm_eval,
     tokens_per_step=_funnel_tokens,
     loss_weight=_funnel_mlm_weight,
+    uniform_loss=log_vocab_size,
 )
 # ELECTRA: generator loss (per masked token) + disc_coeff * discriminator loss (per real token) has two normalisers;
 # gradient accumulation averages its micro-batches with equal weights.

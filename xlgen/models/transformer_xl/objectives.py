@@ -8,7 +8,7 @@ import math
 
 import jax.numpy as jnp
 
-from xlgen.models.family import Objective, batch_size, compute_dtype, model_config, reset_rows
+from xlgen.models.family import Objective, batch_size, compute_dtype, log_vocab_size, model_config, reset_rows
 from xlgen.models.transformer_xl.model import TransformerXLConfig, TransformerXLLM
 
 
@@ -87,6 +87,14 @@ def _txl_eval_loss(model, batch, mems, config):
     return (nll.astype(jnp.float32) * valid).sum(), valid.sum(), new_mems
 
 
+def _txl_uniform_loss(config):
+    """log V, unless the training loss is more than the NLL (AdvSoft's margin, output-embedding regularisers)."""
+    out = config.model.get("output") or {}
+    if any(float(out.get(k, 0.0) or 0.0) > 0 for k in ("adv_eps", "cosreg")) or out.get("spectrum_control"):
+        return None
+    return log_vocab_size(config)
+
+
 def _lm_eval_metrics(loss, config):
     out = {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
     if config.eval.get("metric", "ppl") == "bpc":
@@ -106,4 +114,5 @@ TXL_LM = Objective(
     tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.tgt_len),
     eval_metrics=_lm_eval_metrics,
     loss_weight=_txl_loss_weight,
+    uniform_loss=_txl_uniform_loss,
 )

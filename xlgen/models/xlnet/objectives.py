@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from xlgen.models.family import Objective, batch_size, compute_dtype, model_config, reset_rows
+from xlgen.models.family import Objective, batch_size, compute_dtype, log_vocab_size, model_config, reset_rows
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel
 
 
@@ -93,4 +93,5 @@ XLNET_PLM = Objective(
     mems_dtype=compute_dtype,
     tokens_per_step=lambda config: int(config.data.batch_size) * int(config.data.seq_len),
     loss_weight=lambda batch, config: batch["target_mask"].astype(jnp.float32).sum(),
+    uniform_loss=log_vocab_size,
 )
