@@ -49,6 +49,8 @@ setup(
             "gcp-storage-emulator==2026.7.19",
         ],
         "parity": ["torch==2.13.0", "transformers==4.34.1"],
+        # xlgen export --to-onnx (its graph is checked by onnxruntime before it is written; torch from `parity`)
+        "deploy": ["onnx==1.23.2", "onnxruntime==1.31.1"],
         "tpu": ["libtpu==0.0.42.1"],
         # xlgen convert --from-tf reads checkpoints without TensorFlow; the extra brings the crc32c check and the
         # TensorFlow that tests/test_tf_import.py writes its checkpoints with (and HF's TF loaders import)

@@ -16,6 +16,9 @@ import ml_collections
 _COMMON = dict(
     pipeline="lm",
     source="tinyshakespeare",  # embedded corpus name | text file | prepared directory (manifest.json)
+    sources="",  # weighted mixture of prepared corpora "DIR_A:0.75,DIR_B:0.25" (overrides `source`; mixture.py)
+    mix_steps=64,  # mixtures, lm/xlnet: steps a stream stays with one source (an episode)
+    sources_history=(),  # mixtures: ((until step, earlier sources), ...) — filled by the trainer on resume
     vocab="char",  # raw text sources only: char | byte | word
     valid_source="",  # raw text sources: separate valid file ("" = hold out the tail of `source`)
     valid_fraction=0.1,  # raw text sources without valid_source
@@ -87,8 +90,10 @@ def corpus_layout(data_config) -> str:
 
 def corpus_tokenizer(data_config, split: str = "train"):
     """The tokenizer a data config's pipeline encodes with (its corpus's), without building the pipeline."""
-    from data_pipelines import corpus
+    from data_pipelines import corpus, mixture
 
+    if data_config.get("sources"):
+        data_config = _with_source(_resolve(data_config), mixture.resolve_sources(data_config.get("sources"))[0][0])
     return corpus.corpus_from_config(data_config, split, corpus_layout(data_config)).tokenizer
 
 
@@ -163,11 +168,45 @@ PIPELINES = {"lm": lm_pipeline, "xlnet": xlnet_pipeline, "mlm": mlm_pipeline, "e
 
 
 def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, process_count: int = 1):
-    """Builds the pipeline for `data_config.pipeline` and `split` ("train", "valid" or "test")."""
+    """Builds the pipeline for `data_config.pipeline` and `split` ("train", "valid" or "test"). With
+    `data.sources`, training reads the weighted mixture (`data_pipelines.mixture`) and evaluation the first
+    source's split."""
     cfg = _resolve(data_config)
     if split not in ("train", "valid", "test"):
         raise ValueError(f"split={split!r}: expected train, valid or test")
+    if cfg.sources:
+        return mixture_pipeline(cfg, split, process_index, process_count)
     return PIPELINES[cfg.pipeline](cfg, split, process_index, process_count)
+
+
+def _with_source(cfg, source: str) -> ml_collections.ConfigDict:
+    one = ml_collections.ConfigDict(cfg.to_dict())
+    one.source, one.sources, one.sources_history = source, "", ()
+    return one
+
+
+def mixture_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
+    """`data.sources`: training batches from the weighted mixture of the listed corpora (`data_pipelines.mixture`);
+    evaluation splits read the first listed source."""
+    from data_pipelines import mixture
+
+    paths_, names, weights = mixture.resolve_sources(cfg.sources)
+    if split != "train":
+        return PIPELINES[cfg.pipeline](_with_source(cfg, paths_[0]), split, process_index, process_count)
+    subs = [PIPELINES[cfg.pipeline](_with_source(cfg, p), split, 0, 1) for p in paths_]
+    stream = cfg.pipeline in ("lm", "xlnet")
+    return mixture.MixturePipeline(
+        subs,
+        names,
+        mixture.stages_of(cfg, names, weights),
+        kind="stream" if stream else "example",
+        mix_steps=cfg.mix_steps,
+        seed=cfg.seed,
+        rows_per_lane=2 if cfg.pipeline == "xlnet" and cfg.bi_data else 1,
+        tokens_per_row=cfg.tgt_len if cfg.pipeline == "lm" else cfg.seq_len,
+        process_index=process_index,
+        process_count=process_count,
+    )
 
 
 def mlm_predictions_per_row(data_config) -> Optional[int]:

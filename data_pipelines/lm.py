@@ -83,20 +83,21 @@ class LMStreamPipeline:
     def batch(self, step: int) -> dict:
         if step < 0 or (self.finite and step >= self.steps_per_pass):
             raise IndexError(f"step {step} out of range (this pipeline has {self.num_steps} steps)")
-        b, l = self.local_batch_size, self.tgt_len
-        t = step % self.steps_per_pass
-        avail = min(l, self.row_len - 1 - t * l)  # < l only on the last (padded) eval segment
+        return self.rows([(step, self.row0 + j) for j in range(self.local_batch_size)])
+
+    def rows(self, coords) -> dict:
+        """The batch made of the rows `coords` = [(step, global row), ...] (steps may differ: a mixture's rows)."""
+        b, l = len(coords), self.tgt_len
         window = np.zeros((b, l + 1), np.int32)
-        for j in range(b):
-            window[j, : avail + 1] = self.corpus.tokens(self.row_start(step, self.row0 + j), avail + 1)
         label_mask = np.zeros((b, l), np.float32)
-        label_mask[:, :avail] = 1.0
-        return {
-            "input_ids": window[:, :-1],
-            "labels": window[:, 1:],
-            "label_mask": label_mask,
-            "stream_reset": np.full((b,), t == 0),
-        }
+        reset = np.zeros((b,), bool)
+        for j, (step, row) in enumerate(coords):
+            t = step % self.steps_per_pass
+            avail = min(l, self.row_len - 1 - t * l)  # < l only on the last (padded) eval segment
+            window[j, : avail + 1] = self.corpus.tokens(self.row_start(step, row), avail + 1)
+            label_mask[j, :avail] = 1.0
+            reset[j] = t == 0
+        return {"input_ids": window[:, :-1], "labels": window[:, 1:], "label_mask": label_mask, "stream_reset": reset}
 
     def __iter__(self):
         step = 0

@@ -153,15 +153,18 @@ class MLMPipeline:
     def batch(self, step: int) -> dict:
         if step < 0 or (self.num_steps is not None and step >= self.num_steps):
             raise IndexError(f"step {step} out of range (this pipeline has {self.num_steps} steps)")
-        b, S = self.local_batch_size, self.seq_len
+        return self.rows([(step, self.row0 + j) for j in range(self.local_batch_size)])
+
+    def rows(self, coords) -> dict:
+        """The batch made of the rows `coords` = [(step, global row), ...] (steps may differ: a mixture's rows)."""
+        b, S = len(coords), self.seq_len
         labels = np.empty((b, S), np.int32)
         types = np.zeros((b, S), np.int32)
         inputs = np.empty((b, S), np.int32)
         label_mask = np.zeros((b, S), np.float32)
         n_pred = predictions_per_row(S, self.mask_prob, self.segment_pairs)
         p_mask = 1.0 - self.random_prob - self.keep_prob
-        for j in range(b):
-            g = self.row0 + j
+        for j, (step, g) in enumerate(coords):
             rng = rng_lib.row_rng(self.seed, rng_lib.PURPOSE_MLM, step, g)
             start = self.chunk_index(step, g) * self.chunk
             if self.segment_pairs:

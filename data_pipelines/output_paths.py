@@ -9,7 +9,7 @@
     os_error_line(e, flag, path)    one line for an OSError met creating or writing `path`
 
 OutputPathError is a ValueError: the CLIs print it as `xlgen <cmd>: error: ...` and exit 2. URLs (`gs://...`) are
-not checked (no local filesystem limits). `xlgen.outdir` builds the export and workdir guards on these.
+not checked (no local filesystem limits). `xlgen.train.outdir` builds the export and workdir guards on these.
 """
 
 from __future__ import annotations

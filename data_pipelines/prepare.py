@@ -5,10 +5,12 @@
   xlgen prepare vocab --level word --input train.txt --output out/vocab.json [--min_freq 3] [--max_size 267735]
   xlgen prepare corpus --train a.txt b.txt [--valid v.txt] --tokenizer spm:out/spiece.model \\
       --layout sentences --output data/xlnet [--workers 2] [--min_doc_tokens 0]
+  xlgen prepare corpus --tfds=wiki40b/en[:train] | --hf=NAME[:SPLIT] [--text_field text] --tokenizer ... --output DIR
   xlgen prepare show --source data/xlnet --pipeline xlnet --step 0 --row 1 [--set seq_len=512 reuse_len=256]
 
 `corpus` writes DIR/manifest.json, the vocabulary file and one memory-mapped `.npy` token shard (+ a sentence
-parity shard for the `sentences` layout) per input file. Re-runs are idempotent: a shard whose source content,
+parity shard for the `sentences` layout) per input file (or dataset file of a `tfds:` / `hf:` source,
+`data_pipelines.dataset_sources`). Re-runs are idempotent: a shard whose source content,
 tokenizer and settings are unchanged is kept. Unreadable, empty or non-UTF-8 inputs are skipped and reported
 (in the output and in the manifest's `skipped`), or are errors with --strict. Every file is written to a temp
 path and renamed. `--output` may be a URL (`gs://bucket/corpus`, needs `xlgen[gcs]`); the manifest records each
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import io
@@ -30,7 +33,7 @@ import sys
 import numpy as np
 
 from data_pipelines import corpus as corpus_lib
-from data_pipelines import output_paths, paths
+from data_pipelines import dataset_sources, output_paths, paths
 from data_pipelines import vocab as vocab_lib
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -59,13 +62,20 @@ def resolve_tokenizer(spec: str, train_files, output: str, args):
         return vocab_lib.WordPieceTokenizer(path, uncased=not args.cased)
     if path:
         return vocab_lib.load_tokenizer(kind, path)
-    texts = []
-    for f in train_files:
-        try:
-            texts.append(vocab_lib.read_text(f))
-        except (OSError, ValueError):
-            continue  # reported by the shard pass
-    return vocab_lib.SymbolVocab.build(kind, texts, min_freq=args.min_freq, max_size=args.max_size, lower=args.uncased)
+
+    def texts():
+        for f in train_files:
+            if isinstance(f, dataset_sources.DatasetPart):  # the equivalent text file, a line at a time
+                yield from (line + "\n" for line in f.lines())
+                continue
+            try:
+                yield vocab_lib.read_text(f)
+            except (OSError, ValueError):
+                continue  # reported by the shard pass
+
+    return vocab_lib.SymbolVocab.build(
+        kind, texts(), min_freq=args.min_freq, max_size=args.max_size, lower=args.uncased
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -92,18 +102,38 @@ def _documents(lines):
         yield doc
 
 
+class _Counted:
+    """Iterates `lines`; `num_lines()` afterwards: `total` if given, else the lines of the equivalent text file
+    (records joined by a blank line: the yielded lines minus the blank line after the last record)."""
+
+    def __init__(self, lines, total=None):
+        self._lines, self._total, self._n = lines, total, 0
+
+    def __iter__(self):
+        for line in self._lines:
+            self._n += 1
+            yield line
+
+    def num_lines(self) -> int:
+        return self._total if self._total is not None else max(self._n - 1, 0)
+
+
 def _encode_file(job: dict) -> dict:
     """Worker: tokenizes one file into a shard. Returns the manifest entry, or {"skipped": reason}."""
     src = job["source"]
-    try:
-        text = vocab_lib.read_text(src)
-    except (OSError, ValueError) as e:
-        return {"source": src, "skipped": str(e)}
+    if job.get("dataset"):  # a TFDS / Hugging Face dataset file, read a batch of records at a time
+        lines = _Counted(dataset_sources.DatasetPart(**job["dataset"]).lines())
+    else:
+        try:
+            text = vocab_lib.read_text(src)
+        except (OSError, ValueError) as e:
+            return {"source": src, "skipped": str(e)}
+        lines = _Counted(text.splitlines(), text.count("\n") + (not text.endswith("\n")))
     t = job["tokenizer"]
     tok = vocab_lib.load_tokenizer(t["kind"], t["path"], **t["settings"])
     layout, use_eod, min_doc = job["layout"], job["use_eod"], job["min_doc_tokens"]
     chunks, parity, num_docs, dropped, prev = [], [], 0, 0, None
-    for doc in _documents(text.splitlines()):
+    for doc in _documents(lines):
         ids, sent, _ = corpus_lib.encode_lines(tok, doc + [""], layout, use_eod=use_eod)
         if len(ids) < max(1, min_doc):
             dropped += 1
@@ -137,7 +167,7 @@ def _encode_file(job: dict) -> dict:
         "num_tokens": int(len(ids)),
         "num_documents": num_docs,
         "dropped_documents": dropped,
-        "num_lines": text.count("\n") + (not text.endswith("\n")),
+        "num_lines": lines.num_lines(),
     }
     if layout == "sentences":
         entry["sentences_sha256"] = _save_npy(paths.join(out, job["sentences"]), np.concatenate(parity))
@@ -177,7 +207,8 @@ def prepare_corpus(
     strict: bool = False,
     progress: bool = True,
 ) -> dict:
-    """Tokenizes {split: [files]} into `output`; returns the manifest (also written to output/manifest.json)."""
+    """Tokenizes {split: [files or `dataset_sources.DatasetPart`s]} into `output`; returns the manifest (also
+    written to output/manifest.json)."""
     from tqdm import tqdm
 
     if layout not in ("lm", "sentences"):
@@ -204,13 +235,14 @@ def prepare_corpus(
     for split, files in splits.items():
         paths.makedirs(paths.join(output, split))
         for i, src in enumerate(files):
-            src = paths.display(src)
-            sha = _file_sha256(src)
+            part = src if isinstance(src, dataset_sources.DatasetPart) else None
+            src = part.display if part else paths.display(src)
+            sha = part.fingerprint() if part else _file_sha256(src)
             if sha is None:
                 skipped.append({"file": src, "split": split, "reason": f"{src}: cannot read"})
                 continue
             key = hashlib.sha256(f"{sha}|{config_key}".encode()).hexdigest()[:16]
-            stem = paths.as_path(src).stem
+            stem = part.stem if part else paths.as_path(src).stem
             name = f"{split}/{i:05d}-{stem}-{key}"
             sh = old.get(key)
             out_dir = paths.as_path(output)
@@ -238,6 +270,7 @@ def prepare_corpus(
                         "tokens": f"{name}.tokens.npy",
                         "sentences": f"{name}.sentences.npy",
                         "tokenizer": {**tok_entry, "path": paths.join(output, vocab_file)},
+                        "dataset": dataclasses.asdict(part) if part else None,
                     },
                 )
             )
@@ -333,7 +366,11 @@ def _parser():
     v.add_argument("--lower", action="store_true")
 
     c = sub.add_parser("corpus", help="tokenize text files into shards + manifest.json")
-    c.add_argument("--train", nargs="+", required=True)
+    c.add_argument("--train", nargs="*", default=[], help="text files (or tfds:NAME[:SPLIT] / hf:NAME[:SPLIT])")
+    c.add_argument("--tfds", default="", metavar="NAME[:SPLIT]", help="a prepared TFDS dataset's split as train text")
+    c.add_argument("--hf", default="", metavar="NAME[:SPLIT]", help="a local or cached Hugging Face dataset's split")
+    c.add_argument("--text_field", default="text", help="--tfds / --hf: the field holding the text (one document)")
+    c.add_argument("--tfds_data_dir", default="", help="--tfds: the TFDS data directory (default: TFDS's)")
     c.add_argument("--valid", nargs="*", default=[])
     c.add_argument("--test", nargs="*", default=[])
     c.add_argument("--tokenizer", required=True, help="spm:PATH | wordpiece:PATH | char | byte | word[:vocab.json]")
@@ -478,6 +515,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _expand_sources(files, args) -> list:
+    """File names as given; `tfds:` / `hf:` sources -> their `DatasetPart`s (errors name the dataset / field)."""
+    out = []
+    for f in files:
+        if dataset_sources.is_dataset_source(f):
+            out.extend(dataset_sources.expand(f, args.text_field, args.tfds_data_dir or None))
+        else:
+            out.append(f)
+    return out
+
+
 def _run(args) -> int:
     if args.cmd == "spm":
         path = vocab_lib.train_sentencepiece(
@@ -505,12 +553,17 @@ def _run(args) -> int:
     else:
         if not paths.is_remote(args.output) and os.path.exists(args.output) and not os.path.isdir(args.output):
             raise ValueError(f"--output {args.output}: is a file; give a directory for the shards and manifest")
-        tok = resolve_tokenizer(args.tokenizer, args.train, args.output, args)
-        splits = {"train": args.train}
-        if args.valid:
-            splits["valid"] = args.valid
-        if args.test:
-            splits["test"] = args.test
+        train = list(args.train) + [f"tfds:{args.tfds}"] * bool(args.tfds) + [f"hf:{args.hf}"] * bool(args.hf)
+        if not train:
+            raise ValueError(
+                "prepare corpus: give the train text: --train FILE..., --tfds=NAME[:SPLIT] or --hf=NAME[:SPLIT]"
+            )
+        splits = {
+            s: _expand_sources(files, args)
+            for s, files in (("train", train), ("valid", args.valid), ("test", args.test))
+        }
+        splits = {s: files for s, files in splits.items() if files or s == "train"}
+        tok = resolve_tokenizer(args.tokenizer, splits["train"], args.output, args)
         m = prepare_corpus(
             splits,
             tok,

@@ -397,15 +397,19 @@ class XLNetPipeline:
     def batch(self, step: int) -> dict:
         if step < 0 or (self.num_steps is not None and step >= self.num_steps):
             raise IndexError(f"step {step} out of range (this pipeline has {self.num_steps} steps)")
-        bsz, S, R, P, ps = self.local_batch_size, self.seq_len, self.reuse_len, self.num_predict, self.perm_size
+        return self.rows([(step, self.row0 + j) for j in range(self.local_batch_size)])
+
+    def rows(self, coords) -> dict:
+        """The batch made of the rows `coords` = [(step, global row), ...] (steps may differ: a mixture's rows)."""
+        bsz, S, R, P, ps = len(coords), self.seq_len, self.reuse_len, self.num_predict, self.perm_size
         ids = np.empty((bsz, S), np.int32)
         seg = np.empty((bsz, S), np.int32)
         masked = np.empty((bsz, S), bool)
         rank = np.empty((bsz, S), np.int64)
         forward = np.empty((bsz,), bool)
         nsp = np.empty((bsz,), np.int32)
-        for j in range(bsz):
-            ids[j], seg[j], masked[j], nsp[j], rng, forward[j] = self.example(step, self.row0 + j)
+        for j, (step, row) in enumerate(coords):
+            ids[j], seg[j], masked[j], nsp[j], rng, forward[j] = self.example(step, row)
             rank[j, :R] = factorization_rank(rng.permutation(ps), R)  # one π per half, as `local_perm`
             rank[j, R:] = factorization_rank(rng.permutation(ps), S - R)
         func = (ids == self.sep_id) | (ids == self.cls_id)
@@ -434,7 +438,7 @@ class XLNetPipeline:
             "target_ids": target_ids,
             "target_mask": target_mask,
             "is_forward": forward,
-            "stream_reset": np.full((bsz,), step % self.steps_per_pass == 0),
+            "stream_reset": np.array([step % self.steps_per_pass == 0 for step, _ in coords], bool).reshape(bsz),
             "nsp_label": nsp,
         }
 

@@ -202,7 +202,7 @@ BAD_OVERRIDES = [
     ("optimizer.learning_rate", "inf", "must be finite"),
     ("watchdog.timeout_s", "-1", "must be >= 0"),
     ("checkpoint.local_every_steps", "-2", "must be >= 0"),
-    ("mesh.num_slices", "0", "must be > 0"),
+    ("mesh.num_slices", "0", "must be >= 1"),
 ]
 
 

@@ -12,7 +12,8 @@ import traceback
 
 import pytest
 
-from xlgen import export, outdir
+from xlgen import export
+from xlgen.train import outdir
 
 
 def tree_digest(root):

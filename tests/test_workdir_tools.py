@@ -77,6 +77,39 @@ def test_export_generate_from_workdir_and_hf_dir(workdir, tmp_path, compile_cach
     assert p.stdout == "".join(f"=== sample {i} ===\n{t}\n" for i, t in enumerate(texts))
 
 
+def test_export_stablehlo_from_trained_workdir(workdir, tmp_path, compile_cache):  # noqa: F811
+    """`--to-stablehlo` on a trained workdir (in-process `xlgen.export.export_deployed`): model.stablehlo, io.json,
+    the tokenizer and the export marker; the artefact's log-probs over two segments (memory fed back, starting
+    empty: mem_valid 0) equal `xlgen.from_pretrained(workdir)` called with `mem_valid=0` within 1e-5; a second
+    export replaces the first."""
+    from jax import export as jax_export
+
+    from xlgen import export
+
+    out = tmp_path / "shlo"
+    export.export_deployed(str(workdir), str(out), "stablehlo")
+    path, desc = export.export_deployed(str(workdir), str(out), "stablehlo")  # replaces its own export
+    assert {"model.stablehlo", "io.json", "tokenizer.json", ".xlgen-export"} <= set(os.listdir(out))
+    io = json.loads((out / "io.json").read_text())
+    assert io == desc and [i["name"] for i in io["inputs"]] == ["input_ids", "mems", "mem_valid"]
+    assert [o["name"] for o in io["outputs"]] == ["log_probs", "mems", "mem_valid"]
+    assert io["inputs"][0]["shape"][0] == "batch" and io["axes"]["batch"] == "symbolic"
+    exp = jax_export.deserialize(bytearray((out / "model.stablehlo").read_bytes()))
+    ours = xlgen.from_pretrained(str(workdir))
+    n_layer, _, mem_len, d = io["inputs"][1]["shape"]
+    length = 12 if io["axes"]["length"] == "symbolic" else io["axes"]["length"]
+    ids = np.random.default_rng(0).integers(0, 60, (3, 2 * length)).astype(np.int32)
+    mems, valid = np.zeros((n_layer, 3, mem_len, d), np.float32), np.zeros((3,), np.int32)
+    ref_mems, ref_valid, errs = None, 0, []
+    for seg in (ids[:, :length], ids[:, length:]):
+        log_probs, mems, valid = exp.call(seg, mems, valid)
+        ref = ours(input_ids=seg, mems=ref_mems, mem_valid=ref_valid, mem_len=mem_len)
+        errs.append(float(np.abs(np.asarray(log_probs) - np.asarray(ref.log_probs)).max()))
+        ref_mems, ref_valid = ref.mems, ref.mem_valid
+    print(f"--to-stablehlo (trained TXL workdir): max|log_probs artefact - from_pretrained| = {max(errs):.2e}")
+    assert max(errs) < 1e-5
+
+
 def test_eval_memory_sweep_and_recl_write_json_and_png(workdir, compile_cache):  # noqa: F811
     p = xlgen_cli(compile_cache, "eval", f"--workdir={workdir}", "--config.eval.mem_len=8,32,16")
     sweep = json.loads((workdir / "eval_mem_len_sweep.json").read_text())

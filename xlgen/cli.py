@@ -11,6 +11,7 @@
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
     xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
+    xlgen export   --workdir=DIR --to-onnx=OUT | --to-stablehlo=OUT   a deployed function (docs/deploy.md)
     xlgen convert  --from-tf=CKPT_PREFIX --family=xlnet|funnel|transformer_xl --config=CONFIG --out=DIR
                           an original TensorFlow checkpoint as a from_pretrained directory (xlgen.convert:main)
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
@@ -59,6 +60,8 @@ USAGE = __doc__
 
 
 def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
+    from xlgen import domains
+
     p = argparse.ArgumentParser(
         prog=f"xlgen {cmd}",
         description=f"xlgen {cmd} (config overrides: --config.KEY=VALUE)",
@@ -75,7 +78,7 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
     if cmd == "train":
         p.add_argument(
             "--stop_at_step",
-            type=int,
+            type=domains.flag(int, domains.Range(1, domains.INT32_MAX)),
             default=None,
             help="save and stop at this step (the schedule still runs to total_steps; re-run to continue)",
         )
@@ -115,8 +118,12 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
     except config_lib.ConfigError as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
-    args = _train_eval_parser(cmd).parse_args(rest)
-    from xlgen import outdir
+    from xlgen.domains import reject_unknown_flags
+
+    parser = _train_eval_parser(cmd)
+    reject_unknown_flags(parser, rest)
+    args = parser.parse_args(rest)
+    from xlgen.train import outdir
 
     try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)
         outdir.check_dir_path(args.workdir, "--workdir") if cmd == "train" else outdir.check_nonempty(args.workdir)
@@ -262,9 +269,12 @@ def end_block(summary, config) -> str:
     last_eval = summary.get("eval") or s.get("last_eval")
     lines = [f"\ndone: step {step}." + (f"  last eval: {format_metrics(last_eval)}" if last_eval else "")]
     if s:
-        rate = f", {s['tokens_per_sec']:,.0f} tokens/s" if s.get("tokens_per_sec") else ""
+        from xlgen.train.report import unit
+
+        what = unit(config)
+        rate = f", {s['tokens_per_sec']:,.0f} {what}/s" if s.get("tokens_per_sec") else ""
         lines.append(
-            f"  summary      {wd}/summary.json   ({s['parameters']:,} parameters, {s['tokens_seen']:,} tokens seen, "
+            f"  summary      {wd}/summary.json   ({s['parameters']:,} parameters, {s['tokens_seen']:,} {what} seen, "
             f"{s['wall_time_s']:.0f}s{rate})"
         )
     lines += [
@@ -279,24 +289,9 @@ def end_block(summary, config) -> str:
     if step < total:
         lines.append(f"  resume:      {train}")
     else:
-        from xlgen import optim
+        from xlgen.train import report
 
-        lr = float(optim.make_schedule(config.optimizer, total)(step))
-        if lr > 0:
-            lines.append(f"  extend:      {train} --config.total_steps={2 * step}")
-            floor = float(config.optimizer.learning_rate) * float(config.optimizer.min_lr_ratio)
-            how = (
-                f"at the final learning rate {lr:.3g}"
-                if abs(lr - floor) <= 1e-6 * lr
-                else (f"from the current learning rate {lr:.3g}, decaying to {floor:.3g}")
-            )
-            lines.append(f"               (steps {step}-{2 * step} continue {how}; no re-warm-up)")
-        else:
-            lines.append(
-                f"  (no extend command: the learning rate has decayed to 0 (optimizer.min_lr_ratio="
-                f"{config.optimizer.min_lr_ratio}), so more steps would learn nothing; for a longer run use a new "
-                "--workdir with a larger --config.total_steps)"
-            )
+        lines += report.extend_advice(config, step, train)
     lines.append(f"  evaluate:    {xlgen} eval --workdir={shlex.quote(wd)}")
     lines.append(f"  plot:        {xlgen} plot --workdir={shlex.quote(wd)}")
     if config.get("tensorboard", True):
@@ -355,8 +350,12 @@ def config_show(argv: List[str]) -> int:
     """`xlgen config show --config=PATH [--config.KEY=VALUE ...]`: the resolved config, one `key = value` a line."""
     from xlgen import config as config_lib
 
+    usage = "usage: xlgen config show --config=PATH [--config.KEY=VALUE ...]"
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(f"{usage}\n\nPrints the resolved config, one `key = value` a line.")
+        return 0
     if not argv or argv[0] != "show":
-        print("usage: xlgen config show --config=PATH [--config.KEY=VALUE ...]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     try:
         overrides, rest = config_lib.parse_overrides(argv[1:])
@@ -367,7 +366,9 @@ def config_show(argv: List[str]) -> int:
     except config_lib.ConfigError as e:
         print(f"xlgen config show: error: {e}", file=sys.stderr)
         return 2
-    for key, value in config_lib.flat_items(config).items():
+    from xlgen.train import report
+
+    for key, value in report.shown_items(config).items():  # less the sections the system does not read
         print(f"{key} = {value!r}")
     return 0
 

@@ -127,9 +127,27 @@ def _flag_text(key: str, text: str, current: Any) -> str:
 
 
 def _unknown_key_error(key: str, valid: Sequence[str], where: str) -> ConfigError:
+    """`unknown config key K (where). Did you mean ...?` and how to list every key; with no close match, the valid
+    keys of K's deepest existing section (the top-level sections when there is none)."""
     close = difflib.get_close_matches(key, valid, n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return ConfigError(f"unknown config key {key!r} ({where}).{hint}\nValid keys:\n  " + "\n  ".join(valid))
+    if close:
+        return ConfigError(
+            f"unknown config key {key!r} ({where}). Did you mean {', '.join(close)}? "
+            "(every key with its value: xlgen config show --config=PATH)"
+        )
+    parts = key.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        section = ".".join(parts[:depth]) + "."
+        keys = [k for k in valid if k.startswith(section)]
+        if keys:
+            return ConfigError(
+                f"unknown config key {key!r} ({where}). Valid keys of {section[:-1]}:\n  " + "\n  ".join(keys)
+            )
+    tops = sorted({k.split(".")[0] + ("." if "." in k else "") for k in valid})
+    return ConfigError(
+        f"unknown config key {key!r} ({where}). Valid keys and sections: {', '.join(tops)} "
+        "(every key: xlgen config show --config=PATH)"
+    )
 
 
 def _field(config: ConfigDict, key: str, valid: Sequence[str]) -> Tuple[ConfigDict, str]:
@@ -198,7 +216,7 @@ def parse_overrides(argv: Iterable[str]) -> Tuple[Dict[str, str], List[str]]:
             body = a[len("--config.") :]
             if "=" in body:
                 k, v = body.split("=", 1)
-            elif i + 1 < len(argv):
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 k, v = body, argv[i + 1]
                 i += 1
             else:
@@ -260,93 +278,19 @@ def _get(config: ConfigDict, key: str):
     return node
 
 
-# key -> (lower bound, strict); checked when the key is present and not None
-_POSITIVE = (
-    "total_steps",
-    "mesh.num_slices",
-    "log_every_steps",
-    "data.batch_size",
-    "data.eval_batch_size",
-    "data.tgt_len",
-    "data.eval_tgt_len",
-    "model.d_model",
-    "model.d_embed",
-    "model.d_inner",
-    "model.n_head",
-    "model.d_head",
-    "model.n_layer",
-    "optimizer.grad_accum_steps",
-    "optimizer.adafactor.min_dim_size_to_factor",
-    "optimizer.adafactor.decay_rate",
-)
-_NON_NEGATIVE = (
-    "data.seq_len",  # finetuning: 0 until resolved from the task's max_seq_length
-    "optimizer.warmup_steps",
-    "optimizer.weight_decay",
-    "optimizer.clip_norm",
-    "model.mem_len",
-    "checkpoint.every_steps",
-    "checkpoint.local_every_steps",
-    "checkpoint.keep",
-    "max_nonfinite_steps",
-    "divergence_factor",
-    "watchdog.timeout_s",
-    "watchdog.factor",
-    "watchdog.min_timeout_s",
-    "watchdog.phase_timeout_s",
-    "watchdog.straggler_factor",
-    "model.dropout",
-    "model.dropatt",
-    "optimizer.adafactor.eps",
-)
-# key -> (low, high, why): closed intervals, or a value outside it (`off`) meaning "disabled"
-_BOUNDED = {
-    "optimizer.adafactor.momentum": (0.0, 1.0, "must be in [0, 1) (0 = no first moment)"),
-    "optimizer.adafactor.clipping_threshold": (1.0, float("inf"), "must be 0 (off) or >= 1 (block-RMS clipping)"),
-}
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def validate(config: ConfigDict) -> ConfigDict:
-    """Domain checks of the numeric keys a run uses (present ones only): positive sizes and steps, a finite
-    positive learning rate, known dtype names, seeds in [0, 2**32). A violation is a ConfigError naming the key."""
-    import math
+    """Domain checks of every numeric key (`xlgen.domains.KEYS`: sizes and steps positive, rates in [0, 1), seeds in
+    [0, 2**32), ...) and known dtype names. A violation is a ConfigError naming the key and its allowed range."""
+    from xlgen import domains
 
-    def bad(key, value, want):
-        raise ConfigError(f"config key {key}={value!r}: {want}")
-
-    def number(key, value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            bad(key, value, "expected a number")
-        if not math.isfinite(value):
-            bad(key, value, "must be finite")
-        return value
-
-    for key in _POSITIVE:
-        v = _get(config, key)
-        if v is not None and number(key, v) <= 0:
-            bad(key, v, "must be > 0")
-    for key in _NON_NEGATIVE:
-        v = _get(config, key)
-        if v is not None and number(key, v) < 0:
-            bad(key, v, "must be >= 0")
-    for key, (low, high, why) in _BOUNDED.items():
-        v = _get(config, key)
-        if v is None or number(key, v) == 0:
-            continue
-        if not (low <= v <= high) or (key.endswith("momentum") and v >= 1):
-            bad(key, v, why)
-    lr = _get(config, "optimizer.learning_rate")
-    if lr is not None and number("optimizer.learning_rate", lr) <= 0:
-        bad("optimizer.learning_rate", lr, "must be a finite number > 0")
-    for key in ("seed", "data.seed"):
-        v = _get(config, key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**32):
-            bad(key, v, "must be an integer in [0, 2**32)")
+    domains.check(config)
     for key in ("model.dtype", "model.param_dtype"):
         v = _get(config, key)
         if v is not None and v not in DTYPES:
-            bad(key, v, f"expected one of {', '.join(DTYPES)}")
+            raise ConfigError(f"config key {key}={v!r}: expected one of {', '.join(DTYPES)}")
     return config
 
 

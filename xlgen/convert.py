@@ -77,7 +77,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
-    from xlgen import outdir, runtime
+    from xlgen import runtime
+    from xlgen.train import outdir
 
     try:  # checked before the checkpoint is read: a refused --out changes nothing
         outdir.check_export_dir(args.out, "--out")

@@ -76,11 +76,11 @@ def save_hf(
     out_dir: str, hf_config: Dict[str, Any], state_dict: Dict[str, np.ndarray], tokenizer=None, flag: str = "--to-hf"
 ) -> str:
     """Write `config.json`, `model.safetensors` (and tokenizer files) as the export directory `out_dir`: a new or
-    empty directory, or a previous export (`xlgen.outdir.write_export_dir`: staged in a temporary sibling, then
+    empty directory, or a previous export (`xlgen.train.outdir.write_export_dir`: staged in a temporary sibling, then
     moved in; anything else is refused with OutputPathError before anything is written)."""
     from safetensors.numpy import save_file
 
-    from xlgen import outdir
+    from xlgen.train import outdir
 
     def fill(tmp: str) -> None:
         cfg = dict(hf_config)
@@ -217,24 +217,42 @@ def _pretrained_with_bi_data(workdir: str) -> bool:
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="xlgen export", description="Export an xlgen workdir's model to a Hugging Face directory"
+        prog="xlgen export",
+        description="Export an xlgen workdir's model to a Hugging Face directory, ONNX or StableHLO (jax.export)",
     )
     p.add_argument("--workdir", required=True, help="xlgen workdir (pretraining or finetuning)")
-    p.add_argument("--to-hf", "--to_hf", dest="to_hf", required=True, help="output directory (config.json, ...)")
+    to = p.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-hf", "--to_hf", dest="to_hf", help="output directory (config.json, ...)")
+    to.add_argument("--to-onnx", "--to_onnx", dest="to_onnx", help="output directory (model.onnx, io.json, ...)")
+    to.add_argument(
+        "--to-stablehlo", "--to_stablehlo", dest="to_stablehlo", help="output directory (model.stablehlo, io.json)"
+    )
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--no-tokenizer", action="store_true", help="write only config.json and model.safetensors")
+    p.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
-    from xlgen import outdir, runtime
+    from xlgen import runtime
+    from xlgen.train import outdir
 
+    fmt, out_dir = next(
+        (f, d)
+        for f, d in (("hf", args.to_hf), ("onnx", args.to_onnx), ("stablehlo", args.to_stablehlo))
+        if d is not None
+    )
     try:  # the output directory is checked before the model is read (a refusal changes nothing)
-        outdir.check_export_dir(args.to_hf, "--to-hf")
+        outdir.check_export_dir(out_dir, f"--to-{fmt}")
         if not args.workdir:
             raise outdir.OutputPathError("--workdir is empty: give the run directory to export")
-    except outdir.OutputPathError as e:
+        if fmt != "hf":
+            from xlgen import deploy
+
+            deploy.run_kind(args.workdir)  # a run with nothing deployable: refused before anything is read
+    except (outdir.OutputPathError, ValueError, FileNotFoundError) as e:
         print(f"xlgen export: error: {e}", file=sys.stderr)
         return 2
     runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
+    if fmt != "hf":
+        return _export_deployed(args.workdir, out_dir, fmt, args.step, not args.no_tokenizer)
     try:
         out = export_workdir(args.workdir, args.to_hf, args.step, with_tokenizer=not args.no_tokenizer)
     except (ValueError, FileNotFoundError, KeyError) as e:
@@ -245,4 +263,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"exported {args.workdir} -> {out} ({arch}); load with transformers.AutoModel / {arch}.from_pretrained")
     if arch.startswith("XLNet") and _pretrained_with_bi_data(args.workdir):
         print("note: bi_data (pretraining's forward/backward batch halves) is off in the exported config.json")
+    return 0
+
+
+def export_deployed(workdir: str, out_dir: str, fmt: str, step: Optional[int] = None, with_tokenizer: bool = True):
+    """`--to-onnx` / `--to-stablehlo` of a workdir (`xlgen.deploy.export_workdir`) with the tokenizer files of
+    `--to-hf`; returns (out path, io description)."""
+    from xlgen import deploy
+
+    def tokenizer_files(config, directory: str, model_type: str) -> List[str]:
+        return write_tokenizer(workdir_tokenizer(config, workdir), directory, model_type)
+
+    return deploy.export_workdir(workdir, out_dir, fmt, step, tokenizer_files if with_tokenizer else None)
+
+
+def _export_deployed(workdir: str, out_dir: str, fmt: str, step: Optional[int], with_tokenizer: bool) -> int:
+    from xlgen import deploy
+
+    try:
+        out, desc = export_deployed(workdir, out_dir, fmt, step, with_tokenizer)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"xlgen export: error: {e}", file=sys.stderr)
+        return 2
+    axes = ", ".join(f"{a} {v}" for a, v in desc["axes"].items())
+    print(f"exported {workdir} -> {out}/{deploy.FORMATS[fmt]} ({desc['family']} {desc['kind']}; {axes}); see io.json")
     return 0

@@ -340,19 +340,31 @@ def _system_sampler(workdir: Optional[str]):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from xlgen.domains import SEED, Range
+    from xlgen.domains import flag as in_domain
+
     p = argparse.ArgumentParser(prog="xlgen generate", description="Sample text from a Transformer-XL LM")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workdir", help="xlgen pretraining workdir (latest checkpoint)")
     src.add_argument("--model", help="Hugging Face TransfoXL directory (e.g. one written by xlgen export)")
     p.add_argument("--prompt", default=None, help="text to continue (language models; required there)")
     p.add_argument("--prefix", default="", help="text fed before the prompt and not printed (XLNet: padding text)")
-    p.add_argument("--max_new_tokens", type=int, default=200)
-    p.add_argument("--top_k", type=int, default=40, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--top_p", type=float, default=1.0, help="nucleus: the smallest set with probability >= p")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num_samples", type=int, default=1)
-    p.add_argument("--mem_len", type=int, default=None, help="memory length (default: the model's mem_len)")
+    p.add_argument("--max_new_tokens", type=in_domain(int, Range(1)), default=200)
+    p.add_argument(
+        "--top_k", type=in_domain(int, Range(0)), default=40, help="sample among the k most likely tokens (0: all)"
+    )
+    p.add_argument(
+        "--top_p",
+        type=in_domain(float, Range(0, 1, lo_open=True)),
+        default=1.0,
+        help="nucleus: the smallest set with probability >= p",
+    )
+    p.add_argument("--temperature", type=in_domain(float, Range(0)), default=1.0, help="0 = greedy")
+    p.add_argument("--seed", type=in_domain(int, SEED), default=0)
+    p.add_argument("--num_samples", type=in_domain(int, Range(1)), default=1)
+    p.add_argument(
+        "--mem_len", type=in_domain(int, Range(0)), default=None, help="memory length (default: the model's mem_len)"
+    )
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
     for flag in ("workdir", "model"):

@@ -36,8 +36,40 @@ def want_distributed(mode: str) -> bool:
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1
 
 
+PLATFORMS = ("cpu", "tpu", "gpu", "cuda", "rocm")
+
+
+def _platform_error(text: str) -> SystemExit:
+    """`--platform` names no platform JAX can use: one line (`xlgen: error: --platform=...`), exit 2."""
+    import sys
+
+    print(f"xlgen: error: {text}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def check_platform(platform: str) -> None:
+    """Exit 2 with one line when `platform` (a JAX_PLATFORMS list) names an unknown platform, or one without a
+    device here (`--platform=gpu` on a machine without a GPU). Initialises JAX's backends: call it after
+    `jax.distributed.initialize`."""
+    unknown = [p for p in platform.split(",") if p.strip() not in PLATFORMS]
+    if unknown:
+        raise _platform_error(f"--platform={platform}: unknown platform {unknown[0]!r}; expected one of cpu, tpu, gpu")
+    import jax
+
+    try:
+        jax.devices()
+    except RuntimeError as e:
+        raise _platform_error(
+            f"--platform={platform}: no {platform} device is available here ({str(e).split(':')[0]}); "
+            "use --platform=cpu or omit --platform to autodetect"
+        ) from None
+
+
 def setup_runtime(platform: str, distributed: str) -> None:
     """Platform, CPU collectives and jax.distributed — before anything touches a device."""
+    unknown = [p for p in platform.split(",") if p.strip() not in PLATFORMS]
+    if unknown:  # before JAX_PLATFORMS is set: the message, not JAX's traceback
+        raise _platform_error(f"--platform={platform}: unknown platform {unknown[0]!r}; expected one of cpu, tpu, gpu")
     platforms.select(platform)  # env var AND jax.config: the env var alone is ignored once jax is imported
     platforms.keep_freed_host_memory()  # before XLA starts its threads (they would get malloc arenas of their own)
     logging.basicConfig(
@@ -71,3 +103,4 @@ def setup_runtime(platform: str, distributed: str) -> None:
             )
         else:
             jax.distributed.initialize()
+    check_platform(platform)

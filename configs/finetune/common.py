@@ -79,6 +79,10 @@ def finetune_config(
         dict(
             mem_len=0,  # memory length with max_segments > 0 (0 = data.max_seq_length)
             segment_pool="last",  # the head reads the last segment's <cls>, or "mean": the mean state of the document
+            # several examples per training row, attention kept inside each (classification, regression, token
+            # classification; xlgen/finetune/packing.py); pack_size: the most examples in one row
+            packing=False,
+            pack_size=8,
             freeze="",
             lora=ConfigDict(
                 dict(

@@ -37,6 +37,22 @@ def pretrained_model_section(init_from: str) -> Dict[str, Any]:
     return old.model.to_dict()
 
 
+def check_finetunable(family: str, init_from: str) -> None:
+    """A ConfigError when `family` (the model stored at `init_from`) has no finetuning heads in its registry record,
+    naming the families that have."""
+    from xlgen import config as config_lib
+    from xlgen import registry
+
+    if family not in registry.names():
+        return  # reported where the model is built, with the registered names
+    if not registry.get(family).heads:
+        with_heads = [n for n in registry.names() if registry.get(n).heads]
+        raise config_lib.ConfigError(
+            f"init_from={init_from} holds a {family} model, which has no finetuning heads; finetune a run of "
+            f"{' or '.join(with_heads)} (model.family)"
+        )
+
+
 def resolve_config(config, model_overrides: Dict[str, str] = ()):
     """Fill derived keys and take the architecture from `init_from` (command-line model.* overrides re-applied)."""
     from ml_collections import ConfigDict
@@ -47,6 +63,7 @@ def resolve_config(config, model_overrides: Dict[str, str] = ()):
     task = get_task(config.task)  # unknown task -> error listing the known ones
     if config.init_from:
         section = pretrained_model_section(config.init_from)
+        check_finetunable(section.get("family"), config.init_from)
         with config.unlocked():
             config.model = ConfigDict(config_lib._tuplify(section), type_safe=True)
     for k, v in dict(model_overrides).items():
@@ -82,7 +99,7 @@ def load_finetune_config(config_path: Optional[str], overrides: Dict[str, str], 
         raise config_lib.ConfigError(f"{workdir}: no config.json; pass --config=configs/finetune/<task>.py")
     for k, v in overrides.items():
         config_lib.apply_override(config, k, v)
-    return config
+    return config_lib.validate(config)
 
 
 def write_finetune_config(config, workdir: str) -> None:

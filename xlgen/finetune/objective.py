@@ -16,6 +16,9 @@ the memory carried across them (`finetune.mem_len`, 0 = L), the head on the last
 Parameter-efficient finetuning: `finetune.lora.rank` > 0 attaches adapters to the head model
 (`xlgen.finetune.peft`); what is frozen leaves the optimizer (`xlgen.optim.frozen_parameters`).
 
+Packed training batches (`finetune.packing`; classification, regression, token classification): several examples
+per row, attention kept inside each, per-example heads (`xlgen.finetune.packing`).
+
 Losses (XLNet `function_builder.py`, Funnel `classifier.py`/`squad.py`):
     classification  mean cross-entropy;  regression  mean squared error of the single logit;
     multiple choice cross-entropy over the options;
@@ -88,12 +91,39 @@ def segment_kwargs(config) -> Dict[str, object]:
     return {"mem_len": int(ft.mem_len) or int(config.data.max_seq_length), "segment_pool": str(ft.segment_pool)}
 
 
+PACKED_KINDS = ("classification", "regression", "token_classification")
+
+
+def packing(config) -> bool:
+    """Whether training batches are packed (`finetune.packing`, `xlgen.finetune.packing`): for the task kinds in
+    PACKED_KINDS on one window (`max_segments` = 0); other tasks read one example per row."""
+    ft = config.get("finetune") or {}
+    return bool(ft.get("packing", False)) and get_task(config.task).kind in PACKED_KINDS and not max_segments(config)
+
+
+def pack_size(config) -> int:
+    """E: the most examples one packed row holds (`finetune.pack_size`)."""
+    n = int((config.get("finetune") or {}).get("pack_size", 8))
+    if n < 1:
+        raise ValueError(f"config.finetune.pack_size={n}: must be >= 1")
+    return n
+
+
 def batch_shapes(config, split: str):
     task = get_task(config.task)
     d = config.data
     b = int(d.batch_size) if split == "train" else int(d.eval_batch_size)
     L = int(d.max_seq_length)
     i32, f32 = jnp.int32, jnp.float32
+    if split == "train" and packing(config):  # packed rows (xlgen.finetune.packing)
+        spec = {k: ((b, L), i32) for k in ("input_ids", "token_type_ids", "attention_mask", "pack_ids")}
+        if task.kind == "token_classification":
+            spec.update({"labels": ((b, L), i32), "label_mask": ((b, L), f32)})
+        else:
+            E = pack_size(config)
+            spec.update({"cls_index": ((b, E), i32), "example_mask": ((b, E), f32)})
+            spec["labels"] = ((b, E), f32 if task.kind == "regression" else i32)
+        return spec
     seq = (max_segments(config), L) if max_segments(config) else (L,)  # [N, L]: N segments with memory
     if task.kind == "multiple_choice":
         n = task.num_labels
@@ -128,7 +158,8 @@ def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
     fam = config.model.family
     common = dict(token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"])
     if task.kind != "squad":
-        out = model(batch["input_ids"], **common, **segment_kwargs(config))
+        packed = {k: batch[k] for k in ("pack_ids", "cls_index") if k in batch}  # packed rows: per-example heads
+        out = model(batch["input_ids"], **common, **packed, **segment_kwargs(config))
         logits = out[0] if isinstance(out, tuple) else out.logits  # XLNet: (logits, mems); Funnel: FunnelOutput
         return {"logits": logits.astype(jnp.float32)}
     family = registry.get(fam)
@@ -155,7 +186,7 @@ def task_loss(outputs: Dict[str, jax.Array], batch, config) -> jax.Array:
     """Per-example loss [b]."""
     task = get_task(config.task)
     if task.kind == "regression":
-        return (outputs["logits"][:, 0] - batch["labels"]) ** 2
+        return (outputs["logits"][..., 0] - batch["labels"]) ** 2
     if task.kind in ("classification", "multiple_choice"):
         return optax.softmax_cross_entropy_with_integer_labels(outputs["logits"], batch["labels"])
     if task.kind == "token_classification":
@@ -173,6 +204,9 @@ def task_loss(outputs: Dict[str, jax.Array], batch, config) -> jax.Array:
 def _loss(model, batch, mems, rng, config):
     del mems, rng
     per_example = task_loss(forward(model, batch, config, train=True), batch, config)
+    if "example_mask" in batch:  # packed rows: [b, E], the mean over the real examples
+        w = batch["example_mask"]
+        return (per_example * w).sum() / jnp.maximum(w.sum(), 1.0), {}, None
     return per_example.mean(), {}, None
 
 

@@ -42,9 +42,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     p.add_argument("--platform", default=None)
     p.add_argument("--distributed", default="auto", choices=("auto", "on", "off"))
+    from xlgen.domains import reject_unknown_flags
+
+    reject_unknown_flags(p, rest)
     args = p.parse_args(rest)
-    if not args.config and not args.eval_only:
-        p.error("--config is required (unless --eval_only)")
+    if not args.config and not args.eval_only and not is_finetune_workdir(args.workdir):
+        p.error("--config is required (unless --workdir is a finetuning run to resume or extend, or --eval_only)")
     return command(
         args.config,
         overrides,
@@ -68,8 +71,8 @@ def command(
     """Finetune (or, `eval_only`, re-evaluate) the run in `workdir`; prints the results; the exit status.
     `xlgen eval` on a finetune workdir calls this with `eval_only=True`."""
     from xlgen import config as config_lib
-    from xlgen import outdir
     from xlgen.runtime import default_platform, setup_runtime
+    from xlgen.train import outdir
 
     try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)
         outdir.check_nonempty(workdir) if eval_only else outdir.check_dir_path(workdir, "--workdir")
@@ -100,7 +103,29 @@ def command(
             + "  ".join(f"{k} {v:.4f}" for k, v in res.items() if k != "step" and isinstance(v, float))
         )
         print(f"  results      {paths.join(workdir, EVAL_RESULTS)}", flush=True)
+        hint = one_class_hint(workdir, config)
+        if hint:
+            print(hint, flush=True)
     return 0
+
+
+def one_class_hint(workdir: str, config) -> Optional[str]:
+    """A note when every dev prediction (`dev_predictions.tsv`) is one class while the labels hold several: the
+    model has learnt the class prior only, typical of a paper preset's learning rate (2e-5, for a large pretrained
+    model) on a small or randomly initialised one."""
+    path = paths.join(workdir, "dev_predictions.tsv")
+    if not paths.as_path(path).exists():
+        return None
+    rows = [line.split("\t") for line in paths.read_text(path).splitlines()[1:] if line.count("\t") == 2]
+    preds, labels = {r[1] for r in rows}, {r[2] for r in rows}
+    if len(preds) != 1 or len(labels) < 2:
+        return None
+    return (
+        f"note: every dev prediction is {next(iter(preds))!r} (the labels hold {len(labels)} classes): the model "
+        f"learnt the class prior only. At learning rate {float(config.optimizer.learning_rate):g} a small or "
+        "randomly initialised model may not move; try --config.optimizer.learning_rate=1e-3 and more steps "
+        '(docs/finetuning.md, "Small runs")'
+    )
 
 
 def finetune(config, workdir: str, stop_at: Optional[int] = None) -> Dict[str, Any]:
@@ -111,7 +136,7 @@ def finetune(config, workdir: str, stop_at: Optional[int] = None) -> Dict[str, A
     (`build_program`), a pipeline of tokenized features, the initialisation from `init_from` (fresh runs only), and
     the dev evaluation with the best checkpoint (`best/`, by the task's primary metric) whose results and
     prediction files are written when it improves."""
-    from xlgen import outdir
+    from xlgen.train import outdir
 
     t_begin = time.time()
     if not str(workdir).strip():
@@ -129,8 +154,7 @@ def check_finetune_workdir(config, wd: Workdir) -> None:
     """A finetune workdir holding checkpoints of another task, or of a model with other shapes, is an error raised
     before anything in it changes (re-running the same task resumes or extends it)."""
     from data_pipelines import paths as paths_lib
-    from xlgen import outdir
-    from xlgen.train import loop
+    from xlgen.train import loop, outdir
 
     old = wd.read_config()
     if old is None:
@@ -151,12 +175,18 @@ def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None
     from xlgen import sharding
     from xlgen.finetune.readers.pipeline import FeaturePipeline
     from xlgen.finetune.tasks import get_task
-    from xlgen.train import loop
+    from xlgen.train import loop, tokenizer_store
     from xlgen.train.program import build_program
 
     workdir = wd.path  # absolute if local; a URL stays a URL
     task = get_task(config.task)
     is_main = _is_main()
+    config, done_at, notes = loop.resume_config(config, wd)  # resume / extend as `xlgen train` does
+    if done_at is not None:
+        stop_at = done_at if stop_at is None else min(int(stop_at), done_at)
+    if is_main:
+        for note in notes:
+            print(f"note: {note}", flush=True)
     stored = config  # config.json keeps a gs:// data_dir
     config = localize_data_dir(config)
     tokenizer = load_tokenizer(config)
@@ -176,11 +206,31 @@ def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None
         from xlgen.train import metrics as metrics_lib
 
         metrics_lib.check_trackers(config)
-        wd.write_config(stored, "finetune")
+        tokenizer_store.check_can_save(workdir, tokenizer)
+        if done_at is None:  # a finished run keeps its config.json
+            wd.write_config(stored, "finetune")
+        tokenizer_store.save(workdir, tokenizer)  # DIR/tokenizer/, named in config.json: the workdir is enough
     bspec = program.objective.batch_shapes(config, "train")
-    pipe = FeaturePipeline(
-        train_feats, global_batch_size=bspec["input_ids"][0][0], seed=int(config.seed), keys=set(bspec)
-    )
+    if "pack_ids" in bspec:  # finetune.packing: several examples per row
+        from xlgen.finetune import packing
+        from xlgen.finetune.objective import pack_size
+        from xlgen.finetune.readers.features import cls_last
+
+        packer = packing.Packer(
+            train_feats,
+            cls_last=cls_last(tokenizer),
+            stride=packing.pack_stride(config),
+            max_examples=pack_size(config),
+            pad_id=int(tokenizer.pad_id),
+            kind=task.kind,
+        )
+        pipe = packing.PackedFeaturePipeline(packer, global_batch_size=bspec["input_ids"][0][0], seed=int(config.seed))
+        if is_main:
+            print(f"packing: {pipe.examples_per_row():.2f} examples per row", flush=True)
+    else:
+        pipe = FeaturePipeline(
+            train_feats, global_batch_size=bspec["input_ids"][0][0], seed=int(config.seed), keys=set(bspec)
+        )
 
     initialize = None
     if config.init_from and wd.latest_step() is None:
@@ -191,7 +241,7 @@ def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None
             if is_main:
                 print(
                     f"init_from {config.init_from}: {report['loaded']} tensors loaded; fresh: "
-                    f"{report['fresh'] or 'none'}; unused: {len(report['unused'])}",
+                    f"{report['fresh'] or 'none'}; unused: {_named_tensors(report['unused'])}",
                     flush=True,
                 )
             return state
@@ -229,6 +279,15 @@ def _finetune(config, wd: Workdir, t_begin: float, stop_at: Optional[int] = None
         return best.best()
     finally:
         best.close()
+
+
+def _named_tensors(names, shown: int = 6) -> str:
+    """`2 (lm_loss.bias, mask_emb)`: how many, and the first `shown` names."""
+    names = sorted(names)
+    if not names:
+        return "none"
+    more = f", ... {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} ({', '.join(names[:shown])}{more})"
 
 
 def evaluate(config, workdir: str) -> Dict[str, Any]:

@@ -47,6 +47,11 @@ entry; the data pipeline follows from the objective.
                        `xlgen.generate` (a prompt, memory)
     from_tf            `TFImport`: the original TensorFlow release's variable names -> the family's module
                        (`xlgen convert --from-tf`, in the family's own `tf_import.py`); None = no importer
+    reporting          `Reporting`: what the system's logs and advice speak of (the unit a step processes, the
+                       learning-rate schedules that train it, the config sections it reads); default: a language
+                       model's (tokens, `config.optimizer`'s schedule, every section)
+    stream             `Stream`: the pretrained language model served segment by segment with its memory
+                       (`xlgen export --to-onnx/--to-stablehlo`, `xlgen.deploy`); None = no such export
 """
 
 from __future__ import annotations
@@ -134,6 +139,24 @@ class HFBench:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reporting:
+    """How `xlgen train` / `xlgen config show` report a system's runs (`xlgen.train.report` asks the record, never
+    the system's name).
+
+        unit            what `Objective.tokens_per_step` counts: logs print `<unit>/step`, `<unit>/s`
+        learning_rates  (config, total_steps) -> {player: step -> learning rate}: the schedules that train the
+                        system (a game's players); None = `config.optimizer`'s schedule (xlgen/optim.py), which
+                        the end-of-run extend advice and the total_steps-change note read
+        unused_keys     config sections (dotted prefixes, e.g. "optimizer", "objective_options") the system never
+                        reads: left out of `xlgen config show`
+    """
+
+    unit: str = "tokens"
+    learning_rates: Optional[Callable[[Any, int], Dict[str, Callable[[int], float]]]] = None
+    unused_keys: Tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class TFImport:
     """How `xlgen convert --from-tf` reads the family's original TensorFlow checkpoints (the family's own
     `tf_import.py` holds its name map: original variable name -> xlgen parameter).
@@ -147,6 +170,24 @@ class TFImport:
 
     load: Callable[[Any, Any], Any]
     original_config: Optional[Callable[[Dict[str, Any]], Any]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """A pretrained language model as a deployed function of one segment and its memory (`xlgen.deploy`).
+
+    scores   the name of the per-position output ("log_probs" | "logits"), `[b, l, V]` float32
+    step     (module, input_ids `[b, l]`, mems `[n_layer, b, M, d]` | None, mem_valid `[b]` int | None) ->
+             (scores, new_mems `[n_layer, b, M, d]`): a fixed-length memory buffer of M = mem_len rows whose
+             last `mem_valid` rows are real (0 = empty: the first segment sees no memory)
+    memory   module -> (n_layer, mem_len, d_model): the memory's shape; mem_len 0 = no memory
+    prepare  module -> module in its inference settings (e.g. pretraining-only batch layouts off)
+    """
+
+    scores: str
+    step: Callable[..., Tuple[Any, Any]]
+    memory: Callable[[Any], Tuple[int, int, int]]
+    prepare: Callable[[Any], Any] = lambda module: module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +212,8 @@ class Family:
     hf_bench: Optional[HFBench] = None
     sample: Optional[Callable[..., List[str]]] = None
     from_tf: Optional[TFImport] = None
+    reporting: Reporting = Reporting()
+    stream: Optional[Stream] = None
 
     def model_config(self, model_section: Mapping[str, Any], **overrides):
         """`config_class` from a `config.model` mapping (its `family` key ignored), lists as tuples; an unknown key

@@ -86,6 +86,16 @@ class Players(nnx.Module):
             setattr(self, p.name, p.make(rngs))
 
 
+def constant_learning_rates(config, total_steps: int) -> Dict[str, Callable[[Any], float]]:
+    """{player: constant schedule} of `config.players.<name>.learning_rate`: `Reporting.learning_rates` of a game
+    whose players train at constant rates (GDAN, InitialGAN)."""
+    return {name: optax.constant_schedule(float(p.learning_rate)) for name, p in config.players.items()}
+
+
+# a game's config: the players' own optimizers (config.players) replace config.optimizer; no language-model objective
+GAME_UNUSED_KEYS = ("optimizer", "objective_options")
+
+
 def _game_only(*args, **kwargs):
     raise ValueError("a multi-player objective trains through its game (Objective.game), not a single loss")
 

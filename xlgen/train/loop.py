@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines import paths
-from xlgen import outdir, registry, sharding
-from xlgen.train import goodput, guards, report, tiers, tokenizer_store
+from xlgen import registry, sharding
+from xlgen.train import goodput, guards, outdir, report, tiers, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.profile import StepProfiler
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
@@ -403,7 +403,7 @@ def run(
         if is_main and start < total:
             print(report.start_block(config, program, mesh, pipeline, wd.path, start), flush=True)
             print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
-        progress = metrics_lib.Progress(total, start, enabled=is_main)
+        progress = metrics_lib.Progress(total, start, enabled=is_main, unit=report.unit(config))
         health = guards.health_guard(config, program.objective, best_loss)
         if restored is not None:
             health.watch(start)
@@ -445,8 +445,9 @@ def run(
                     progress.reset_clock(step)
                     if is_main:
                         progress.message(
-                            f"first step done {t_last - t_begin:.0f}s after start (compiled; {program.tokens_per_step} "
-                            f"tokens/step, {program.analytic_flops_per_step:.3g} FLOPs/step)"
+                            f"first step done {t_last - t_begin:.0f}s after start (compiled; "
+                            + report.step_size_text(config, program)
+                            + ")"
                         )
                 ledger.step_done(step)
                 if step % log_every == 0 or step == total:
@@ -456,6 +457,8 @@ def run(
                     n = max(step - s_last, 0)
                     dt = max(now - t_last, 1e-9)
                     record = {"step": step, **vals}
+                    if hasattr(pipeline, "source_tokens"):  # a mixture: tokens/<source> read in steps [0, step)
+                        record.update(pipeline.source_tokens(step))
                     if health.total:
                         record["nonfinite_steps"] = health.take_window()  # updates skipped since the last record
                     if n:
@@ -616,6 +619,8 @@ def resume_config(config, wd: Workdir):
     if old is None or not step:
         with config.optimizer.unlocked():
             config.optimizer.schedule_history = ()
+        if "sources_history" in config.get("data", {}):
+            config.data.sources_history = ()
         return config, None, []
     new_total, old_total = int(config.total_steps), int(old.total_steps)
     if new_total <= step:
@@ -632,20 +637,18 @@ def resume_config(config, wd: Workdir):
     )
     with config.optimizer.unlocked():
         config.optimizer.schedule_history = history
+    if "sources_history" in config.get("data", {}):  # a mixture's weights changed: each source continues (mixture.py)
+        from data_pipelines.mixture import continue_history
+
+        config.data.sources_history = continue_history(old.data, config.data, step)
     notes = []
     a, b = (json.loads(json.dumps(config_lib.flat_items(c), default=str)) for c in (old, config))  # tuple = list
-    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k != "optimizer.schedule_history"]
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.endswith("_history")]
     if changed:
         shown = ", ".join(f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:8])
         notes.append(f"config changes against {wd.config_path}: {shown}" + (" ..." if len(changed) > 8 else ""))
     if new_total != old_total:
-        lr = optim.make_schedule(config.optimizer, new_total)
-        at, end = float(lr(step)), float(lr(new_total))
-        notes.append(
-            f"total_steps {old_total} -> {new_total} at step {step}: the learning rate continues from {at:.3g} "
-            f"(its value at step {step}) to {end:.3g} at step {new_total}, no re-warm-up"
-            + (" — it is 0: these steps learn nothing (the schedule decays to min_lr_ratio=0)" if at == 0 else "")
-        )
+        notes.append(report.total_steps_note(config, step, old_total, new_total))
     return config, None, notes
 
 

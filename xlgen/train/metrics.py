@@ -399,10 +399,12 @@ class MetricsWriter:
 
 
 class Progress:
-    """tqdm bar (step, loss, tokens/s, ETA) on a terminal; plain log lines otherwise (only process 0)."""
+    """tqdm bar (step, loss, tokens/s, ETA) on a terminal; plain log lines otherwise (only process 0). `unit`: what
+    the record's `tokens_per_sec` counts (the system's `Reporting.unit`: tokens, examples, ...)."""
 
-    def __init__(self, total: int, initial: int, *, enabled: bool = True):
+    def __init__(self, total: int, initial: int, *, enabled: bool = True, unit: str = "tokens"):
         self.enabled = enabled
+        self.unit = unit
         self.bar = None
         self.total = total
         self.start_time = time.time()
@@ -422,14 +424,15 @@ class Progress:
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             if record is not None:
-                self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record.get('tokens_per_sec', 0):.0f}")
+                rate = {f"{self.unit[:3]}_s": f"{record.get('tokens_per_sec', 0):.0f}"}
+                self.bar.set_postfix(loss=f"{record['loss']:.4f}", **rate)
         elif record is not None:
             done = step - self.start_step
             elapsed = time.time() - self.start_time
             eta = elapsed / max(done, 1) * (self.total - step)
             print(
                 f"step {step}/{self.total}  loss {record['loss']:.4f}  lr {record['learning_rate']:.3g}  "
-                f"tokens/s {record.get('tokens_per_sec', 0):.0f}  eta {eta:.0f}s",
+                f"{self.unit}/s {record.get('tokens_per_sec', 0):.0f}  eta {eta:.0f}s",
                 flush=True,
             )
 

@@ -50,7 +50,7 @@ def start_block(config, program, mesh, pipeline, workdir: str, start: int) -> st
     if getattr(program, "frozen", None):
         lines[0] += f" ({trainable_parameter_count(program):,} trainable)"
     n_tok = _dataset_tokens(pipeline)
-    data = f"{tps:,} tokens/step"
+    data = f"{tps:,} {unit(config)}/step"
     if n_tok:
         data = f"{n_tok:,} training tokens ({config.data.get('source', '')}); " + data
         data += f"; {total} steps = {total * tps / n_tok:.2f} passes over the data"
@@ -139,3 +139,112 @@ def write_summary(
     }
     paths.atomic_write_text(paths.join(workdir, SUMMARY), json.dumps(out, indent=2) + "\n")
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a system reports (its registry record's `Reporting`): units, learning rates, extend advice, shown keys
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _reporting(config):
+    from xlgen import registry
+
+    return registry.get(config.model.family).reporting
+
+
+def unit(config) -> str:
+    """What one training step's count (`tokens_per_step`) counts: "tokens" (language models), "examples", ..."""
+    return _reporting(config).unit
+
+
+def learning_rates(config, total_steps: int) -> Dict[str, Any]:
+    """{name: step -> learning rate} of the schedules that train the run: the system's players, or "" for
+    `config.optimizer`'s schedule (with the run's schedule_history)."""
+    own = _reporting(config).learning_rates
+    if own is not None:
+        return dict(own(config, int(total_steps)))
+    from xlgen import optim
+
+    return {"": optim.make_schedule(config.optimizer, int(total_steps))}
+
+
+def _rates(scheds: Dict[str, Any], step: int) -> Dict[str, float]:
+    return {name: float(s(step)) for name, s in scheds.items()}
+
+
+def _named(rates: Dict[str, float]) -> str:
+    return ", ".join(f"{name} {v:.3g}" if name else f"{v:.3g}" for name, v in rates.items())
+
+
+def extend_advice(config, step: int, train_cmd: str) -> list:
+    """End-of-run lines about extending a finished run (`train_cmd --config.total_steps=2*step`): from which
+    learning rate(s) the extra steps continue, or why there is no extend command (every rate has decayed to 0)."""
+    now = _rates(learning_rates(config, int(config.total_steps)), step)
+    if not any(v > 0 for v in now.values()):
+        if "" in now:
+            why = f"the learning rate has decayed to 0 (optimizer.min_lr_ratio={config.optimizer.min_lr_ratio})"
+        else:
+            why = f"every player's learning rate has decayed to 0 ({_named(now)})"
+        return [
+            f"  (no extend command: {why}, so more steps would learn nothing; for a longer run use a new "
+            "--workdir with a larger --config.total_steps)"
+        ]
+    lines = [f"  extend:      {train_cmd} --config.total_steps={2 * step}"]
+    if "" in now:
+        lr = now[""]
+        floor = float(config.optimizer.learning_rate) * float(config.optimizer.min_lr_ratio)
+        if abs(lr - floor) <= 1e-6 * lr:
+            how = f"at the final learning rate {lr:.3g}"
+        elif config.optimizer.get("schedule") == "constant":
+            how = f"at the constant learning rate {lr:.3g}"
+        else:
+            how = f"from the current learning rate {lr:.3g}, decaying to {floor:.3g}"
+        lines.append(f"               (steps {step}-{2 * step} continue {how}; no re-warm-up)")
+        return lines
+    later = learning_rates(config, 2 * step)
+    lines.append(
+        f"               (steps {step}-{2 * step} follow the players' schedules over total_steps={2 * step}: "
+        f"{_named(_rates(later, step))} at step {step}; {_named(_rates(later, 2 * step))} at step {2 * step})"
+    )
+    return lines
+
+
+def total_steps_note(config, step: int, old_total: int, new_total: int) -> str:
+    """The note when a resumed run changes total_steps: the learning rate(s) from `step` to `new_total`, and a
+    warning when they are all 0 there (the steps would learn nothing)."""
+    scheds = learning_rates(config, new_total)
+    at, end = _rates(scheds, step), _rates(scheds, new_total)
+    dead = not any(v > 0 for v in at.values())
+    if "" in at:
+        text = (
+            f"the learning rate continues from {at['']:.3g} (its value at step {step}) to {end['']:.3g} at step "
+            f"{new_total}, no re-warm-up"
+        )
+        warn = " — it is 0: these steps learn nothing (the schedule decays to min_lr_ratio=0)"
+    else:
+        text = f"the players' learning rates go from {_named(at)} at step {step} to {_named(end)} at step {new_total}"
+        warn = " — all 0: these steps learn nothing"
+    return f"total_steps {old_total} -> {new_total} at step {step}: {text}" + (warn if dead else "")
+
+
+def shown_items(config) -> Dict[str, Any]:
+    """{dotted key: value} that `xlgen config show` prints: every leaf but those of sections the system does not
+    read (its `Reporting.unused_keys`)."""
+    from xlgen.config import flat_items
+
+    items = flat_items(config)
+    family = config.get("model", {}).get("family") if hasattr(config, "get") else None
+    from xlgen import registry
+
+    if family not in registry.names():
+        return items
+    hidden = tuple(_reporting(config).unused_keys)
+    return {k: v for k, v in items.items() if not any(k == h or k.startswith(h + ".") for h in hidden)}
+
+
+def step_size_text(config, program) -> str:
+    """`8,192 tokens/step, 1.2e+09 FLOPs/step`: what one step processes, in the system's unit, and its analytic
+    FLOPs when the system counts them."""
+    text = f"{int(program.tokens_per_step):,} {unit(config)}/step"
+    flops = float(program.analytic_flops_per_step or 0.0)
+    return text + (f", {flops:.3g} FLOPs/step" if flops else "")

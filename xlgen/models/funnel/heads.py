@@ -91,9 +91,18 @@ class FunnelForSequenceClassification(nnx.Module):
         self.funnel = FunnelBaseModel(cfg, rngs=rngs)
         self.classifier = ClassificationHead(cfg, num_labels, rngs=rngs)
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None) -> FunnelOutput:
-        out = self.funnel(input_ids, token_type_ids, attention_mask)
-        return out.replace(logits=self.classifier(out.last_hidden_state[:, 0]))
+    def __call__(
+        self, input_ids, token_type_ids=None, attention_mask=None, *, pack_ids=None, cls_index=None
+    ) -> FunnelOutput:
+        """Packed rows (`xlgen.finetune.packing`): pack_ids `[b, T]`, cls_index `[b, E]` (each example's <cls>, at
+        a multiple of the pooling stride) -> logits `[b, E, num_labels]`."""
+        out = self.funnel(input_ids, token_type_ids, attention_mask, pack_ids=pack_ids)
+        h = out.last_hidden_state
+        if pack_ids is None:
+            return out.replace(logits=self.classifier(h[:, 0]))
+        stride = jnp.shape(input_ids)[1] // h.shape[1]  # the encoder's total pooling
+        x = jnp.take_along_axis(h, (jnp.asarray(cls_index, jnp.int32) // stride)[..., None], axis=1)
+        return out.replace(logits=self.classifier(x))
 
 
 class FunnelForTokenClassification(nnx.Module):
@@ -106,8 +115,8 @@ class FunnelForTokenClassification(nnx.Module):
         self.drop = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.classifier = Dense((cfg.d_model,), (num_labels,), ("embed",), (None,), init_std=cfg.init_std, rngs=rngs)
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None) -> FunnelOutput:
-        out = self.funnel(input_ids, token_type_ids, attention_mask)
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, *, pack_ids=None) -> FunnelOutput:
+        out = self.funnel(input_ids, token_type_ids, attention_mask, pack_ids=pack_ids)
         logits = self.classifier(self.drop(out.last_hidden_state)).astype(jnp.float32)
         return out.replace(logits=logits)
 

@@ -239,6 +239,41 @@ def pool_sequence(x: jax.Array, mode: str, cfg: FunnelConfig) -> jax.Array:
     raise ValueError(f"unknown pooling mode {mode!r}")
 
 
+def _pairs(x: jax.Array, cfg: FunnelConfig) -> jax.Array:
+    """`[b, T, ...]` -> the pooling windows `[b, ceil(T'/2), 2, ...]` of `pool_sequence` (T' after the <cls> shift)."""
+    if cfg.separate_cls:
+        suffix = x[:, :-1] if cfg.truncate_seq else x
+        x = jnp.concatenate([x[:, :1], suffix], axis=1)
+    if x.shape[1] % 2:
+        x = jnp.concatenate([x, x[:, -1:]], axis=1)
+    return x.reshape(x.shape[0], x.shape[1] // 2, 2, *x.shape[2:])
+
+
+def pool_packed(x: jax.Array, mode: str, cfg: FunnelConfig, starts: jax.Array) -> jax.Array:
+    """`pool_sequence` of a packed row (several examples, each starting at a multiple of 2^(num_blocks-1);
+    `starts` `[b, T]` bool marks each example's first position, its <cls>). With separate_cls every example's <cls>
+    is kept apart as position 0 is in one example: the window whose second element is a <cls> (it pairs the
+    previous example's last, padding, position with the next example's <cls>) yields that <cls> alone. Without
+    separate_cls the windows never straddle two examples and the plain pooling applies."""
+    pooled = pool_sequence(x, mode, cfg)
+    if not cfg.separate_cls:
+        return pooled
+    pair, second = _pairs(x, cfg), _pairs(starts, cfg)[:, :, 1]
+    return jnp.where(second.reshape(second.shape + (1,) * (x.ndim - 2)), pair[:, :, 1], pooled)
+
+
+def pool_second(x: jax.Array, cfg: FunnelConfig) -> jax.Array:
+    """The second element of every pooling window `[b, T'', ...]` (a packed row's example ids and <cls> flags: a
+    window lies inside one example, or ends with the next example's <cls>)."""
+    return _pairs(x, cfg)[:, :, 1]
+
+
+def packed_starts(pack_ids: jax.Array) -> jax.Array:
+    """`[b, T]` bool: True where a packed example begins (position 0, and wherever the example id changes)."""
+    first = jnp.ones_like(pack_ids[:, :1], bool)
+    return jnp.concatenate([first, pack_ids[:, 1:] != pack_ids[:, :-1]], axis=1)
+
+
 def pool_positions(pos: np.ndarray, block_index: int, cfg: FunnelConfig) -> np.ndarray:
     """Absolute positions of the pooled sequence entering block `block_index` (original `rel_shift_pos_enc`):
     pooled states sit at the position of the first of their pair; <cls> is placed at 1 - 2^block_index so that
@@ -295,6 +330,13 @@ class AttentionInputs(NamedTuple):
     # [b, q] int: per-row query positions (selected rows of a full-length layer: keys at 0..k-1, k_stride = shift
     # = 1; q_pos unused), or None: the queries are at q_pos
     q_rows: Optional[jax.Array] = None
+    # packed rows (several examples per row, `xlgen.finetune.packing`): example id of every query / key position
+    # ([b, q], [b, k] int; attention stays inside an example) and their <cls> flags ([b, q], [b, k] bool: the
+    # func_mask of each example's own <cls>); None: one example per row
+    q_pack: Optional[jax.Array] = None
+    k_pack: Optional[jax.Array] = None
+    q_cls: Optional[jax.Array] = None
+    k_cls: Optional[jax.Array] = None
 
     def segment_same(self) -> jax.Array:
         """[b, q, k] True where the segment term uses seg_embed[1] (same segment, or <cls> involved)."""
@@ -364,7 +406,7 @@ class FunnelAttention(RelativeMultiHeadAttention):
         rows = ai.q_rows
         if rows is not None and (ai.k_stride != 1 or ai.shift != 1 or klen != len(ai.k_pos)):
             raise ValueError("FunnelAttention: query rows (q_rows) need a full-length layer (stride 1, no pooling)")
-        if rows is None and operands.fused_attention():
+        if rows is None and ai.q_pack is None and operands.fused_attention():
             attn_vec = self.fused_core(q_head, k_head, v_head, ai, b, dtype)
             if attn_vec is not None:
                 return self.output(query, attn_vec)
@@ -391,13 +433,17 @@ class FunnelAttention(RelativeMultiHeadAttention):
             pos = position_scores_at(q_head, self.position_heads(enc), b["r_r_bias"], start=klen - rows, klen=klen)
         seg = segment_scores(q_head, self.seg_embed[...], b["r_s_bias"], ai.segment_same())
         if self.separate_cls:  # func_mask: no position / segment bias on scores involving <cls>
-            if rows is None:
+            if ai.q_cls is not None:  # packed: each example's own <cls>
+                keep = ~(ai.q_cls[:, :, None] | ai.k_cls[:, None, :])[:, None]
+            elif rows is None:
                 keep = np.pad(np.ones((qlen - 1, klen - 1), bool), ((1, 0), (1, 0)))
             else:
                 keep = (rows > 0)[:, None, :, None] & (np.arange(klen) > 0)
             pos = jnp.where(keep, pos, 0)
             seg = jnp.where(keep, seg, 0)
         mask = (ai.key_real == 0)[:, None, None, :]
+        if ai.q_pack is not None:  # packed: no attention across examples
+            mask = mask | (ai.q_pack[:, :, None] != ai.k_pack[:, None, :])[:, None]
         attn_vec = relative_attention(
             q_head,
             self.content_keys(k_head),
@@ -485,9 +531,13 @@ class FunnelEmbeddings(nnx.Module):
         return self.drop(self.layer_norm(h)).astype(self.dtype)
 
 
-def _full_length_inputs(seq_len: int, token_type_ids, attention_mask) -> AttentionInputs:
+def _full_length_inputs(seq_len: int, token_type_ids, attention_mask, pack_ids=None) -> AttentionInputs:
     pos = np.arange(seq_len)
-    return AttentionInputs(pos, pos, 1, 1, token_type_ids, token_type_ids, attention_mask)
+    ai = AttentionInputs(pos, pos, 1, 1, token_type_ids, token_type_ids, attention_mask)
+    if pack_ids is None:
+        return ai
+    starts = packed_starts(pack_ids)
+    return ai._replace(q_pack=pack_ids, k_pack=pack_ids, q_cls=starts, k_cls=starts)
 
 
 class FunnelEncoder(nnx.Module):
@@ -505,13 +555,14 @@ class FunnelEncoder(nnx.Module):
         self.blocks = nnx.List([nnx.List([FunnelLayer(cfg, rngs=rngs) for _ in range(n)]) for n in cfg.block_sizes])
 
     def __call__(
-        self, h: jax.Array, token_type_ids: jax.Array, attention_mask: jax.Array
+        self, h: jax.Array, token_type_ids: jax.Array, attention_mask: jax.Array, pack_ids=None
     ) -> Tuple[jax.Array, jax.Array]:
-        """h `[b, T, d]` -> (last hidden `[b, T_M, d]`, block-1 output `[b, T, d]` for the decoder residual)."""
+        """h `[b, T, d]` -> (last hidden `[b, T_M, d]`, block-1 output `[b, T, d]` for the decoder residual).
+        pack_ids `[b, T]` int: packed rows (`xlgen.finetune.packing`), examples aligned to 2^(num_blocks-1)."""
         cfg = self.cfg
         if self.input_projection is not None:
             h = self.input_projection(h)
-        ai = _full_length_inputs(h.shape[1], token_type_ids, attention_mask)
+        ai = _full_length_inputs(h.shape[1], token_type_ids, attention_mask, pack_ids)
         block1 = None
         applied = 0
         for m, block in enumerate(self.blocks):
@@ -532,18 +583,29 @@ class FunnelEncoder(nnx.Module):
     def _pooling_layer(self, layer: FunnelLayer, h: jax.Array, ai: AttentionInputs, m: int):
         """First layer of block m > 0: pool, attend (pool-query-only or fully pooled), return pooled inputs."""
         cfg = self.cfg
-        pooled = pool_sequence(h, cfg.pooling_type, cfg)
         q_pos = pool_positions(ai.q_pos, m, cfg)
-        q_type = stride_select(ai.q_type, 1, cfg)
         stride = 2**m
+        if ai.q_cls is None:
+            pooled = pool_sequence(h, cfg.pooling_type, cfg)
+            q_type = stride_select(ai.q_type, 1, cfg)
+            key_real = pool_sequence(ai.key_real, "min", cfg)
+            packed = {}
+        else:  # packed rows: every example pools as if alone (`pool_packed`)
+            pooled = pool_packed(h, cfg.pooling_type, cfg, ai.q_cls)
+            q_type = jnp.where(
+                pool_second(ai.q_cls, cfg), pool_second(ai.q_type, cfg), stride_select(ai.q_type, 1, cfg)
+            )
+            key_real = pool_packed(ai.key_real, "min", cfg, ai.q_cls)
+            pack, cls = pool_second(ai.q_pack, cfg), pool_second(ai.q_cls, cfg)
+            packed = dict(q_pack=pack, k_pack=pack, q_cls=cls, k_cls=cls)
         if cfg.pool_q_only:
             ai_q = AttentionInputs(q_pos, ai.k_pos, stride // 2, 2, q_type, ai.k_type, ai.key_real)
+            if packed:
+                ai_q = ai_q._replace(q_pack=packed["q_pack"], k_pack=ai.k_pack, q_cls=packed["q_cls"], k_cls=ai.k_cls)
             out = layer(pooled, h, ai_q)
         else:
-            key_real = pool_sequence(ai.key_real, "min", cfg)
-            out = layer(pooled, pooled, AttentionInputs(q_pos, q_pos, stride, 1, q_type, q_type, key_real))
-        key_real = pool_sequence(ai.key_real, "min", cfg)
-        return out, AttentionInputs(q_pos, q_pos, stride, 1, q_type, q_type, key_real)
+            out = layer(pooled, pooled, AttentionInputs(q_pos, q_pos, stride, 1, q_type, q_type, key_real, **packed))
+        return out, AttentionInputs(q_pos, q_pos, stride, 1, q_type, q_type, key_real, **packed)
 
 
 class FunnelDecoder(nnx.Module):
@@ -553,13 +615,15 @@ class FunnelDecoder(nnx.Module):
         self.cfg = cfg
         self.layers = nnx.List([FunnelLayer(cfg, rngs=rngs) for _ in range(cfg.num_decoder_layers)])
 
-    def __call__(self, final_hidden, block1_hidden, token_type_ids, attention_mask, rows=None) -> jax.Array:
+    def __call__(
+        self, final_hidden, block1_hidden, token_type_ids, attention_mask, rows=None, pack_ids=None
+    ) -> jax.Array:
         """-> `[b, T, d]`, or with `rows` (int `[b, k]` positions) the output at those positions only, `[b, k, d]`:
         the last layer then runs its queries, FFN and LayerNorms on those k rows (keys/values at all T), which
         is all an MLM loss over k predicted positions needs."""
         seq_len = block1_hidden.shape[1]
         h = upsample(final_hidden, 2 ** (self.cfg.num_blocks - 1), seq_len, self.cfg) + block1_hidden
-        ai = _full_length_inputs(seq_len, token_type_ids, attention_mask)
+        ai = _full_length_inputs(seq_len, token_type_ids, attention_mask, pack_ids)
         last = len(self.layers) - 1
         for n, layer in enumerate(self.layers):
             if rows is not None and n == last:
@@ -607,9 +671,9 @@ class FunnelBaseModel(nnx.Module):
         self.embeddings = FunnelEmbeddings(cfg, rngs=rngs)
         self.encoder = FunnelEncoder(cfg, rngs=rngs)
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None) -> FunnelOutput:
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, pack_ids=None) -> FunnelOutput:
         input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
-        h, _ = self.encoder(self.embeddings(input_ids), token_type_ids, attention_mask)
+        h, _ = self.encoder(self.embeddings(input_ids), token_type_ids, attention_mask, pack_ids)
         return FunnelOutput(last_hidden_state=h)
 
 
@@ -624,17 +688,18 @@ class FunnelModel(nnx.Module):
         self.decoder = FunnelDecoder(cfg, rngs=rngs)
 
     def encode_decode(
-        self, embedded: jax.Array, token_type_ids, attention_mask, rows=None
+        self, embedded: jax.Array, token_type_ids, attention_mask, rows=None, pack_ids=None
     ) -> Tuple[jax.Array, jax.Array]:
         """From embeddings `[b, T, d_embed]`: (decoder output `[b, T, d]` (`[b, k, d]` at `rows`, see
         `FunnelDecoder`), encoder output `[b, T_M, d]`)."""
-        enc, block1 = self.encoder(embedded, token_type_ids, attention_mask)
-        return self.decoder(enc, block1, token_type_ids, attention_mask, rows), enc
+        enc, block1 = self.encoder(embedded, token_type_ids, attention_mask, pack_ids)
+        return self.decoder(enc, block1, token_type_ids, attention_mask, rows, pack_ids), enc
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, rows=None) -> FunnelOutput:
-        """`rows` (int `[b, k]`): `last_hidden_state` `[b, k, d]` at those positions only (see `FunnelDecoder`)."""
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, rows=None, pack_ids=None) -> FunnelOutput:
+        """`rows` (int `[b, k]`): `last_hidden_state` `[b, k, d]` at those positions only (see `FunnelDecoder`).
+        `pack_ids` `[b, T]`: packed rows (`xlgen.finetune.packing`)."""
         input_ids, token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
-        dec, enc = self.encode_decode(self.embeddings(input_ids), token_type_ids, attention_mask, rows)
+        dec, enc = self.encode_decode(self.embeddings(input_ids), token_type_ids, attention_mask, rows, pack_ids)
         return FunnelOutput(last_hidden_state=dec, encoder_last_hidden_state=enc)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from xlgen.models.family import Family, TFImport
+from xlgen.models.family import Family, Stream, TFImport
 from xlgen.models.numbering import layer_stack_ids
 from xlgen.models.transformer_xl import tf_import
 from xlgen.models.transformer_xl.cost import train_flops
@@ -23,6 +23,16 @@ def _wrap(module: TransformerXLLM, kwargs) -> TransfoXLPretrained:
     return TransfoXLPretrained(module)
 
 
+def _stream_step(module: TransformerXLLM, input_ids, mems, mem_valid):
+    """log-probs `[b, l, V]` and the memory after this segment (fixed-length buffer, `mem_valid` rows real)."""
+    return module(input_ids, mems, mem_valid=mem_valid)[:2]
+
+
+def _memory(module: TransformerXLLM):
+    c = module.config
+    return c.n_layer, c.mem_len, c.d_model
+
+
 FAMILY = Family(
     name="transformer_xl",
     hf_model_type="transfo-xl",
@@ -37,4 +47,5 @@ FAMILY = Family(
     train_flops=train_flops,
     hf_bench=HF_BENCH,
     from_tf=TFImport(load=tf_import.load),
+    stream=Stream(scores="log_probs", step=_stream_step, memory=_memory),
 )

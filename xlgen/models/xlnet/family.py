@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xlgen.models.family import Family, TFImport
+from xlgen.models.family import Family, Stream, TFImport
 from xlgen.models.numbering import layer_stack_ids
 from xlgen.models.xlnet import tf_import
 from xlgen.models.xlnet.cost import train_flops
@@ -54,6 +54,27 @@ def _squad_outputs(model, batch, *, train: bool):
     }
 
 
+def _stream_step(module: XLNetLMHeadModel, input_ids, mems, mem_valid):
+    """LM-head logits `[b, l, V]` of every position (no permutation: each position sees the memory and the segment
+    as `attn_type` allows) and the memory after this segment (fixed-length buffer, `mem_valid` rows real)."""
+    return module(input_ids, mems=mems, mem_valid=mem_valid)
+
+
+def _inference(module: XLNetLMHeadModel) -> XLNetLMHeadModel:
+    """Pretraining's batch layouts off: no forward/backward batch halves (bi_data), the whole segment kept in the
+    memory (reuse_len), as `xlgen export --to-hf` writes the config."""
+    import dataclasses
+
+    cfg = dataclasses.replace(module.config, bi_data=False, reuse_len=None)
+    module.config = module.transformer.config = cfg
+    return module
+
+
+def _memory(module: XLNetLMHeadModel):
+    c = module.config
+    return c.n_layer, int(c.mem_len or 0), c.d_model
+
+
 FAMILY = Family(
     name="xlnet",
     hf_model_type="xlnet",
@@ -82,4 +103,5 @@ FAMILY = Family(
     train_flops=train_flops,
     hf_bench=HF_BENCH,
     from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
+    stream=Stream(scores="logits", step=_stream_step, memory=_memory, prepare=_inference),
 )

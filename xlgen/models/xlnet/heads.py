@@ -42,6 +42,13 @@ def _gather_positions(h: jax.Array, index: jax.Array) -> jax.Array:
     return jnp.take_along_axis(h, jnp.asarray(index, jnp.int32)[:, None, None], axis=1)[:, 0]
 
 
+def packed_perm_mask(pack_ids: jax.Array) -> jax.Array:
+    """`[b, l, l]` float: 1 where position i may not attend to j because they belong to different packed examples.
+    Relative attention sees only distances, so an example attends exactly as in a row of its own."""
+    pack_ids = jnp.asarray(pack_ids)
+    return (pack_ids[:, :, None] != pack_ids[:, None, :]).astype(jnp.float32)
+
+
 class SequenceSummary(nnx.Module):
     """Pool a sequence `[b, l, d]` to `[b, d']`: "last" (XLNet's `<cls>`), "first", "mean" or "cls_index", then
     optional Dense (to d_model, or num_labels with `summary_proj_to_labels`), activation (tanh) and dropout."""
@@ -64,6 +71,10 @@ class SequenceSummary(nnx.Module):
             x = h.mean(axis=1)
         else:
             x = h[:, -1] if cls_index is None else _gather_positions(h, cls_index)
+        return self.project(x)
+
+    def project(self, x: jax.Array) -> jax.Array:
+        """The summary of selected states `[..., d]`: Dense, activation, dropout."""
         if self.summary is not None:
             x = self.summary(x)
         if self.activation == "tanh":
@@ -83,8 +94,14 @@ class XLNetForSequenceClassification(nnx.Module):
         d_sum = self.sequence_summary.summary.kernel.shape[-1] if config.summary_use_proj else config.d_model
         self.logits_proj = _dense(config, d_sum, config.num_labels, rngs, out_axis=None)
 
-    def __call__(self, input_ids, token_type_ids=None, *, cls_index=None, segment_pool="last", **kwargs):
-        """input_ids `[b, l]`, or `[b, N, l]`: N segments with memory (`mem_len`, `attention_mask` required)."""
+    def __call__(self, input_ids, token_type_ids=None, *, cls_index=None, segment_pool="last", pack_ids=None, **kwargs):
+        """input_ids `[b, l]`, or `[b, N, l]`: N segments with memory (`mem_len`, `attention_mask` required).
+        Packed rows (`xlgen.finetune.packing`): pack_ids `[b, l]` (attention kept inside each example) and cls_index
+        `[b, E]` (each example's `<cls>`) -> logits `[b, E, num_labels]`."""
+        if pack_ids is not None:
+            h, new_mems = self.transformer(input_ids, token_type_ids, perm_mask=packed_perm_mask(pack_ids), **kwargs)
+            x = jnp.take_along_axis(h, jnp.asarray(cls_index, jnp.int32)[..., None], axis=1)  # [b, E, d]
+            return self.logits_proj(self.sequence_summary.project(x)).astype(jnp.float32), new_mems
         if jnp.ndim(input_ids) == 3:
             h, new_mems = encode_segments(
                 self.transformer,
@@ -109,7 +126,10 @@ class XLNetForTokenClassification(nnx.Module):
         self.transformer = XLNetModel(config, rngs=rngs)
         self.classifier = _dense(config, config.d_model, config.num_labels, rngs, out_axis=None)
 
-    def __call__(self, input_ids, token_type_ids=None, **kwargs):
+    def __call__(self, input_ids, token_type_ids=None, *, pack_ids=None, **kwargs):
+        """pack_ids `[b, l]`: packed rows, attention kept inside each example (`xlgen.finetune.packing`)."""
+        if pack_ids is not None:
+            kwargs["perm_mask"] = packed_perm_mask(pack_ids)
         h, new_mems = self.transformer(input_ids, token_type_ids, **kwargs)
         return self.classifier(h).astype(jnp.float32), new_mems
 

@@ -34,12 +34,12 @@ import numpy as np
 import optax
 
 from data_pipelines import paths
-from xlgen.models.family import Family, Objective
+from xlgen.models.family import Family, Objective, Reporting
 from xlgen.systems.gan import data as gdata
 from xlgen.systems.gan import evaluation as geval
 from xlgen.systems.gan import losses
 from xlgen.systems.gan import models as gm
-from xlgen.train.game import Game, GameProgram, Player, game_objective
+from xlgen.train.game import GAME_UNUSED_KEYS, Game, GameProgram, Player, game_objective
 
 CEGAN_VARIANTS = ("gan", "egan_const", "egan_ent_nn", "egan_ent_vi")
 BADGAN_VARIANTS = ("supervised", "fm", "badgan")
@@ -55,6 +55,14 @@ def _tx(opt_config, total_steps: int):
         [optax.constant_schedule(lr), optax.linear_schedule(lr, end_lr, max(total_steps - start, 1))], [start]
     )
     return optax.adam(sched, b1=float(opt_config.b1), b2=float(opt_config.b2)), sched
+
+
+def learning_rates(config, total_steps: int):
+    """{player: schedule} of every configured player (`Reporting.learning_rates`)."""
+    return {name: _tx(p, total_steps)[1] for name, p in config.players.items()}
+
+
+REPORTING = Reporting(unit="examples", learning_rates=learning_rates, unused_keys=GAME_UNUSED_KEYS)
 
 
 def _player(name, make, config) -> Player:
@@ -490,6 +498,7 @@ CEGAN = Family(
     default_objective="cegan",
     models={"disc": gm.MLP, "gen": gm.FCGenerator, "dc_disc": gm.DCDiscriminator, "dc_gen": gm.DCGenerator},
     objectives={"cegan": _objective("cegan", cegan_game, cegan_evaluate)},
+    reporting=REPORTING,
 )
 BADGAN = Family(
     name="badgan",
@@ -497,4 +506,5 @@ BADGAN = Family(
     default_objective="badgan",
     models={"disc": gm.MLP, "gen": gm.FCGenerator, "density": gm.PixelDensity, "enc": gm.Encoder},
     objectives={"badgan": _objective("badgan", badgan_game, badgan_evaluate)},
+    reporting=REPORTING,
 )

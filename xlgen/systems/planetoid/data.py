@@ -177,12 +177,18 @@ def planetoid_split(y: np.ndarray, labels_per_class: int, num_test: int, seed: i
     for c in np.unique(y[known]):
         pool = known[y[known] == c]
         if len(pool) < labels_per_class:
-            raise DataError(f"class {c} has {len(pool)} labeled nodes, fewer than labels_per_class={labels_per_class}")
+            raise DataError(
+                f"class {c} has {len(pool)} labeled nodes, fewer than labels_per_class={labels_per_class} (the "
+                f"default suits Cora-sized graphs; for a small graph lower --config.data.labels_per_class)"
+            )
         labeled.append(rng.choice(pool, labels_per_class, replace=False))
     labeled = np.sort(np.concatenate(labeled))
     rest = np.setdiff1d(known, labeled)
     if len(rest) < num_test:
-        raise DataError(f"{len(rest)} nodes with labels remain after the labeled draw, fewer than num_test={num_test}")
+        raise DataError(
+            f"{len(rest)} nodes with labels remain after the labeled draw, fewer than num_test={num_test} (the "
+            f"default suits Cora-sized graphs; for this graph set --config.data.num_test={len(rest)} or fewer)"
+        )
     return labeled, np.sort(rng.choice(rest, num_test, replace=False))
 
 

@@ -175,4 +175,5 @@ OBJECTIVE = Objective(
     eval_loss=eval_loss,
     pipeline=PlanetoidPipeline,
     eval_metrics=lambda mean, config: {"accuracy": mean},
+    tokens_per_step=lambda config: int(config.data.supervised_batch_size) + int(config.data.context_batch_size),
 )

@@ -13,7 +13,7 @@ import io
 import numpy as np
 
 from data_pipelines import paths
-from xlgen.models.family import Family
+from xlgen.models.family import Family, Reporting
 from xlgen.systems.planetoid import objective
 from xlgen.systems.planetoid.model import Planetoid, PlanetoidConfig
 
@@ -66,4 +66,6 @@ FAMILY = Family(
     default_objective="planetoid",
     models={"planetoid": Planetoid},
     objectives={"planetoid": dataclasses.replace(objective.OBJECTIVE, evaluate=evaluate)},
+    # a step: N1 labeled nodes + N2 context pairs; SGD with config.optimizer; no language-model objective options
+    reporting=Reporting(unit="examples", unused_keys=("objective_options",)),
 )
