@@ -70,6 +70,26 @@ def test_tpu_vm_dry_run_plans_the_pod():
     ) in command
 
 
+def test_tpu_vm_watch_dry_run_shows_the_recovery():
+    """--watch: one round of the watch is printed with the recovery from a preemption (delete, request, wait, copy,
+    install, relaunch: the same commands as the first launch); --max-restarts supervises training on the workers."""
+    args = ["--name=xl", "--zone=z", "--accelerator-type=v3-8", f"--config={CONFIG}", "--workdir=gs://b/w"]
+    r = run(TPU_VM, *args, "--dry-run", "--watch=60", "--max-restarts=5")
+    assert r.returncode == 0, r.stderr
+    plan, create, scp, install, train, delete, *again = commands(r.stdout)
+    assert again == [create, scp, install, train]
+    assert delete[3:6] == ["queued-resources", "delete", "xl"] and "--force" in delete
+    command = next(a for a in train if a.startswith("--command="))
+    assert "xlgen train --config=" in command and "--distributed=on --max_restarts=5 " in command
+    done, state = commands(r.stderr)  # the watch's queries (their output is their result)
+    assert done == ["gcloud", "storage", "cat", "gs://b/w/summary.json"]
+    assert state[3:6] == ["queued-resources", "describe", "xl"] and "--format=value(state.state)" in state
+    assert "# xl is PREEMPTED (preempted): requesting it again and relaunching" in r.stdout
+    for bad, message in (("--watch=soon", "--watch takes a number"), ("--max-restarts=-1", "--max-restarts must")):
+        r = run(TPU_VM, *args, "--dry-run", bad)
+        assert r.returncode == 2 and message in r.stderr
+
+
 @pytest.mark.parametrize(
     "accel,topology",
     [

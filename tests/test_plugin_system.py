@@ -161,7 +161,7 @@ def _xlgen(env, *args, expect=0):
 def _final_eval(workdir):
     """The last evaluation record of a run's metrics.jsonl."""
     recs = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
-    evals = [r for r in recs if "split" in r]
+    evals = [r for r in recs if "split" in r and r["split"] != "goodput"]  # not the per-attempt goodput records
     return evals[-1]
 
 

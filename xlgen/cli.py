@@ -88,6 +88,19 @@ def _train_eval_parser(cmd: str) -> argparse.ArgumentParser:
             help="start again at step 0 when the workdir's checkpoints all failed or were set aside (its metric "
             "records are dropped)",
         )
+        p.add_argument(
+            "--max_restarts",
+            type=int,
+            default=None,
+            help="supervise: run training as a child process and re-run it from its latest good checkpoint when it "
+            "is killed, hangs or is preempted, at most N times (xlgen/train/supervisor.py)",
+        )
+        p.add_argument(
+            "--restart_backoff",
+            type=float,
+            default=10.0,
+            help="with --max_restarts: seconds before the first restart, doubling per restart (at most 300)",
+        )
     return p
 
 
@@ -160,6 +173,13 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
     except config_lib.ConfigError as e:
         print(f"xlgen {cmd}: error: {e}", file=sys.stderr)
         return 2
+    if cmd == "train" and args.max_restarts is not None:
+        if args.max_restarts < 0 or args.restart_backoff < 0:
+            print("xlgen train: error: --max_restarts and --restart_backoff must be >= 0", file=sys.stderr)
+            return 2
+        from xlgen.train.supervisor import supervise
+
+        return supervise(["train", *argv], args.max_restarts, args.restart_backoff)
     setup_runtime(args.platform or _default_platform(), args.distributed)
     import jax
 
@@ -194,6 +214,12 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
         if cmd == "train":
             print(diverged_resume_command(e, config, args.config, overrides, args.workdir), file=sys.stderr)
         return 1
+    except RuntimeError as e:  # a multi-process run whose peer died: status 3, one line (xlgen/train/watchdog.py)
+        if cmd != "train" or jax.process_count() == 1:
+            raise
+        from xlgen.train.watchdog import exit_orphaned
+
+        exit_orphaned(e, args.workdir, jax.process_index())
     if jax.process_index() == 0:
         print(end_block(summary, config), flush=True)
     return 0

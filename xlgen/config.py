@@ -372,7 +372,9 @@ def base_config() -> ConfigDict:
     data              the data pipeline's keys (data_pipelines.default_config(pipeline), docs/data.md)
     optimizer         see xlgen/optim.py
     mesh              data / fsdp / tensor sizes (-1 = fill) and the rule preset (dp | fsdp | fsdp_tp)
-    checkpoint        every_steps, keep, async_save, save_mems
+    checkpoint        every_steps, keep, async_save, save_mems, local_dir, local_every_steps
+    watchdog          timeout_s (0 = derived from the step time), factor, min_timeout_s, phase_timeout_s,
+                      straggler_factor (xlgen/train/watchdog.py)
     profile           start_step (-1 = off), num_steps, top_ops: a jax.profiler trace of those steps + a summary
     eval              split, steps (-1 = whole split), mem_len / same_length / clamp_len (TXL eval), metric
     """
@@ -433,8 +435,17 @@ def base_config() -> ConfigDict:
             ),
         )
     )
-    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0))  # num_devices 0 = all
-    c.checkpoint = ConfigDict(dict(every_steps=1000, keep=3, async_save=True, save_mems=True))
+    # num_devices 0 = all; num_slices: slices over DCN (`data` spans them; xlgen.sharding.make_mesh)
+    c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules="fsdp", num_devices=0, num_slices=1))
+    # local_dir / local_every_steps: a local checkpoint tier saved between the workdir's saves (xlgen/train/tiers.py)
+    c.checkpoint = ConfigDict(
+        dict(every_steps=1000, keep=3, async_save=True, save_mems=True, local_dir="", local_every_steps=0)
+    )
+    # hang watchdog (xlgen/train/watchdog.py): timeout_s 0 = factor x the longest recent gap between steps, at least
+    # min_timeout_s; compilation, evaluation and checkpointing get phase_timeout_s; a hung run exits with status 3
+    c.watchdog = ConfigDict(
+        dict(timeout_s=0.0, factor=10.0, min_timeout_s=300.0, phase_timeout_s=3600.0, straggler_factor=3.0)
+    )
     # jax.profiler trace of updates start_step+1 .. start_step+num_steps into WORKDIR/profile (start_step -1 = off),
     # then the top_ops operations by time printed (xlgen/train/profile.py)
     c.profile = ConfigDict(dict(start_step=-1, num_steps=3, top_ops=12))

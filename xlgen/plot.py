@@ -2,8 +2,9 @@
 
 One figure, one panel per quantity against the step: training loss (and each player's loss, `<player>_loss`, of a
 multi-player system), learning rate, tokens/s, and each evaluation
-metric (eval loss, ppl, bpc, accuracy, f1, ...; one line per split). Several workdirs are overlaid (legend = the
-workdir's name). Written to `DIR/plots/training.png` (one workdir) or `DIR/plots/compare.png` (several; the first
+metric (eval loss, ppl, bpc, accuracy, f1, ...; one line per split), and where the wall time went (the goodput
+records of each attempt, `xlgen.train.goodput`: stacked seconds per category, the run's goodput in the title).
+Several workdirs are overlaid (legend = the workdir's name). Written to `DIR/plots/training.png` (one workdir) or `DIR/plots/compare.png` (several; the first
 workdir), or `--out`, replacing the file if it exists. Prints the path.
 """
 
@@ -20,6 +21,7 @@ from data_pipelines import paths
 
 TRAIN_PANELS = (("loss", "training loss"), ("learning_rate", "learning rate"), ("tokens_per_sec", "tokens / s"))
 SKIP_EVAL = {"step", "split", "time", "wall_time"}
+GOODPUT = "goodput"  # the `split` of the per-attempt goodput records (not an evaluation)
 
 
 def _num(v) -> Optional[float]:
@@ -49,6 +51,47 @@ def _series(records: List[Dict], key: str, split: Optional[str]):
     return xs, ys
 
 
+def _goodput_panel(ax, runs: Dict[str, List[Dict]], names: Dict[str, str]) -> None:
+    """Stacked bars: each attempt's seconds per goodput category (one group of bars per workdir); the title gives
+    each run's goodput over all its attempts."""
+    from xlgen.train.goodput import CATEGORIES, goodput_of
+
+    colors = dict(zip(CATEGORIES, ("tab:green", "tab:blue", "tab:orange", "tab:purple", "tab:cyan", "tab:red", "0.6")))
+    width = 0.8 / len(runs)
+    titles = []
+    for i, (w, recs) in enumerate(runs.items()):
+        attempts = {}
+        for r in recs:
+            if r.get("split") == GOODPUT and isinstance(r.get("time_s"), dict):
+                attempts[int(r.get("attempt", len(attempts) + 1))] = r["time_s"]
+        if not attempts:
+            continue
+        xs = sorted(attempts)
+        bottom = [0.0] * len(xs)
+        for c in CATEGORIES:
+            ys = [float(attempts[a].get(c, 0.0) or 0.0) for a in xs]
+            if any(ys):
+                ax.bar(
+                    [x + i * width for x in xs],
+                    ys,
+                    width,
+                    bottom=bottom,
+                    color=colors[c],
+                    label=c.replace("_", " ") if i == 0 else None,
+                )
+                bottom = [b + y for b, y in zip(bottom, ys)]
+        total = {c: sum(float(attempts[a].get(c, 0.0) or 0.0) for a in xs) for c in CATEGORIES}
+        titles.append(f"{names[w]} {100 * (goodput_of(total) or 0.0):.1f}%")
+    ax.set_title("goodput: " + ", ".join(titles) if titles else "wall time per attempt")
+    ax.set_xlabel("attempt")
+    ax.set_ylabel("seconds")
+    ax.grid(alpha=0.3, axis="y")
+    if ax.patches:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
 def plot(workdirs: Sequence[str], out: Optional[str] = None) -> str:
     """Write the figure for `workdirs`; returns its path."""
     import matplotlib
@@ -63,7 +106,7 @@ def plot(workdirs: Sequence[str], out: Optional[str] = None) -> str:
     eval_keys: List[str] = []
     for recs in runs.values():
         for r in recs:
-            if r.get("split"):
+            if r.get("split") and r.get("split") != GOODPUT:
                 for k, v in r.items():
                     if k not in SKIP_EVAL and _num(v) is not None and k not in eval_keys:
                         eval_keys.append(k)
@@ -74,17 +117,22 @@ def plot(workdirs: Sequence[str], out: Optional[str] = None) -> str:
     train_panels = [(k, title, None) for k, title in TRAIN_PANELS]
     train_panels[1:1] = [(k, f"training {k.replace('_', ' ')}", None) for k in player_keys]
     panels = train_panels + [(k, f"eval {k}", "eval") for k in eval_keys]
+    if any(r.get("split") == GOODPUT for recs in runs.values() for r in recs):
+        panels.append((GOODPUT, "wall time per attempt", GOODPUT))
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     for ax, (key, title, kind) in zip(axes.flat, panels):
+        if kind == GOODPUT:
+            _goodput_panel(ax, runs, names)
+            continue
         for w, recs in runs.items():
             if kind is None:
                 xs, ys = _series(recs, key, None)
                 if xs:
                     ax.plot(xs, ys, label=names[w], linewidth=1.2)
             else:
-                for split in sorted({r["split"] for r in recs if r.get("split")}):
+                for split in sorted({r["split"] for r in recs if r.get("split") and r["split"] != GOODPUT}):
                     xs, ys = _series(recs, key, split)
                     if xs:
                         ax.plot(xs, ys, marker="o", markersize=3, label=f"{names[w]} ({split})")

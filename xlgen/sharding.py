@@ -107,17 +107,48 @@ def mesh_shape(sizes: Sequence[int], num_devices: int) -> Tuple[int, ...]:
     return tuple(sizes)
 
 
-def make_mesh(mesh_config, devices: Optional[Sequence] = None) -> Mesh:
+def make_mesh(mesh_config, devices: Optional[Sequence] = None, num_slices: Optional[int] = None) -> Mesh:
     """Mesh ("data", "fsdp", "tensor") from `config.mesh` (keys data/fsdp/tensor; optional num_devices > 0 uses
-    only the first N devices, e.g. to compare against a one-device run)."""
+    only the first N devices, e.g. to compare against a one-device run). The one mesh builder of `xlgen train` and
+    `xlgen plan`.
+
+    Several slices (`mesh.num_slices`, or `num_slices` given: `xlgen plan --num_slices`): the `data` axis is laid
+    over the slices (DCN: data parallelism across slices, the only traffic between them is the gradient reduction)
+    and within each slice over its devices (ICI), `fsdp` and `tensor` stay inside a slice; the logical rules are
+    unchanged. A slice is the devices of one `slice_index` (TPU multislice: `mesh_utils.create_hybrid_device_mesh`);
+    devices that do not come in `num_slices` slice indices (CPU processes standing in for slices) are split into
+    `num_slices` equal groups in (process, id) order, so one process per slice is one group per process."""
     devices = list(devices) if devices is not None else jax.devices()
-    n = int(mesh_config.get("num_devices", 0) or 0) if hasattr(mesh_config, "get") else 0
+    get = mesh_config.get if hasattr(mesh_config, "get") else (lambda k, d=None: d)
+    n = int(get("num_devices", 0) or 0)
     if n > 0:
         if n > len(devices):
             raise ValueError(f"mesh.num_devices={n} but only {len(devices)} devices are available")
         devices = devices[:n]
+    slices = int(num_slices if num_slices is not None else get("num_slices", 1) or 1)
     shape = mesh_shape([mesh_config["data"], mesh_config["fsdp"], mesh_config["tensor"]], len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    if slices == 1:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    return Mesh(hybrid_device_grid(shape, slices, devices), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def hybrid_device_grid(shape: Sequence[int], num_slices: int, devices: Sequence) -> np.ndarray:
+    """Devices as a (data, fsdp, tensor) grid with `data` = num_slices (DCN) x shape[0] // num_slices (ICI)."""
+    if num_slices < 1 or shape[0] % num_slices or len(devices) % num_slices:
+        raise ValueError(
+            f"mesh.data={shape[0]} must be a multiple of num_slices={num_slices} (data parallelism spans slices "
+            f"over DCN; fsdp and tensor stay inside a slice; {len(devices)} devices)"
+        )
+    ici = (shape[0] // num_slices, shape[1], shape[2])
+    if len({getattr(d, "slice_index", None) for d in devices} - {None}) == num_slices:  # TPU multislice
+        from jax.experimental import mesh_utils
+
+        return mesh_utils.create_hybrid_device_mesh(ici, (num_slices, 1, 1), devices=devices)
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    per = len(ordered) // num_slices
+    return np.concatenate(
+        [np.asarray(ordered[i * per : (i + 1) * per], dtype=object).reshape(ici) for i in range(num_slices)]
+    )
 
 
 def tiled_size(shape: Sequence[int]) -> int:

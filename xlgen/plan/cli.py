@@ -29,7 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="config file (configs/pretrain/*.py)")
     p.add_argument("--topology", help="TPU topology, e.g. v3:16x32, v4:4x4x8, v5e:16x16")
-    p.add_argument("--num_slices", type=int, default=1, help="number of slices (multislice over DCN)")
+    p.add_argument(
+        "--num_slices",
+        type=int,
+        default=None,
+        help="number of slices (multislice over DCN; default: the config's mesh.num_slices, which it sets)",
+    )
     p.add_argument(
         "--topologies",
         metavar="A,B,C",
@@ -179,6 +184,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"xlgen plan: error: {e}", file=sys.stderr)
         return 2
     from xlgen import topology as topo
+
+    if args.num_slices is None:  # the run's own: the mesh `xlgen train` builds (xlgen.sharding.make_mesh)
+        args.num_slices = int(config.mesh.get("num_slices", 1) or 1)
+    elif "num_slices" in config.mesh:
+        config.mesh.num_slices = args.num_slices
 
     if not topo.libtpu_available():
         print(

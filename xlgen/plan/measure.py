@@ -65,29 +65,11 @@ def parse_oom(message: str) -> Optional[Dict[str, int]]:
 
 
 def build_mesh(config, devices, num_slices: int):
-    """The trainer's mesh over `devices`; with several slices the `data` axis is laid over DCN (across slices)."""
+    """The trainer's mesh over `devices` (`xlgen.sharding.make_mesh`, the one builder); with several slices the
+    `data` axis is laid over DCN (across slices)."""
     from xlgen import sharding
 
-    if num_slices == 1:
-        return sharding.make_mesh(config.mesh, devices)
-    import jax
-    from jax.experimental import mesh_utils
-
-    shape = sharding.mesh_shape([config.mesh.data, config.mesh.fsdp, config.mesh.tensor], len(devices))
-    if shape[0] % num_slices:
-        raise ValueError(
-            f"mesh.data={shape[0]} must be a multiple of --num_slices={num_slices} (data parallelism "
-            f"spans slices over DCN; fsdp and tensor stay inside a slice)"
-        )
-    ici = (shape[0] // num_slices, shape[1], shape[2])
-    dcn = (num_slices, 1, 1)
-    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
-    try:  # the same axis types as `xlgen train`'s mesh (built over one slice's devices)
-        slice0 = [d for d in devices if getattr(d, "slice_index", 0) == 0]
-        axis_types = sharding.make_mesh({"data": ici[0], "fsdp": ici[1], "tensor": ici[2]}, slice0).axis_types
-    except Exception:  # noqa: BLE001 - fall back to the trainer's documented choice
-        axis_types = (jax.sharding.AxisType.Auto,) * 3
-    return jax.sharding.Mesh(grid, sharding.MESH_AXES, axis_types=axis_types)
+    return sharding.make_mesh(config.mesh, devices, num_slices=num_slices)
 
 
 def _log(msg: str) -> None:

@@ -29,10 +29,11 @@ import numpy as np
 
 from data_pipelines import paths
 from xlgen import registry, sharding
-from xlgen.train import guards, outdir, report, tokenizer_store
+from xlgen.train import goodput, guards, outdir, report, tiers, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.profile import StepProfiler
 from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
+from xlgen.train.watchdog import Watchdog
 from xlgen.train.workdir import Workdir
 
 log = logging.getLogger("xlgen")
@@ -316,6 +317,7 @@ def run(
         return b
 
     ckpt = wd.checkpointer(keep=int(ckpt_cfg.keep), async_save=bool(ckpt_cfg.async_save))
+    local_tier = tiers.local_checkpointer(config, wd)  # checkpoint.local_dir: the frequent, local tier (tiers.py)
     writer = metrics_lib.MetricsWriter(
         wd.path,
         enabled=is_main,
@@ -323,8 +325,11 @@ def run(
         trackers=metrics_lib.make_trackers(config, wd.path) if is_main else (),
     )
     best = evaluation.best if evaluation is not None else None
+    ledger = goodput.Ledger(t_begin)  # where the wall time goes (host clocks only; xlgen/train/goodput.py)
     with jax.set_mesh(mesh):
-        restored = wd.restore(program, mems=save_mems, checkpointer=ckpt, quarantine=True)
+        with ledger.timed("checkpoint"):
+            restored, restored_from = tiers.restore(wd, program, ckpt, local_tier, mems=save_mems, quarantine=True)
+        logged_step = goodput.last_train_step(writer.path) if is_main else None  # before the records are truncated
         best_loss = None
         if restored is not None:
             state, mems, restored_meta, start = restored
@@ -337,7 +342,7 @@ def run(
             if is_main:
                 dropped = metrics_lib.truncate_after(writer.path, start)
                 print(
-                    f"resumed from {ckpt.directory}/{start}"
+                    f"resumed from {restored_from}/{start}"
                     + (f" (dropped {dropped} metric records logged after it)" if dropped else ""),
                     flush=True,
                 )
@@ -354,7 +359,8 @@ def run(
         summary["start_step"] = start
 
         def do_eval(step):
-            res = evaluation.fn(state, step)
+            with ledger.timed("eval"):
+                res = evaluation.fn(state, step)
             rec = {"step": step, "split": evaluation.split, **res}
             writer.write(rec)
             progress.message(f"eval @ step {step} ({evaluation.split}): {_fmt_metrics(res)}")
@@ -369,11 +375,13 @@ def run(
                 "family": config.model.family,
                 "best_loss": health.best,
                 "learning_rate": float(config.optimizer.learning_rate),
+                "workdir": wd.path,
                 **(meta or {}),
             }
 
-        def save(step):
-            """Save `step` if the run is healthy (never over good checkpoints during an unhealthy streak)."""
+        def save(step, target=ckpt):
+            """Save `step` to `target` (the workdir's or the local tier) if the run is healthy (never over good
+            checkpoints during an unhealthy streak)."""
             health.check(step)
             if health.proven is not None:
                 ckpt.pin(health.proven)
@@ -384,7 +392,9 @@ def run(
                 )
                 return False
             writer.flush()  # records up to `step` are durable before its checkpoint can exist (gs://: no append)
-            ckpt.save(step, state, mems if save_mems else None, base_meta(step))
+            with ledger.timed("checkpoint"):
+                target.save(step, state, mems if save_mems else None, base_meta(step))
+            ledger.saved(step)
             health.watch(step)
             return True
 
@@ -407,6 +417,13 @@ def run(
         record = None
         end = total if stop_at is None else min(int(stop_at), total)
         batches = _train_batches(pipeline, start, end, int(config.get("prefetch", 2)))
+        if end > start:  # an attempt that trains: carry the earlier attempts' ledger over, watch for hangs
+            ledger.resume(goodput.read_ledger(wd.path) if is_main else None, start, logged_step)
+            if is_main and ledger.previous_record is not None:
+                writer.write(ledger.previous_record)
+        watchdog = Watchdog(
+            config, wd.path, ledger, process_index=jax.process_index(), emit=progress.message, enabled=end > start
+        ).start()
         profiler = StepProfiler(
             config,
             wd.path,
@@ -415,7 +432,7 @@ def run(
         )
         m = None
         try:
-            for s, local in batches:
+            for s, local in ledger.iterate(batches):
                 batch = global_batch(own_rows(local), program.batch_shardings, bspec)
                 profiler.before(s, state)
                 state, mems, m = program.train_step(state, batch, mems)
@@ -432,6 +449,7 @@ def run(
                             + report.step_size_text(config, program)
                             + ")"
                         )
+                ledger.step_done(step)
                 if step % log_every == 0 or step == total:
                     health.check(step)
                     vals = {k: float(v) for k, v in jax.device_get(m).items()}
@@ -452,6 +470,7 @@ def run(
                     else:
                         record["tokens_per_sec"] = 0.0
                     writer.write(record)
+                    watchdog.logged(s_last + 1, step, dt)  # stragglers; the goodput ledger
                     progress.update(step, record)
                     t_last, s_last = time.time(), step
                 else:
@@ -461,32 +480,50 @@ def run(
                     t_last = time.time()
                 if stop.should_stop(step):
                     saved = save(step)
-                    ckpt.wait()
+                    with ledger.timed("checkpoint"):
+                        ckpt.wait()
                     progress.message(
                         f"stopped by signal: saved checkpoint {ckpt.directory}/{step}"
                         if saved
                         else f"stopped by signal at step {step} (not saved: unhealthy)"
                     )
+                    writer.write(ledger.end_record(step, "preempted"))
+                    watchdog.write_ledger_end("preempted")
                     raise Preempted(step)
-                if (every > 0 and step % every == 0) or step == end:
-                    save(step)
+                tier = tiers.save_tier(step, every, end, local_tier, int(ckpt_cfg.get("local_every_steps", 0) or 0))
+                if tier is not None:
+                    save(step, local_tier if tier == "local" else ckpt)
             if evaluation is not None and end == total:
                 if (eval_every != 0 and end > start) or (
                     evaluation.always_at_end and (end > start or (best is not None and best.best() is None))
                 ):
                     do_eval(max(total, start))
             profiler.stop(m, steps=end - profiler.start)  # the run ended inside the profiled window
+            if end > start:
+                with ledger.timed("checkpoint"):
+                    ckpt.wait()
+                writer.write(ledger.end_record(end, "completed" if end == total else "stopped"))
         except guards.TrainingDiverged as e:
             _set_aside_diverged(e, ckpt, health, start if restored is not None else None)
+            if local_tier is not None:  # the local tier's steps after the good one would be restored next
+                local_tier.set_aside(
+                    [t for t in local_tier.all_steps() if e.good_step is None or t > e.good_step], "diverged"
+                )
             raise
         finally:
             batches.close()  # stops the prefetch worker
             stop.restore()
             progress.close()
             ckpt.close()
+            if local_tier is not None:
+                local_tier.close()
+            watchdog.stop()  # last: a clean-up that waits on a dead peer is still bounded
             writer.close()
     summary["step"] = max(end, start)
     summary["last"] = record
+    if end > start:
+        watchdog.write_ledger_end("completed" if end == total else "stopped")
+        summary["goodput"] = ledger.summary()
     if is_main and end <= start:  # nothing trained (a re-run of a finished run): summary.json stays as it is
         summary["summary"] = report.read_summary(wd.path)
     elif is_main:
@@ -500,7 +537,9 @@ def run(
             throughput=throughput,
             last_train=record,
             n_devices=n_dev,
+            extra={**summary["goodput"], "stragglers": watchdog.stragglers},
         )
+        print(goodput.describe_summary(summary["goodput"]), flush=True)
     return summary
 
 

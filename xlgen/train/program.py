@@ -274,6 +274,7 @@ def eval_step(config, objective: Objective, spec: ModelSpec, params, batch, mems
 # Config sections that do not change the compiled program (a resumed or re-run job reuses the executables).
 _NOT_PROGRAM = (
     "checkpoint",
+    "watchdog",
     "log_every_steps",
     "eval_every_steps",
     "tensorboard",

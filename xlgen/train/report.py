@@ -7,7 +7,9 @@
 summary.json: {"parameters", "trainable_parameters" (those the optimizer updates: fewer than "parameters" when some
 are frozen, `finetune.freeze` / LoRA), "steps", "start_step", "tokens_per_step", "tokens_seen", "wall_time_s",
 "tokens_per_sec", "model_flops_per_sec", "mfu" (null unless config.peak_flops_per_device is set), "last_eval",
-"best_eval" (lowest eval loss over the whole metrics.jsonl), "last_train", "family", "objective"}.
+"best_eval" (lowest eval loss over the whole metrics.jsonl), "last_train", "family", "objective", and the goodput
+ledger's (xlgen/train/goodput.py) cumulative "goodput" (0-1), "time_s" {productive, compile, data, checkpoint, eval,
+lost_to_restarts, idle}, "attempts", "lost_steps", plus "stragglers" (steps of this attempt in slow windows)}.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def start_block(config, program, mesh, pipeline, workdir: str, start: int) -> st
     axes = " ".join(f"{k}={v}" for k, v in mesh.shape.items())
     lines.append(
         f"  devices   {mesh.devices.size} x {dev.platform} ({jax.process_count()} process"
-        f"{'es' if jax.process_count() > 1 else ''}); mesh {axes} (rules {config.mesh.get('rules', '')})"
+        f"{'es' if jax.process_count() > 1 else ''}); mesh {axes} (rules {config.mesh.get('rules', '')}"
+        + (f"; data over {slices} slices)" if (slices := int(config.mesh.get("num_slices", 1) or 1)) > 1 else ")")
     )
     lines.append(f"  steps     {start} -> {total}" + (" (resuming)" if start else ""))
     lines.append(f"  workdir   {workdir}")
@@ -107,6 +110,7 @@ def write_summary(
     throughput: Throughput,
     last_train: Optional[Dict[str, Any]],
     n_devices: int,
+    extra: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     tps = int(program.tokens_per_step)
     sps = throughput.steps_per_sec()
@@ -131,6 +135,7 @@ def write_summary(
         "last_eval": evals[-1] if evals else None,
         "best_eval": min(evals, key=lambda r: r["loss"]) if evals else None,
         "last_train": last_train,
+        **(extra or {}),
     }
     paths.atomic_write_text(paths.join(workdir, SUMMARY), json.dumps(out, indent=2) + "\n")
     return out

@@ -19,7 +19,7 @@ def restore_params(workdir: str, step: Optional[int] = None):
     wd, path_step, sub = Workdir.parse(workdir)
     step = path_step if step is None else step
     config, program, restored = wd.open(
-        step=step, sub=sub or "checkpoints", mesh_config=dict(data=1, fsdp=1, tensor=1, num_devices=1)
+        step=step, sub=sub or "checkpoints", mesh_config=dict(data=1, fsdp=1, tensor=1, num_devices=1, num_slices=1)
     )
     return config, program, program.params_of(restored.state), restored.step
 
