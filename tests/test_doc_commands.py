@@ -186,6 +186,9 @@ NOT_RUN = {
     "xlgen plan --config=configs/pretrain/xlnet_large.py --topology=v3:16x32": (
         "AOT-compiles XLNet-Large for 1024 TPU cores (minutes; tests/test_plan.py compiles small plans)"
     ),
+    "xlgen plan --config=configs/pretrain/xlnet_large.py --topologies=v4:4x4x8,v5e:16x16,v5p:4x4x8,v6e:16x16": (
+        "AOT-compiles XLNet-Large for four 256-chip slices (8-15 minutes each; tests/test_plan.py sweeps small plans)"
+    ),
     ".venv/bin/tensorboard --logdir workdirs/demo/tensorboard": (
         "a server that runs until stopped (tests/test_user_edges.py starts the printed TensorBoard command)"
     ),

@@ -263,6 +263,8 @@ def problems(items: Dict[str, Any]) -> Dict[str, str]:
     for key, value in items.items():
         if value is None or not (_numeric(value) or isinstance(value, (tuple, list))):
             continue
+        if isinstance(value, (tuple, list)) and any(isinstance(v, (tuple, list, dict)) for v in value):
+            continue  # records, not a numeric key (optimizer.schedule_history's (step, total) pairs, ...)
         domain = domain_of(key)
         if domain is None:
             if not _numeric(value):

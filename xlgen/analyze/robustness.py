@@ -127,7 +127,7 @@ def _plot(path: str, rep: Dict) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     p = tool_parser("robustness", __doc__, png="Press and ε-effective ranks against c")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workdir", default="")
+    src.add_argument("--workdir", default=None)
     src.add_argument("--npy", default="", help="a saved Q `[m, n]` (m >= n)")
     p.add_argument("--contexts", type=int, default=0, help="with --workdir: rows of Q (default = vocabulary size)")
     p.add_argument("--split", default="")
