@@ -27,7 +27,7 @@ Funnel: `xlgen.models.funnel.cost` (per-block cost with pooling), with the posit
 LayerNorms at the k predicted rows per sequence (`funnel.heads.predictions_per_row`: `objective_options.
 max_predictions`, by default the mlm pipeline's own count; -1 = every position; `funnel.cost.train_flops`).
 
-The formulas live with each family (`xlgen.models.<family>.cost`, registered as `Family.train_flops`; the shared
+The formulas live with each family (`xlgen.models.<family>.cost`, registered as a `FlopCount` record; the shared
 counting primitives in `xlgen.models.cost`); `train_flops_per_step` asks the registry.
 
 Executed vs model FLOPs. The compiled step executes at least these matmuls and, on top:
@@ -47,19 +47,29 @@ MFU = model FLOPs / (devices · peak · time).
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, Tuple
 
 from xlgen import registry
 from xlgen.models.cost import adaptive_softmax_fwd, zipf_share
 
-__all__ = ["adaptive_softmax_fwd", "train_flops_per_step", "zipf_share"]
+__all__ = ["FlopCount", "adaptive_softmax_fwd", "train_flops_per_step", "zipf_share"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopCount:
+    """The record of a system whose training FLOPs are counted, in `Family.records` (`xlgen.registry`):
+    `train_step(config)` = the analytic model FLOPs of one global training step (a system without one logs no
+    MFU)."""
+
+    train_step: Callable[[Any], float]
 
 
 def train_flops_per_step(config, param_shapes: Dict[str, Tuple[int, ...]] | None = None) -> float:
     """Model FLOPs (forward + backward, no remat) of one global training batch (0.0 if the family is not registered):
-    the family's `train_flops` (`xlgen.models.<family>.cost`)."""
+    the family's `FlopCount` (`xlgen.models.<family>.cost`)."""
     fam = config.model.get("family")
     if fam not in registry.names():
         return 0.0
-    count = registry.get(fam).train_flops  # None: the system does not count its FLOPs (no MFU)
-    return float(count(config)) if count is not None else 0.0
+    count = registry.get(fam).record(FlopCount)  # None: the system does not count its FLOPs (no MFU)
+    return float(count.train_step(config)) if count is not None else 0.0

@@ -103,8 +103,9 @@ and every objective use it); it asks the family registry: the numberings live in
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -225,19 +226,33 @@ def effective_layer_ratios(
     return step / step[-1]
 
 
-def layer_ids(
-    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
-) -> Tuple[Dict[str, Optional[np.ndarray]], int]:
+Meta = Dict[str, Tuple[Tuple[int, ...], Tuple]]
+LayerIds = Tuple[Dict[str, Optional[np.ndarray]], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNumbering:
+    """The record of a system whose parameters are numbered into layers, in `Family.records` (`xlgen.registry`):
+    `layer_ids(meta) -> ({name: None | int array}, n_layer)`, `meta` = {dotted param name: (shape, logical
+    axes)}; what layer-wise learning-rate decay needs."""
+
+    layer_ids: Callable[[Meta], LayerIds]
+
+
+def layer_ids(meta: Meta, family: str) -> LayerIds:
     """Layer index of every parameter of a `family` model from its name (and, for stacked parameters, its shape):
     {name: None (outside the layer stack) | int array broadcastable to the parameter}, and n_layer = 1 + max index.
 
     meta: {dotted name: (shape, logical axes)} (what `ModelSpec.meta()` returns). The numbering is the family's
-    (`Family.layer_ids` in the registry; see the module docstring)."""
+    (its `LayerNumbering` record; see the module docstring)."""
     from xlgen import registry
 
     if family not in registry.names():
         raise ValueError(f"layer_ids: family={family!r}: expected one of {registry.names()}")
-    return registry.get(family).layer_ids(meta)
+    numbering = registry.get(family).record(LayerNumbering)
+    if numbering is None:
+        raise ValueError(f"layer_ids: family={family!r} numbers no parameters into layers (no LayerNumbering)")
+    return numbering.layer_ids(meta)
 
 
 def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: float) -> Dict[str, np.ndarray]:
@@ -262,7 +277,7 @@ def layer_decay_scales(
     if family not in registry.names():
         raise ValueError(
             f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family in {registry.names()} "
-            f"(got {family!r}); set it to 1.0 or give the new family a numbering (`Family.layer_ids`)"
+            f"(got {family!r}); set it to 1.0 or give the new family a numbering (`LayerNumbering`)"
         )
     ids, n = layer_ids(meta, family)
     return scales_from_ids(ids, n, rate)

@@ -1,8 +1,8 @@
 """`xlgen.from_pretrained`: dispatch on what a path holds.
 
 * A Hugging Face model directory (`config.json` + `model.safetensors` or `pytorch_model.bin`): dispatched on
-  `config.json["model_type"]` ("transfo-xl", "xlnet", "funnel") to the family's HF loader (`Family.from_hf` in
-  `xlgen.models.registry`). The loader picks the head from `config.json["architectures"]`.
+  `config.json["model_type"]` ("transfo-xl", "xlnet", "funnel") to the family's HF loader (`Interop.from_hf`,
+  `xlgen.interop`). The loader picks the head from `config.json["architectures"]`.
 * An xlgen workdir or checkpoint directory: `xlgen.train.workdir_model.from_workdir`.
 
 `path` may be a URL (`gs://bucket/models/xlnet-base-cased`, `gs://bucket/run`): files are read through etils.epath;
@@ -56,15 +56,15 @@ def from_pretrained(path: str, **kwargs) -> Any:
     cfg_path = paths.as_path(path) / "config.json"
     hf_cfg = hf_config(path)  # None: an xlgen workdir (config.json with an `xlgen` block) or checkpoint directory
     if hf_cfg is not None:
-        from xlgen import registry  # imported here so that `import xlgen` stays cheap
+        from xlgen.interop import Interop, by_hf_model_type, hf_model_types  # here: `import xlgen` stays cheap
 
         model_type = hf_cfg["model_type"]
-        if model_type not in registry.hf_model_types():
+        if model_type not in hf_model_types():
             raise ValueError(
-                f"{cfg_path}: model_type={model_type!r} is not supported; supported: {sorted(registry.hf_model_types())}"
+                f"{cfg_path}: model_type={model_type!r} is not supported; supported: {sorted(hf_model_types())}"
             )
         weights = read_hf_state_dict(path)
-        return registry.by_hf_model_type(model_type).from_hf(hf_cfg, weights, kwargs)
+        return by_hf_model_type(model_type).record(Interop).from_hf(hf_cfg, weights, kwargs)
     from xlgen.train.workdir_model import from_workdir
 
     return from_workdir(path, **kwargs)

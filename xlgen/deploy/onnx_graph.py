@@ -27,8 +27,9 @@ def _hf_model(module):
     import transformers
 
     from xlgen import registry
+    from xlgen.interop import Interop
 
-    hf_config, state_dict = registry.family_of(module).to_hf(module)
+    hf_config, state_dict = registry.family_of(module).record(Interop).to_hf(module)
     arch = hf_config["architectures"][0]
     cfg_class = transformers.AutoConfig.for_model(hf_config["model_type"]).__class__
     cfg = cfg_class.from_dict({k: v for k, v in hf_config.items() if k != "model_type"})

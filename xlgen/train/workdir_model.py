@@ -45,5 +45,6 @@ def _from_workdir(path: str, step: Optional[int] = None, **kwargs) -> Any:
     config, program, params, step = restore_params(path, step)
     module = program.make_model(params, train=False)
     from xlgen import registry
+    from xlgen.interop import Interop
 
-    return registry.get(config.model.family).wrap(module, kwargs)
+    return registry.get(config.model.family).record(Interop).wrap(module, kwargs)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from xlgen.models.family import Family, TFImport
+from xlgen.finetune.record import Finetuning
+from xlgen.flops import FlopCount
+from xlgen.interop import Interop, TFImport
 from xlgen.models.funnel import tf_import
 from xlgen.models.funnel.cost import train_flops
 from xlgen.models.funnel.heads import (
@@ -18,6 +20,8 @@ from xlgen.models.funnel.hf_export import to_hf
 from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel
 from xlgen.models.funnel.numbering import layer_ids
 from xlgen.models.funnel.objectives import FUNNEL_ELECTRA, FUNNEL_MLM
+from xlgen.optim import LayerNumbering
+from xlgen.registry import Family
 
 
 def _sequence_head(cfg, *, num_labels, answerability, rngs):
@@ -50,31 +54,39 @@ def _squad_outputs(model, batch, *, train: bool):
 
 FAMILY = Family(
     name="funnel",
-    hf_model_type="funnel",
     config_class=FunnelConfig,
     default_objective="funnel_mlm",
     objectives={FUNNEL_MLM.name: FUNNEL_MLM, FUNNEL_ELECTRA.name: FUNNEL_ELECTRA},
     models={"mlm": FunnelForMaskedLM, "electra": FunnelElectra, "base": FunnelBaseModel, "model": FunnelModel},
-    heads={
-        "classification": _sequence_head,
-        "regression": _sequence_head,
-        "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: FunnelForMultipleChoice(cfg, rngs=rngs),
-        "squad": lambda cfg, *, num_labels, answerability, rngs: FunnelForQuestionAnswering(
-            cfg, answerability=answerability, rngs=rngs
+    records=(
+        Finetuning(
+            heads={
+                "classification": _sequence_head,
+                "regression": _sequence_head,
+                "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: FunnelForMultipleChoice(
+                    cfg, rngs=rngs
+                ),
+                "squad": lambda cfg, *, num_labels, answerability, rngs: FunnelForQuestionAnswering(
+                    cfg, answerability=answerability, rngs=rngs
+                ),
+                "token_classification": lambda cfg, *, num_labels, answerability, rngs: FunnelForTokenClassification(
+                    cfg, num_labels, rngs=rngs
+                ),
+            },
+            input_style="cls_first",
+            squad_outputs=_squad_outputs,
         ),
-        "token_classification": lambda cfg, *, num_labels, answerability, rngs: FunnelForTokenClassification(
-            cfg, num_labels, rngs=rngs
+        Interop(
+            hf_model_type="funnel",
+            from_hf=from_hf,
+            to_hf=to_hf,
+            wrap=_wrap,
+            # FunnelTokenizer's own defaults are <unk>, <sep>, ...: name the vocab.txt pieces
+            hf_wordpiece={"tokenizer_class": "FunnelTokenizer", "bos_token": "[CLS]", "eos_token": "[SEP]"},
+            from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
         ),
-    },
-    squad_outputs=_squad_outputs,
-    input_style="cls_first",
-    # FunnelTokenizer's own defaults are <unk>, <sep>, ...: name the vocab.txt pieces
-    hf_wordpiece={"tokenizer_class": "FunnelTokenizer", "bos_token": "[CLS]", "eos_token": "[SEP]"},
-    from_hf=from_hf,
-    to_hf=to_hf,
-    wrap=_wrap,
-    layer_ids=layer_ids,
-    train_flops=train_flops,
-    hf_bench=HF_BENCH,
-    from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
+        LayerNumbering(layer_ids),
+        FlopCount(train_flops),
+        HF_BENCH,
+    ),
 )

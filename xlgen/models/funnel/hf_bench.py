@@ -8,7 +8,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from xlgen.models.family import HFBench
+from xlgen.bench.hf import HFBench
 
 
 def train_model(config):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from xlgen.models.family import HFBench
+from xlgen.bench.hf import HFBench
 
 
 def memory_lm(config, root: str) -> str:
