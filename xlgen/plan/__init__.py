@@ -35,7 +35,8 @@ MFU from each report's own config + overrides (a CPU trace, no compile) and rewr
 Modules: `measure` (the mesh over the topology's devices, the AOT compile, memory and XLA's cost analysis, the
 collectives), `cost` (FLOPs counted on the traced jaxpr, the step-time / MFU model), `report` (one plan, the
 remat-policy comparison, refresh of saved reports, suggestions), `render` (text, the pod table, the sweep rows and the run-cost table), `runcost` (the
-whole run's cost, the mesh rule, the sweep), `cli` (the command).
+whole run's cost, the mesh rule, the sweep), `cli` (the command), `topology` (a topology's compile-only devices
+and chip figures), `comm` (the collectives of a compiled program and their bytes).
 """
 
 from xlgen.plan.cost import (  # noqa: F401 - the package's API
