@@ -33,7 +33,7 @@ import flax.nnx as nnx
 import jax.numpy as jnp
 import numpy as np
 
-from xlgen.registry import Family, Objective
+from xlgen.models.family import Family, Objective
 
 
 @dataclasses.dataclass(frozen=True)

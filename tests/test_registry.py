@@ -13,10 +13,9 @@ from flax import nnx
 from xlgen import registry
 from xlgen.bench.hf import HFBench
 from xlgen.finetune.record import Finetuning, head
-from xlgen.flops import FlopCount
-from xlgen.interop import Interop, by_hf_model_type
+from xlgen.models.cost import FlopCount
 from xlgen.models.params import flat_params, materialize, stack_layers
-from xlgen.optim import LayerNumbering
+from xlgen.pretrained import Interop, by_hf_model_type
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,7 +37,7 @@ def test_every_family_is_complete_and_found_by_name_hf_type_and_module():
         role, ctor = next(iter(fam.models.items()))  # the pretraining model
         module = nnx.eval_shape(lambda: ctor(cfg, rngs=nnx.Rngs(0)))
         assert registry.family_of(module) is fam, (name, role)
-        for fn in (interop.from_hf, interop.wrap, fam.record(LayerNumbering).layer_ids, interop.to_hf):
+        for fn in (interop.from_hf, interop.wrap, fam.layer_ids, interop.to_hf):
             assert callable(fn)
         assert callable(fam.record(FlopCount).train_step) and fam.record(HFBench) is not None
     with pytest.raises(ValueError, match="model.family='bert'.*expected one of"):

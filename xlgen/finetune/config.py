@@ -20,7 +20,7 @@ def pretrained_model_section(init_from: str) -> Dict[str, Any]:
 
         from xlgen import registry
         from xlgen.finetune.record import Finetuning
-        from xlgen.interop import Interop, by_hf_model_type
+        from xlgen.pretrained import Interop, by_hf_model_type
 
         mt = hf["model_type"]
         finetunable = [f.record(Interop).hf_model_type for f in registry.having(Finetuning) if f.record(Interop)]

@@ -14,7 +14,7 @@ the memory carried across them (`finetune.mem_len`, 0 = L), the head on the last
 (`finetune.segment_pool`); N = 0 is the one-window model, unchanged.
 
 Parameter-efficient finetuning: `finetune.lora.rank` > 0 attaches adapters to the head model
-(`xlgen.finetune.peft`); what is frozen leaves the optimizer (`xlgen.optim.frozen_parameters`).
+(`xlgen.finetune.peft`); what is frozen leaves the optimizer (`xlgen.train.optim.frozen_parameters`).
 
 Packed training batches (`finetune.packing`; classification, regression, token classification): several examples
 per row, attention kept inside each, per-example heads (`xlgen.finetune.packing`).
@@ -39,7 +39,7 @@ import optax
 from xlgen import registry
 from xlgen.finetune.record import Finetuning, head
 from xlgen.finetune.tasks import get_task
-from xlgen.registry import Objective
+from xlgen.models.family import Objective
 
 NEG = -1e30
 

@@ -1,9 +1,9 @@
-"""Numbering parameters into layers, for layer-wise learning-rate decay (`xlgen.optim`).
+"""Numbering parameters into layers, for layer-wise learning-rate decay (`xlgen.train.optim`).
 
 A numbering maps {dotted parameter name: (shape, logical axes)} to ({name: None | int array}, n_layer): None for a
 parameter outside the layer stack, else its layer index (an int array that broadcasts along the parameter's
 `layers` axis for scanned, stacked layers: slice i is the same layer as the unscanned `layers.<i>`), and
-n_layer = 1 + the largest index. Each family registers its numbering (a `LayerNumbering` record); this module holds the
+n_layer = 1 + the largest index. Each family registers its numbering (`Family.layer_ids`); this module holds the
 pieces they share.
 """
 

@@ -8,7 +8,7 @@ statistics, optax optimizer and loss, updated in a fixed order inside one jitted
     state, _ = program.init_state()
     state, _, metrics = program.train_step(state, batch, None)       # loop.run drives it like any TrainProgram
 
-The state is a plain pytree (what Orbax saves through xlgen/checkpointing.py):
+The state is a plain pytree (what Orbax saves through xlgen/train/checkpointing.py):
     {"params":    {player: {dotted.name: array}},
      "stats":     {player: {dotted.name: array}},   batch-norm running means / variances (nnx.BatchStat)
      "opt_state": {player: optax state},
@@ -55,8 +55,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from xlgen import sharding
+from xlgen.models.family import Objective
 from xlgen.models.params import concrete_rest, path_name
-from xlgen.registry import Objective
 from xlgen.train.program import TrainProgram
 
 # loss_fn(models, batch, key, step, ctx) -> (loss, aux); ctx = {player: aux of its latest update in this step}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from xlgen.bench.hf import HFBench
 from xlgen.finetune.record import Finetuning
-from xlgen.flops import FlopCount
-from xlgen.interop import Interop, TFImport
-from xlgen.models.funnel import tf_import
+from xlgen.models.cost import FlopCount
+from xlgen.models.family import Family
+from xlgen.models.funnel import hf_bench, tf_import
 from xlgen.models.funnel.cost import train_flops
 from xlgen.models.funnel.heads import (
     FunnelElectra,
@@ -15,13 +16,11 @@ from xlgen.models.funnel.heads import (
     FunnelForTokenClassification,
 )
 from xlgen.models.funnel.hf import HF_CLASSES, HFFunnel, from_hf
-from xlgen.models.funnel.hf_bench import HF_BENCH
 from xlgen.models.funnel.hf_export import to_hf
 from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel
 from xlgen.models.funnel.numbering import layer_ids
 from xlgen.models.funnel.objectives import FUNNEL_ELECTRA, FUNNEL_MLM
-from xlgen.optim import LayerNumbering
-from xlgen.registry import Family
+from xlgen.pretrained import Interop, TFImport
 
 
 def _sequence_head(cfg, *, num_labels, answerability, rngs):
@@ -58,6 +57,7 @@ FAMILY = Family(
     default_objective="funnel_mlm",
     objectives={FUNNEL_MLM.name: FUNNEL_MLM, FUNNEL_ELECTRA.name: FUNNEL_ELECTRA},
     models={"mlm": FunnelForMaskedLM, "electra": FunnelElectra, "base": FunnelBaseModel, "model": FunnelModel},
+    layer_ids=layer_ids,
     records=(
         Finetuning(
             heads={
@@ -85,8 +85,7 @@ FAMILY = Family(
             hf_wordpiece={"tokenizer_class": "FunnelTokenizer", "bos_token": "[CLS]", "eos_token": "[SEP]"},
             from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
         ),
-        LayerNumbering(layer_ids),
         FlopCount(train_flops),
-        HF_BENCH,
+        HFBench(train_model=hf_bench.train_model, train_inputs=hf_bench.train_inputs),
     ),
 )

@@ -7,14 +7,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from xlgen.models.family import Objective, batch_size, log_vocab_size, model_config
 from xlgen.models.funnel.heads import FunnelElectra, electra_loss, mlm_loss, prediction_count, predictions_per_row
 from xlgen.models.funnel.model import FunnelConfig, FunnelForMaskedLM
-from xlgen.models.lm_objectives import batch_size, log_vocab_size
-from xlgen.registry import Objective, dataclass_config
 
 
 def _funnel_cfg(config):
-    return dataclass_config(FunnelConfig, config.model)
+    return model_config(FunnelConfig, config.model)
 
 
 def _funnel_mlm_model(config, rngs, train):

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import os
 
-from xlgen.bench.hf import HFBench
+from xlgen.models.family import model_config
 
 
 def memory_lm(config, root: str) -> str:
     import torch
     import transformers
 
-    from xlgen import registry
     from xlgen.models.transformer_xl.hf_export import hf_config
+    from xlgen.models.transformer_xl.model import TransformerXLConfig
 
     torch.manual_seed(0)
-    hcfg = {**hf_config(registry.model_config(config)), "dropout": 0.0, "dropatt": 0.0}
+    hcfg = {**hf_config(model_config(TransformerXLConfig, config.model)), "dropout": 0.0, "dropatt": 0.0}
     model = transformers.TransfoXLLMHeadModel(transformers.TransfoXLConfig(**hcfg))
     path = os.path.join(root, "hf_txl")
     model.save_pretrained(path, safe_serialization=True)
@@ -30,6 +30,3 @@ def load_memory_lm(path: str, mem_len: int):
     model = transformers.TransfoXLLMHeadModel.from_pretrained(path).eval()
     model.reset_memory_length(mem_len)
     return model
-
-
-HF_BENCH = HFBench(memory_lm=memory_lm, load_memory_lm=load_memory_lm)

@@ -8,20 +8,19 @@ import math
 
 import jax.numpy as jnp
 
-from xlgen.models.lm_objectives import batch_size, compute_dtype, log_vocab_size, reset_rows
+from xlgen.models.family import Objective, batch_size, compute_dtype, log_vocab_size, model_config, reset_rows
 from xlgen.models.transformer_xl.model import TransformerXLConfig, TransformerXLLM
-from xlgen.registry import Objective, dataclass_config
 
 
 def _txl_cfg(config, train: bool):
     if train:
-        return dataclass_config(TransformerXLConfig, config.model)
+        return model_config(TransformerXLConfig, config.model)
     ev = config.eval
     over = {}
     for key in ("same_length", "clamp_len"):
         if key in ev and ev[key] is not None:
             over[key] = ev[key]
-    return dataclass_config(TransformerXLConfig, config.model, **over)
+    return model_config(TransformerXLConfig, config.model, **over)
 
 
 def _txl_model(config, rngs, train):

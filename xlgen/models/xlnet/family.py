@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from xlgen.bench.hf import HFBench
 from xlgen.deploy import Stream
 from xlgen.finetune.record import Finetuning
-from xlgen.flops import FlopCount
-from xlgen.interop import Interop, TFImport
+from xlgen.models.cost import FlopCount
+from xlgen.models.family import Family
 from xlgen.models.numbering import layer_stack_ids
-from xlgen.models.xlnet import tf_import
+from xlgen.models.xlnet import hf_bench, tf_import
 from xlgen.models.xlnet.cost import train_flops
 from xlgen.models.xlnet.heads import (
     XLNetForMultipleChoice,
@@ -16,12 +17,10 @@ from xlgen.models.xlnet.heads import (
     XLNetForTokenClassification,
 )
 from xlgen.models.xlnet.hf import HF_HEADS, XLNetFromHF, from_hf
-from xlgen.models.xlnet.hf_bench import HF_BENCH
 from xlgen.models.xlnet.hf_export import to_hf
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, XLNetModel
 from xlgen.models.xlnet.objectives import XLNET_PLM
-from xlgen.optim import LayerNumbering
-from xlgen.registry import Family
+from xlgen.pretrained import Interop, TFImport
 
 
 def _sequence_head(cfg, *, num_labels, answerability, rngs):
@@ -86,6 +85,7 @@ FAMILY = Family(
     default_objective="xlnet_plm",
     objectives={XLNET_PLM.name: XLNET_PLM},
     models={"lm": XLNetLMHeadModel, "base": XLNetModel},
+    layer_ids=layer_stack_ids,
     records=(
         Finetuning(
             heads={
@@ -112,9 +112,8 @@ FAMILY = Family(
             wrap=_wrap,
             from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
         ),
-        LayerNumbering(layer_stack_ids),
         FlopCount(train_flops),
-        HF_BENCH,
+        HFBench(train_model=hf_bench.train_model, train_inputs=hf_bench.train_inputs, carries_mems=True),
         Stream(scores="logits", step=_stream_step, memory=_memory, prepare=_inference),
     ),
 )

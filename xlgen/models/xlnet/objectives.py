@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from xlgen.models.lm_objectives import batch_size, compute_dtype, log_vocab_size, reset_rows
+from xlgen.models.family import Objective, batch_size, compute_dtype, log_vocab_size, model_config, reset_rows
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel
-from xlgen.registry import Objective, dataclass_config
 
 
 def check_xlnet_memory(config) -> None:
@@ -36,7 +35,7 @@ def check_xlnet_memory(config) -> None:
 
 def _xlnet_model(config, rngs, train):
     check_xlnet_memory(config)
-    return XLNetLMHeadModel(dataclass_config(XLNetConfig, config.model), rngs=rngs)
+    return XLNetLMHeadModel(model_config(XLNetConfig, config.model), rngs=rngs)
 
 
 def _xlnet_batch_spec(config, split):

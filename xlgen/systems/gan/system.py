@@ -34,7 +34,7 @@ import numpy as np
 import optax
 
 from data_pipelines import paths
-from xlgen.registry import Family, Objective
+from xlgen.models.family import Family, Objective
 from xlgen.systems.gan import data as gdata
 from xlgen.systems.gan import evaluation as geval
 from xlgen.systems.gan import losses

@@ -47,7 +47,7 @@ from flax import nnx
 
 from data_pipelines import paths
 from xlgen.finetune import squad_decode, squad_eval
-from xlgen.registry import Family
+from xlgen.models.family import Family
 from xlgen.systems.gdan import data as gdata
 from xlgen.systems.gdan import reader
 from xlgen.systems.gdan import text as T

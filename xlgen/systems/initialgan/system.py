@@ -39,7 +39,7 @@ import numpy as np
 import optax
 
 from xlgen.generate import Sampling
-from xlgen.registry import Family
+from xlgen.models.family import Family
 from xlgen.systems.initialgan import data as data_lib
 from xlgen.systems.initialgan.aligner import Aligner, aligner_loss
 from xlgen.systems.initialgan.gan import Discriminator, Generator, critic_loss, generator_batch, generator_loss

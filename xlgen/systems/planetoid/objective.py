@@ -33,7 +33,7 @@ from typing import Dict
 import jax.numpy as jnp
 import numpy as np
 
-from xlgen.registry import Objective
+from xlgen.models.family import Objective
 from xlgen.systems.planetoid import data as data_lib
 from xlgen.systems.planetoid import sampler as sampler_lib
 from xlgen.systems.planetoid.model import Planetoid, PlanetoidConfig, context_nll, supervised_nll

@@ -13,7 +13,7 @@ import io
 import numpy as np
 
 from data_pipelines import paths
-from xlgen.registry import Family
+from xlgen.models.family import Family
 from xlgen.systems.planetoid import objective
 from xlgen.systems.planetoid.model import Planetoid, PlanetoidConfig
 from xlgen.train.report import Reporting
