@@ -91,7 +91,7 @@ def trim_to_length(la: int, lb: int, tot: int) -> tuple[int, int]:
     elif lb > la:
         d = min(excess, lb - la)
         lb, excess = lb - d, excess - d
-    # now equal (or done): b first, then alternate
+    # here equal (or done): b first, then alternate
     lb -= (excess + 1) // 2
     la -= excess // 2
     return la, lb
