@@ -10,7 +10,7 @@ the commits measured). A finding names file:line and the phrase.
 The phrases are those of a lab notebook: the machine ("this VM", "this machine"), the occasion ("this session",
 "this round", "until now"), the history ("previously", "no longer", "used to be", "was X, now Y", "before this
 change", "we tried"), before → after figures in code comments, and commit ids (7+ hex digits) anywhere but in the
-result files.
+result files and their paths.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ NARRATION = [(what, re.compile(p, re.I)) for what, p in NARRATION]
 COMMIT = re.compile(
     r"(?<!snapshot )(?<![0-9A-Za-z_x])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![0-9A-Za-z_])"
 )
+# a result folder's path may name the tree it measured (docs/bench/standard-set-<commit>/)
+RESULT_PATH = re.compile(r"\bdocs/bench/[\w./-]*")
 # before -> after figures: "23 → 6.6 ms", "1.17x -> 1.25x" (code comments and docstrings only)
 BEFORE_AFTER = re.compile(r"\d(?:[\d.,]*\d)?\s*(?:%|×|x|ms|µs|s|GB|MB|GFLOP/s)?\s*(?:→|->)\s*\d")
 
@@ -118,7 +120,7 @@ def findings(rel: str, reader, code: bool):
     out = []
     for line, text in reader(os.path.join(ROOT, rel)):
         hits = [(what, m.group(0)) for what, rx in NARRATION for m in rx.finditer(text)]
-        hits += [("a commit id", m.group(0)) for m in COMMIT.finditer(text)]
+        hits += [("a commit id", m.group(0)) for m in COMMIT.finditer(RESULT_PATH.sub("", text))]
         if code:
             hits += [("before/after figures", m.group(0)) for m in BEFORE_AFTER.finditer(text)]
         out += [f"{rel}:{line}: {what}: {phrase!r}" for what, phrase in hits]
