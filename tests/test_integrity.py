@@ -130,7 +130,7 @@ def test_item6_metrics_repair_keeps_good_records_and_sets_aside_bad_ones(tmp_pat
     it and a last line cut by a kill are dropped, and lines in the middle that are not records (a non-UTF-8 byte,
     garbled JSON) are set aside in metrics.jsonl.bad with a warning naming file and lines; readers (plot) name the
     file and line of a non-UTF-8 byte."""
-    from xlgen.plot import main as plot_main
+    from xlgen.analyze.plot import main as plot_main
     from xlgen.train import metrics as metrics_lib
 
     path = tmp_path / "metrics.jsonl"

@@ -158,7 +158,7 @@ def run_plans_subprocess(runner: str, *args: str, timeout: float = 1800) -> None
     """Run `python -c runner *args` (plans compiled for TPU topologies through libtpu) in a clean environment: CPU
     platform, no inherited XLA_FLAGS (the tests' forced host device count would change the compile). Skips the
     calling test when libtpu is not installed."""
-    from xlgen import topology
+    from xlgen.plan import topology
 
     if not topology.libtpu_available():
         pytest.skip("libtpu is not installed (pip install -e '.[tpu]'): cannot compile for TPU topologies")
@@ -213,7 +213,7 @@ def _opt_cfg(**kw):
 
 
 def test_schedule_warmup_then_decay_to_min_ratio():
-    from xlgen.optim import make_schedule
+    from xlgen.train.optim import make_schedule
 
     for kind in ("linear", "cosine", "poly"):
         s = make_schedule(
@@ -226,7 +226,8 @@ def test_schedule_warmup_then_decay_to_min_ratio():
 
 
 def test_weight_decay_mask_and_layer_decay_scales():
-    from xlgen.optim import layer_decay_scales, weight_decay_mask
+    from xlgen import registry
+    from xlgen.train.optim import layer_decay_scales, weight_decay_mask
 
     names = [
         "layers.0.attn.q.kernel",
@@ -244,17 +245,18 @@ def test_weight_decay_mask_and_layer_decay_scales():
         "layers.q": ((3, 4, 4), ("layers", "embed", "heads")),
         "emb": ((8, 4), ("vocab", "embed")),
     }
-    sc = layer_decay_scales(meta, "xlnet", rate=0.5)
+    sc = layer_decay_scales(meta, registry.get("xlnet").layer_ids, rate=0.5)
     assert sc["layers.0.q"] == np.float32(0.25) and sc["layers.2.q"] == np.float32(1.0) and sc["emb"] == 1.0
     assert sc["layers.q"].shape == (3, 1, 1)
     np.testing.assert_allclose(sc["layers.q"].reshape(-1), [0.25, 0.5, 1.0])
-    assert all(float(v) == 1.0 for v in layer_decay_scales(meta, "xlnet", rate=1.0).values())
+    assert all(float(v) == 1.0 for v in layer_decay_scales(meta, registry.get("xlnet").layer_ids, rate=1.0).values())
 
 
 def test_layer_decay_lr_mode_scales_updates_and_faithful_mode_nearly_cancels():
     import jax.numpy as jnp
 
-    from xlgen.optim import make_optimizer
+    from xlgen import registry
+    from xlgen.train.optim import make_optimizer
 
     meta = {"layers.0.w": ((3,), ("embed",)), "layers.1.w": ((3,), ("embed",))}
     params = {k: jnp.ones(3) for k in meta}
@@ -272,7 +274,7 @@ def test_layer_decay_lr_mode_scales_updates_and_faithful_mode_nearly_cancels():
             ),
             10,
             meta,
-            family="xlnet",
+            layer_ids=registry.get("xlnet").layer_ids,
         )
         u, _ = tx.update(grads, tx.init(params), params)
         upd[mode] = u

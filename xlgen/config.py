@@ -370,7 +370,7 @@ def base_config() -> ConfigDict:
     objective         "" = family default (txl_lm | xlnet_plm | funnel_mlm); or funnel_electra, or a registered one
     objective_options loss_positions ("all" | "later_half", TXL), disc_coeff / generator_* (ELECTRA)
     data              the data pipeline's keys (data_pipelines.default_config(pipeline), docs/data.md)
-    optimizer         see xlgen/optim.py
+    optimizer         see xlgen/train/optim.py
     mesh              data / fsdp / tensor sizes (-1 = fill) and the rule preset (dp | fsdp | fsdp_tp)
     checkpoint        every_steps, keep, async_save, save_mems, local_dir, local_every_steps
     watchdog          timeout_s (0 = derived from the step time), factor, min_timeout_s, phase_timeout_s,
@@ -407,19 +407,19 @@ def base_config() -> ConfigDict:
             weight_decay=0.0,
             clip_norm=0.25,
             lr_layer_decay_rate=1.0,
-            layer_decay_mode="lr",  # "lr" | "faithful" (the originals' gradient scaling); xlgen/optim.py
+            layer_decay_mode="lr",  # "lr" | "faithful" (the originals' gradient scaling); xlgen/train/optim.py
             update_rule="optax",  # "optax" | "original" (the originals' Adam / AdamWeightDecayOptimizer)
             bias_correction=True,  # update_rule "original" only: False = XLNet's AdamWeightDecayOptimizer
             weight_decay_mask="xlgen",  # "xlgen" | "original" (r_w/r_r/r_s biases decayed) | "all" (Funnel)
             grad_accum_steps=1,
             param_groups=None,  # ({"pattern": regex, "lr_scale"|"learning_rate": x, "frozen": bool}, ...); optim.py
             # ((step, total_steps before it), ...): where a resumed run changed total_steps; set by `xlgen train`
-            # (xlgen/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
+            # (xlgen/train/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
             schedule_history=(),
             state_dtype="",  # optimizer state (Adam moments) storage dtype: "" = the parameters', or "bfloat16"
             # name "lamb": which parameters get the trust ratio ("xlgen": not biases / LayerNorm; "all"); optim.py
             lamb=ConfigDict(dict(trust_ratio_mask="xlgen")),
-            # name "adafactor": optax.adafactor's options (xlgen/optim.py); clipping_threshold / momentum 0 = off
+            # name "adafactor": optax.adafactor's options (xlgen/train/optim.py); clipping_threshold / momentum 0 = off
             adafactor=ConfigDict(
                 dict(
                     factored=True,

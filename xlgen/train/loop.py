@@ -612,7 +612,7 @@ def resume_config(config, wd: Workdir):
     * total_steps changed against the stored config: from S on the learning rate decays from its value at S to the
       floor at the new total (`optim.continue_schedule`: extending never re-warms)."""
     from xlgen import config as config_lib
-    from xlgen import optim
+    from xlgen.train import optim
 
     old = wd.read_config()
     step = wd.latest_step() if old is not None else None

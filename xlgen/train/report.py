@@ -163,7 +163,7 @@ def learning_rates(config, total_steps: int) -> Dict[str, Any]:
     own = _reporting(config).learning_rates
     if own is not None:
         return dict(own(config, int(total_steps)))
-    from xlgen import optim
+    from xlgen.train import optim
 
     return {"": optim.make_schedule(config.optimizer, int(total_steps))}
 

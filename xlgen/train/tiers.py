@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 
 import jax
 
-from xlgen.checkpointing import CheckpointCorrupt, CheckpointMismatch, short_error
+from xlgen.train.checkpointing import CheckpointCorrupt, CheckpointMismatch, short_error
 from xlgen.train.workdir import Restored, Workdir
 
 log = logging.getLogger("xlgen")
@@ -34,7 +34,7 @@ def local_checkpointer(config, wd: Workdir):
     every = int(c.get("local_every_steps", 0) or 0)
     if not local_dir or every <= 0:
         return None
-    from xlgen.checkpointing import Checkpointer
+    from xlgen.train.checkpointing import Checkpointer
 
     return Checkpointer(local_dir, keep=int(c.keep), async_save=bool(c.async_save))
 

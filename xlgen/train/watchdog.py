@@ -185,7 +185,7 @@ def exit_orphaned(error: BaseException, workdir: str, process_index: int) -> Non
     """A multi-process run whose collective failed (a peer died: gloo / the coordination service raise instead of
     hanging): print every thread's stack, write the marker, and exit with status 3 after one line naming the reason,
     without running jax.distributed's exit barrier (it would abort waiting for the dead peer)."""
-    from xlgen.checkpointing import short_error
+    from xlgen.train.checkpointing import short_error
 
     reason = f"a collective failed in process {process_index} (a peer process died?): {short_error(error, 300)}"
     try:

@@ -168,7 +168,7 @@ def forward_flops_per_sequence(
 
 
 def train_flops_per_step(config) -> float:
-    """3 x forward FLOPs of one global batch for a training config (used by `xlgen.flops` / `xlgen plan`)."""
+    """3 x forward FLOPs of one global batch for a training config (used by `xlgen.models.cost` / `xlgen plan`)."""
     cfg = config_from_model_section(config.model)
     objective = str(config.get("objective") or "funnel_mlm")
     width = float((config.get("objective_options") or {}).get("generator_width", 0.25))

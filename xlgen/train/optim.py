@@ -96,15 +96,16 @@ slopes, 001 §5.7.1) `({"pattern": "slope_logits", "frozen": True},)`; finetunin
 "({'pattern': 'slope_logits', 'frozen': True},)"`.
 
 Parameters live in a flat dict {dotted_name: array}; stacked layers (a leading `layers` logical axis) get a
-per-row scale vector. `layer_ids` is the only way parameters are numbered into layers (the trainer, finetuning
-and every objective use it); it asks the family registry: the numberings live in `xlgen.models.numbering`
-(Transformer-XL, XLNet) and `xlgen.models.funnel.numbering`, and a new model family registers its own.
+per-row scale vector. A system's `Family.layer_ids` (meta -> ({name: layer id array | None}, n_layer)) is the only
+way parameters are numbered into layers; the caller passes it (`make_optimizer(..., layer_ids=...)`, the trainer
+gives its system's): the numberings live in `xlgen.models.numbering` (Transformer-XL, XLNet) and
+`xlgen.models.funnel.numbering`, and a new model family registers its own.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +117,9 @@ NO_DECAY_PATTERN = re.compile(r"(bias|layer_norm|layernorm|LayerNorm|\bnorm\b|_n
 ORIGINAL_ALWAYS_DECAY = re.compile(r"(r_s_bias|r_r_bias|r_w_bias)")
 WEIGHT_DECAY_MASKS = ("xlgen", "original", "all")
 UPDATE_RULES = ("optax", "original")
+# A system's numbering of its parameters into layers (`Family.layer_ids`): meta {name: (shape, logical axes)} ->
+# ({name: None (outside the layer stack) | int array broadcastable to the parameter}, n_layer = 1 + max id).
+LayerIds = Callable[[Dict[str, Tuple[Tuple[int, ...], Tuple]]], Tuple[Dict[str, Optional[np.ndarray]], int]]
 
 
 def _decay(kind: str, opt_cfg, init: float, floor: float, steps: int) -> optax.Schedule:
@@ -225,21 +229,6 @@ def effective_layer_ratios(
     return step / step[-1]
 
 
-def layer_ids(
-    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
-) -> Tuple[Dict[str, Optional[np.ndarray]], int]:
-    """Layer index of every parameter of a `family` model from its name (and, for stacked parameters, its shape):
-    {name: None (outside the layer stack) | int array broadcastable to the parameter}, and n_layer = 1 + max index.
-
-    meta: {dotted name: (shape, logical axes)} (what `ModelSpec.meta()` returns). The numbering is the family's
-    (`Family.layer_ids` in the registry; see the module docstring)."""
-    from xlgen import registry
-
-    if family not in registry.names():
-        raise ValueError(f"layer_ids: family={family!r}: expected one of {registry.names()}")
-    return registry.get(family).layer_ids(meta)
-
-
 def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: float) -> Dict[str, np.ndarray]:
     """`rate ** (n_layer - 1 - id)` per parameter (per slice for stacked ids); 1.0 where id is None."""
     return {
@@ -251,20 +240,18 @@ def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: fl
 
 
 def layer_decay_scales(
-    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str], rate: float
+    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], layer_ids: Optional[LayerIds], rate: float
 ) -> Dict[str, np.ndarray]:
-    """The layer-wise LR decay multiplier of every parameter of a `family` model (`layer_ids` + `scales_from_ids`).
-    rate 1.0 needs no numbering (all 1.0); any other rate needs a family `layer_ids` knows."""
+    """The layer-wise LR decay multiplier of every parameter (`layer_ids(meta)` + `scales_from_ids`).
+    rate 1.0 needs no numbering (all 1.0); any other rate needs the system's `layer_ids`."""
     if rate == 1.0:
         return {name: np.float32(1.0) for name in meta}
-    from xlgen import registry
-
-    if family not in registry.names():
+    if layer_ids is None:
         raise ValueError(
-            f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family in {registry.names()} "
-            f"(got {family!r}); set it to 1.0 or give the new family a numbering (`Family.layer_ids`)"
+            f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family's numbering of its parameters "
+            "into layers (`Family.layer_ids`), and this system has none; set the rate to 1.0"
         )
-    ids, n = layer_ids(meta, family)
+    ids, n = layer_ids(meta)
     return scales_from_ids(ids, n, rate)
 
 
@@ -450,12 +437,12 @@ def _adafactor(ada, schedule, names: Sequence[str], wd: float, mask) -> optax.Gr
 
 
 def make_optimizer(
-    opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str] = None
+    opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], layer_ids: Optional[LayerIds] = None
 ) -> Tuple[optax.GradientTransformation, optax.Schedule]:
     """The optax transformation for flat-dict params with metadata {name: (shape, logical_axes)}.
 
-    Layer decay (`lr_layer_decay_rate` != 1): the layer of every parameter comes from `layer_ids(meta, family)`,
-    family one of "transformer_xl", "xlnet", "funnel" (`config.model.family`)."""
+    Layer decay (`lr_layer_decay_rate` != 1): the layer of every parameter comes from `layer_ids(meta)`, the
+    system's numbering (`Family.layer_ids` of `config.model.family`)."""
     schedule = make_schedule(opt_cfg, total_steps)
     if opt_cfg.name not in OPTIMIZERS:
         raise ValueError(f"optimizer.name={opt_cfg.name!r}: expected one of {', '.join(OPTIMIZERS)}")
@@ -468,7 +455,7 @@ def make_optimizer(
         raise ValueError(f"optimizer.update_rule={rule!r}: expected one of {UPDATE_RULES}")
     if rule != "optax" and opt_cfg.name in ("lamb", "adafactor"):
         raise ValueError(f"optimizer.update_rule={rule!r} applies to adam/adamw; optimizer.name={opt_cfg.name!r}")
-    scales = layer_decay_scales(meta, family, rate)
+    scales = layer_decay_scales(meta, layer_ids, rate)
     wd = float(opt_cfg.weight_decay) if opt_cfg.name in ("adamw", "lamb", "adafactor") else 0.0
     mask = weight_decay_mask(list(meta), opt_cfg.get("weight_decay_mask", "xlgen")) if wd > 0 else None
     groups = opt_cfg.get("param_groups", None)
