@@ -357,6 +357,29 @@ def parse_json_config(data: bytes, path: str) -> ConfigDict:
     return validate(from_json_dict(d))
 
 
+def model_section(family: str, **fields) -> Dict[str, Any]:
+    """`config.model` of a registered system: `family` and every field of its config dataclass at its default, a
+    nested config record (a field whose default instance holds a dataclass, e.g. Transformer-XL's `output`) as a
+    section of its defaults; `fields` set on top. A config file states only what differs from the dataclass."""
+    import dataclasses
+
+    from xlgen import registry
+
+    cls = registry.get(family).config_class
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"model.{unknown[0]}: not a field of {cls.__name__}")
+    instance = cls()
+    section: Dict[str, Any] = {"family": family}
+    for f in dataclasses.fields(cls):
+        value = getattr(instance, f.name)
+        if dataclasses.is_dataclass(value):
+            section[f.name] = dataclasses.asdict(value)
+        else:
+            section[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return section | fields
+
+
 # The run-health defaults (xlgen/train/guards.py), declared once: base_config and runs whose stored config.json
 # predates a key use these.
 MAX_NONFINITE_STEPS = 10
