@@ -294,7 +294,7 @@ def end_block(summary, config) -> str:
         lines += report.extend_advice(config, step, train)
     lines.append(f"  evaluate:    {xlgen} eval --workdir={shlex.quote(wd)}")
     lines.append(f"  plot:        {xlgen} plot --workdir={shlex.quote(wd)}")
-    if config.get("tensorboard", True):
+    if config.tensorboard:
         tb = user_command("tensorboard")
         if tb:
             lines.append(f"  tensorboard: {tb} --logdir {shlex.quote(wd + '/tensorboard')}")

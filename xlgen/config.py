@@ -354,7 +354,29 @@ def parse_json_config(data: bytes, path: str) -> ConfigDict:
         raise ConfigError(f"{path}: invalid JSON ({e})") from None
     if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
         raise ConfigError(f"{path}: not an xlgen run config (no `model` section)")
-    return validate(from_json_dict(d))
+    return validate(with_declared_defaults(from_json_dict(d)))
+
+
+# sections a config file sets as a whole for its system (base_config's are placeholders or one system's keys)
+SYSTEM_SECTIONS = ("model", "data", "eval")
+
+
+def with_declared_defaults(config: ConfigDict) -> ConfigDict:
+    """A stored config.json completed with the keys of `base_config()` it predates, at their declared defaults
+    (outside SYSTEM_SECTIONS), so that code reads every key without a fallback of its own."""
+
+    def fill(node: ConfigDict, declared: ConfigDict, top: bool) -> None:
+        for key, value in declared.items():
+            if top and key in SYSTEM_SECTIONS:
+                continue
+            if key not in node:
+                with node.unlocked():
+                    node[key] = value
+            elif isinstance(value, ConfigDict) and isinstance(node[key], ConfigDict):
+                fill(node[key], value, False)
+
+    fill(config, base_config(), True)
+    return config
 
 
 def model_section(family: str, **fields) -> Dict[str, Any]:
@@ -478,6 +500,7 @@ def base_config() -> ConfigDict:
     c.log_every_steps = 50
     c.eval_every_steps = 500  # 0 = never (not even at the end), -1 = only at the end
     c.seed = 0
+    c.prefetch = 2  # training batches built ahead on a worker thread (data_pipelines.prefetch); 0 = in line
     c.peak_flops_per_device = 0.0  # for MFU; per JAX device, e.g. 61.5e12 for one TPU v3 TensorCore (bf16)
     c.tensorboard = True
     # optional trackers besides metrics.jsonl / TensorBoard: "" or a comma list of wandb, mlflow (xlgen.train.metrics)
