@@ -23,7 +23,7 @@ def get_config():
     c = common.base()
     c.model = model_section("badgan")  # the fields and their meaning: xlgen/systems/gan/system.py BadganConfig
     c.objective = "badgan"
-    c.data = common.data("digits", batch_size=100, num_labeled=100, labeled_batch_size=0)
+    c.data = common.data("digits", batch_size=100, num_labeled=100)
     c.players = ml_collections.ConfigDict(
         dict(
             disc=common.player(3e-3, b1=0.5, b2=0.999, decay_fraction=0.67, decay_to=0.0),

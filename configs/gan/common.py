@@ -24,6 +24,6 @@ def base():
 
 def data(name: str, batch_size: int, **fields):
     """`config.data` of the `gan` pipeline (xlgen/systems/gan/data.py): the set `name` (2-D sets, digits, idx),
-    labeled examples, and the batch order."""
+    labeled examples (labeled_batch_size 0 = all of them, at most the batch), and the batch order."""
     keys = dict(pipeline="gan", name=name, dir="", digit=-1, num_labeled=0, label_seed=-1, num_points=2000, seed=0)
-    return ml_collections.ConfigDict(keys | dict(batch_size=batch_size) | fields)
+    return ml_collections.ConfigDict(keys | dict(batch_size=batch_size, labeled_batch_size=0) | fields)

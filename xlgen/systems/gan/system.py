@@ -48,9 +48,9 @@ BADGAN_VARIANTS = ("supervised", "fm", "badgan")
 def _tx(opt_config, total_steps: int):
     """Adam with a linear decay to `decay_to` x the rate over the last `decay_fraction` of training."""
     lr = float(opt_config.learning_rate)
-    frac = float(opt_config.get("decay_fraction", 0.0))
+    frac = float(opt_config.decay_fraction)
     start = int(total_steps * (1 - frac))
-    end_lr = lr * float(opt_config.get("decay_to", 1.0))
+    end_lr = lr * float(opt_config.decay_to)
     sched = optax.join_schedules(
         [optax.constant_schedule(lr), optax.linear_schedule(lr, end_lr, max(total_steps - start, 1))], [start]
     )
@@ -479,7 +479,7 @@ class Pipeline:
 def labeled_batch_size(data_config, ds: gdata.Dataset) -> int:
     if ds.labeled is None:
         return 0
-    return min(int(data_config.get("labeled_batch_size", 0)) or len(ds.labeled), len(ds.labeled))
+    return min(int(data_config.labeled_batch_size) or len(ds.labeled), len(ds.labeled))
 
 
 def _objective(name: str, make_game, evaluate) -> Objective:
