@@ -10,10 +10,6 @@ from ml_collections import ConfigDict
 from xlgen.config import base_config, model_section
 from xlgen.models import lora
 
-# XLNet-Large (cased_L-24_H-1024_A-16) as finetuned, XLNetConfig's defaults: no memory, one direction, the heads'
-# settings; used only when init_from is empty.
-XLNET_LARGE = model_section("xlnet")
-
 
 def finetune_config(
     task,
@@ -32,7 +28,9 @@ def finetune_config(
     c.init_from = ""
     c.tokenizer = ""
     c.objective = "finetune"
-    c.model = ConfigDict(XLNET_LARGE)
+    # XLNet-Large (cased_L-24_H-1024_A-16) as finetuned, XLNetConfig's defaults: no memory, one direction, the heads'
+    # settings; used only when init_from is empty
+    c.model = model_section("xlnet")
     c.data = ConfigDict(
         dict(
             max_seq_length=max_seq_length,
