@@ -402,12 +402,6 @@ def model_section(family: str, **fields) -> Dict[str, Any]:
     return section | fields
 
 
-# The run-health defaults (xlgen/train/guards.py), declared once: base_config and runs whose stored config.json
-# predates a key use these.
-MAX_NONFINITE_STEPS = 10
-DIVERGENCE_FACTOR = 3.0
-
-
 def base_config() -> ConfigDict:
     """Every training key with its default; config files start from this and set `model` and `data`.
 
@@ -507,9 +501,9 @@ def base_config() -> ConfigDict:
     c.trackers = ""
     c.tracking = ConfigDict(dict(project="xlgen", run_name="", mlflow_uri=""))  # mlflow_uri "" = WORKDIR/mlruns
     # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
-    c.max_nonfinite_steps = MAX_NONFINITE_STEPS
+    c.max_nonfinite_steps = 10
     # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one (so is one
     # above a uniform guess, log V, once the model has beaten it): no checkpoint is saved during such a streak and
     # max_nonfinite_steps of them in a row stop the run (0 = off)
-    c.divergence_factor = DIVERGENCE_FACTOR
+    c.divergence_factor = 3.0
     return c
