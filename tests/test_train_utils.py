@@ -1,8 +1,8 @@
 """Helpers shared by the trainer tests (run `xlgen train` in subprocesses) + unit tests of the optimizer.
 
-The end-to-end tests run the real CLI in subprocesses with a shared persistent compilation cache and
-`--xla_backend_optimization_level=0` (tiny models: compile time dominates), so each program compiles once per
-test session and every further run (resume, restart) loads it.
+The end-to-end tests run the real CLI in subprocesses with the session's persistent compilation cache and
+`CPU_FAST_COMPILE` (tiny models: compile time dominates), so each program compiles once per test session and every
+further run (resume, restart) loads it.
 """
 
 import json
@@ -22,6 +22,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_COLLECTIVE_TIMEOUTS = (
     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120 --xla_cpu_collective_call_terminate_timeout_seconds=1200"
 )
+
+# Test programs are tiny: XLA:CPU's compile time, not their run time, is most of a test's time. Without LLVM's
+# optimization passes they compile several times faster; every comparison in the suite is between programs compiled
+# with the same flags (or against a tolerance).
+CPU_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 # XLA:CPU runs the simulated devices' programs on one intra-op thread pool of max(cores, devices) threads, and a
 # collective blocks its thread until every participant has arrived. A device can hold several such threads at once
@@ -73,8 +78,9 @@ TINY_XLNET = {
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax_cache"))
+def compile_cache():
+    """The session's persistent compilation cache (tests/conftest.py), shared with the in-process tests."""
+    return os.environ["XLGEN_TEST_COMPILATION_CACHE"]
 
 
 def xlgen_env(cache: str, devices: int = 8) -> dict:
@@ -84,8 +90,7 @@ def xlgen_env(cache: str, devices: int = 8) -> dict:
             "JAX_PLATFORMS": "cpu",
             "XLGEN_COMPILATION_CACHE": cache,
             "XLGEN_COMPILATION_CACHE_MIN_SECS": "0",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0 "
-            + CPU_COLLECTIVE_TIMEOUTS,
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {CPU_FAST_COMPILE} {CPU_COLLECTIVE_TIMEOUTS}",
             "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""),
             **cpu_thread_pool_env(devices),
         }

@@ -294,7 +294,7 @@ def end_block(summary, config) -> str:
         lines += report.extend_advice(config, step, train)
     lines.append(f"  evaluate:    {xlgen} eval --workdir={shlex.quote(wd)}")
     lines.append(f"  plot:        {xlgen} plot --workdir={shlex.quote(wd)}")
-    if config.get("tensorboard", True):
+    if config.tensorboard:
         tb = user_command("tensorboard")
         if tb:
             lines.append(f"  tensorboard: {tb} --logdir {shlex.quote(wd + '/tensorboard')}")
@@ -348,6 +348,14 @@ def diverged_resume_command(e, config, config_path: str, overrides, workdir: str
     return f"{head}\n  {xlgen} train {' '.join(shlex.quote(a) for a in args)}"
 
 
+def config_show_text(config) -> str:
+    """What `xlgen config show` prints for a resolved config: one `key = value!r` a line, keys sorted, less the
+    sections the system does not read."""
+    from xlgen.train import report
+
+    return "".join(f"{key} = {value!r}\n" for key, value in report.shown_items(config).items())
+
+
 def config_show(argv: List[str]) -> int:
     """`xlgen config show --config=PATH [--config.KEY=VALUE ...]`: the resolved config, one `key = value` a line."""
     from xlgen import config as config_lib
@@ -368,10 +376,7 @@ def config_show(argv: List[str]) -> int:
     except config_lib.ConfigError as e:
         print(f"xlgen config show: error: {e}", file=sys.stderr)
         return 2
-    from xlgen.train import report
-
-    for key, value in report.shown_items(config).items():  # less the sections the system does not read
-        print(f"{key} = {value!r}")
+    sys.stdout.write(config_show_text(config))
     return 0
 
 

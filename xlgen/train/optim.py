@@ -139,7 +139,7 @@ def make_schedule(opt_cfg, total_steps: int) -> optax.Schedule:
     """lr(t) of the module docstring; with `optimizer.schedule_history` ((step S, total before S), ...) — the
     points where a resumed run changed total_steps (`continue_schedule`) — the schedule runs as planned up to the
     first S, and from each S on decays from its own value at S to the floor at the next total (never re-warms)."""
-    history = sorted((int(s), int(t)) for s, t in (opt_cfg.get("schedule_history") or ()))
+    history = sorted((int(s), int(t)) for s, t in opt_cfg.schedule_history)
     peak = float(opt_cfg.learning_rate)
     warmup = int(opt_cfg.warmup_steps)
     floor = peak * float(opt_cfg.min_lr_ratio)
@@ -420,18 +420,18 @@ def _lamb_trust_ratio(names: Sequence[str], mask: Dict[str, bool]) -> optax.Grad
 
 def _adafactor(ada, schedule, names: Sequence[str], wd: float, mask) -> optax.GradientTransformation:
     """`optax.adafactor` with `optimizer.adafactor.*` over the parameters `names` (module docstring)."""
-    clip = float(ada.get("clipping_threshold", 1.0) or 0.0)
-    momentum = float(ada.get("momentum", 0.0) or 0.0)
+    clip = float(ada.clipping_threshold or 0.0)
+    momentum = float(ada.momentum or 0.0)
     return optax.adafactor(
         learning_rate=schedule,
-        min_dim_size_to_factor=int(ada.get("min_dim_size_to_factor", 128)),
-        decay_rate=float(ada.get("decay_rate", 0.8)),
-        multiply_by_parameter_scale=bool(ada.get("multiply_by_parameter_scale", True)),
+        min_dim_size_to_factor=int(ada.min_dim_size_to_factor),
+        decay_rate=float(ada.decay_rate),
+        multiply_by_parameter_scale=bool(ada.multiply_by_parameter_scale),
         clipping_threshold=clip if clip > 0 else None,
         momentum=momentum if momentum > 0 else None,
         weight_decay_rate=wd if wd > 0 else None,
-        eps=float(ada.get("eps", 1e-30)),
-        factored=bool(ada.get("factored", True)),
+        eps=float(ada.eps),
+        factored=bool(ada.factored),
         weight_decay_mask=None if mask is None else {n: mask[n] for n in names},
     )
 
@@ -450,15 +450,15 @@ def make_optimizer(
     mode = opt_cfg.layer_decay_mode
     if mode not in ("lr", "faithful"):
         raise ValueError(f"optimizer.layer_decay_mode={mode!r}: expected 'lr' or 'faithful'")
-    rule = opt_cfg.get("update_rule", "optax")
+    rule = opt_cfg.update_rule
     if rule not in UPDATE_RULES:
         raise ValueError(f"optimizer.update_rule={rule!r}: expected one of {UPDATE_RULES}")
     if rule != "optax" and opt_cfg.name in ("lamb", "adafactor"):
         raise ValueError(f"optimizer.update_rule={rule!r} applies to adam/adamw; optimizer.name={opt_cfg.name!r}")
     scales = layer_decay_scales(meta, layer_ids, rate)
     wd = float(opt_cfg.weight_decay) if opt_cfg.name in ("adamw", "lamb", "adafactor") else 0.0
-    mask = weight_decay_mask(list(meta), opt_cfg.get("weight_decay_mask", "xlgen")) if wd > 0 else None
-    groups = opt_cfg.get("param_groups", None)
+    mask = weight_decay_mask(list(meta), opt_cfg.weight_decay_mask) if wd > 0 else None
+    groups = opt_cfg.param_groups
     group_scales, frozen, _ = param_group_scales(list(meta), groups, float(opt_cfg.learning_rate))
     parts = []
     if any(frozen.values()):  # no gradient for frozen parameters: outside the clip norm, Adam moments stay 0
@@ -470,22 +470,21 @@ def make_optimizer(
     b1, b2, eps = float(opt_cfg.b1), float(opt_cfg.b2), float(opt_cfg.eps)
     names, stacked = list(meta), stacked_axes(meta)
     if opt_cfg.name == "adafactor":  # its own lr(t) scaling and sign inside `optax.adafactor`
-        ada = opt_cfg.get("adafactor", None) or {}
-        if bool(ada.get("relative_step", False)):
-            schedule = relative_step_schedule(float(opt_cfg.learning_rate), bool(ada.get("warmup_init", False)))
+        ada = opt_cfg.adafactor
+        if bool(ada.relative_step):
+            schedule = relative_step_schedule(float(opt_cfg.learning_rate), bool(ada.warmup_init))
         parts.append(per_layer_slices(lambda ns: _adafactor(ada, schedule, ns, wd, mask), names, stacked))
     else:
         if opt_cfg.name == "sgd":  # plain SGD: the update is -lr(t) * grad (Planetoid's optimiser)
             pass
         elif rule == "original":
-            parts.append(original_adam(b1, b2, eps, bool(opt_cfg.get("bias_correction", True)), wd, mask))
+            parts.append(original_adam(b1, b2, eps, bool(opt_cfg.bias_correction), wd, mask))
         else:
             parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
             if wd > 0:
                 parts.append(optax.add_decayed_weights(wd, mask=mask))
         if opt_cfg.name == "lamb":
-            lamb = opt_cfg.get("lamb", None) or {}
-            kind = lamb.get("trust_ratio_mask", "xlgen")
+            kind = opt_cfg.lamb.trust_ratio_mask
             if kind not in TRUST_RATIO_MASKS:
                 raise ValueError(f"optimizer.lamb.trust_ratio_mask={kind!r}: expected one of {TRUST_RATIO_MASKS}")
             trust = weight_decay_mask(names, kind)

@@ -352,7 +352,7 @@ def _build_program(config, mesh: Mesh) -> TrainProgram:
     tx, schedule = optim.make_optimizer(
         config.optimizer, int(config.total_steps), {n: meta[n] for n in trains}, layer_ids=family.layer_ids
     )
-    tx = optim.with_state_dtype(tx, config.optimizer.get("state_dtype", ""))
+    tx = optim.with_state_dtype(tx, config.optimizer.state_dtype)
 
     abstract_all = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
     abstract_params = {n: abstract_all[n] for n in trains}

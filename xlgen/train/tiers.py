@@ -30,8 +30,7 @@ log = logging.getLogger("xlgen")
 def local_checkpointer(config, wd: Workdir):
     """The local tier's Checkpointer, or None when `checkpoint.local_dir` / `local_every_steps` is not set."""
     c = config.checkpoint
-    local_dir = str(c.get("local_dir", "") or "")
-    every = int(c.get("local_every_steps", 0) or 0)
+    local_dir, every = str(c.local_dir), int(c.local_every_steps)
     if not local_dir or every <= 0:
         return None
     from xlgen.train.checkpointing import Checkpointer

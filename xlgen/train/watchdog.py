@@ -36,20 +36,12 @@ from typing import Dict, Optional
 from data_pipelines import paths
 
 HANG_EXIT_CODE = 3
-DEFAULTS = {
-    "timeout_s": 0.0,
-    "factor": 10.0,
-    "min_timeout_s": 300.0,
-    "phase_timeout_s": 3600.0,
-    "straggler_factor": 3.0,
-}
 LONG_PHASES = ("eval", "checkpoint")
 
 
 def settings(config) -> Dict[str, float]:
-    """`config.watchdog` with defaults for keys a stored config.json lacks."""
-    w = config.get("watchdog") or {}
-    return {k: float(w.get(k, v) if w.get(k, v) is not None else v) for k, v in DEFAULTS.items()}
+    """`config.watchdog` as floats (timeout_s, factor, min_timeout_s, phase_timeout_s, straggler_factor)."""
+    return {k: float(v) for k, v in config.watchdog.items()}
 
 
 class Watchdog:
