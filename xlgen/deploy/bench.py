@@ -35,7 +35,7 @@ def served():
     from xlgen.finetune.objective import FINETUNE
     from xlgen.models.params import materialize
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     overrides = ["task=glue/sst2", f"data.max_seq_length={LENGTH}", "data.eval_batch_size=1"]
     overrides += [f"model.{k}={v}" for k, v in MODEL.items()]
     config = load_config(os.path.join(repo, "configs/finetune/tiny.py"), [f"--config.{o}" for o in overrides])

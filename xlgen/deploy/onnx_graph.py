@@ -482,7 +482,8 @@ class _Translator:
 
     def p_top_k(self, eqn, x):
         k = eqn.params["k"]
-        values, index = self.g.node("TopK", [x[0], self.dims(k)], n_out=2, axis=-1, largest=1, sorted=1)
+        axis = int(eqn.params.get("axis", -1))
+        values, index = self.g.node("TopK", [x[0], self.dims(k)], n_out=2, axis=axis, largest=1, sorted=1)
         return [values, self.cast(index, self.out_aval(eqn, 1).dtype)]
 
     # -- contraction and indexing ---------------------------------------------------------------------------------
