@@ -90,7 +90,8 @@ def _check_onnx_export(run: str, out: str, capsys):
     import onnxruntime as ort
 
     from data_pipelines.vocab import load_tokenizer_file
-    from xlgen import deploy, export
+    from xlgen import deploy
+    from xlgen.interop import export
     from xlgen.train.workdir_model import restore_params
 
     assert export.main(["--workdir", run, "--to-onnx", out]) == 0, capsys.readouterr().err

@@ -88,7 +88,7 @@ def measure(runtime: str, batch: int, out_dir: str) -> float:
 
 
 def hf_model(module):
-    """The transformers model equal to an xlgen module (`xlgen.export.to_hf`), in eval mode."""
+    """The transformers model equal to an xlgen module (`xlgen.interop.export.to_hf`), in eval mode."""
     import torch
     import transformers
 
