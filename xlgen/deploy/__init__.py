@@ -84,6 +84,7 @@ class Served:
     module: Any = None  # the eval-mode module (for the ONNX route)
     config: Any = None
     notes: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    min_length: int = 1  # the shortest length the symbolic program holds for (`symbolic_args`)
 
     def example(self, sizes: Optional[Dict[str, int]] = None, seed: int = 0) -> List[np.ndarray]:
         """Valid random inputs of the given axis sizes (default: the trained ones)."""
@@ -301,25 +302,55 @@ def _vocab_size(served_: Served) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def export_stablehlo(served_: Served):
-    """`jax.export.Exported` of `served_.fn`: batch and length symbolic where the model's shapes allow it, else
-    batch symbolic and the trained length, else the trained shapes. Returns (exported, {axis: "symbolic" | size})."""
+MIN_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _symbolic(served_: Served, symbolic: Sequence[str], min_length: int):
+    """`jax.ShapeDtypeStruct`s of the inputs with the axes `symbolic` as `jax.export` dimension variables (length
+    >= min_length; length^2 >= length lets the decision procedure order the quadratic sizes of a flattened
+    relative shift)."""
     import jax
     from jax import export
 
+    syms = {}
+    if symbolic:
+        constraints = [f"length >= {min_length}", "length^2 >= length"] if "length" in symbolic else []
+        syms = dict(zip(symbolic, export.symbolic_shape(", ".join(symbolic), constraints=constraints)))
+    sizes = {**served_.trained, **syms}
+    return [jax.ShapeDtypeStruct(s.concrete(sizes), np.dtype(s.dtype)) for s in served_.inputs], syms
+
+
+def symbolic_args(served_: Served, trace: Optional[Callable] = None):
+    """The most symbolic input shapes `served_.fn` traces with: batch and length symbolic with the smallest
+    `MIN_LENGTHS` entry whose constraint decides every comparison of sizes (set as `served_.min_length`), else batch
+    symbolic and the trained length, else the trained shapes. `trace(args)` is the tracing (default
+    `jax.make_jaxpr`). Returns (args, {axis: "symbolic" | size}, trace's result)."""
+    import jax
+
+    trace = trace or (lambda args: jax.make_jaxpr(served_.fn)(*args))
     errors = []
-    for symbolic in (SYMBOLIC, ("batch",), ()):
-        syms = dict(zip(symbolic, export.symbolic_shape(", ".join(symbolic)))) if symbolic else {}
-        sizes = {**served_.trained, **syms}
-        args = [jax.ShapeDtypeStruct(s.concrete(sizes), np.dtype(s.dtype)) for s in served_.inputs]
+    choices = [(SYMBOLIC, m) for m in MIN_LENGTHS] + [(("batch",), 1), ((), 1)]
+    for symbolic, min_length in choices:
+        args, syms = _symbolic(served_, symbolic, min_length)
         try:
-            exported = export.export(jax.jit(served_.fn))(*args)
-        except Exception as e:  # shape polymorphism refused: fix the axis to its trained size
-            errors.append(f"{'/'.join(symbolic) or 'fixed'}: {type(e).__name__}")
+            result = trace(args)
+        except Exception as e:  # shape polymorphism refused: a longer minimum, or fix the axis
+            errors.append(f"{'/'.join(symbolic) or 'fixed'}>={min_length}: {type(e).__name__}")
             continue
+        served_.min_length = min_length if "length" in syms else served_.trained["length"]
         axes = {a: ("symbolic" if a in syms else served_.trained[a]) for a in SYMBOLIC}
-        return exported, axes
-    raise ValueError(f"jax.export failed for every shape choice: {'; '.join(errors)}")  # pragma: no cover
+        return args, axes, result
+    raise ValueError(f"tracing failed for every shape choice: {'; '.join(errors)}")  # pragma: no cover
+
+
+def export_stablehlo(served_: Served):
+    """`jax.export.Exported` of `served_.fn` with the input shapes of `symbolic_args`. Returns (exported,
+    {axis: "symbolic" | size})."""
+    import jax
+    from jax import export
+
+    _, axes, exported = symbolic_args(served_, lambda args: export.export(jax.jit(served_.fn))(*args))
+    return exported, axes
 
 
 def _dims(shape) -> List[Dim]:
@@ -343,6 +374,7 @@ def io_description(
         "axes": axes,
         "inputs": [{"name": s.name, "shape": shape(s), "dtype": s.dtype} for s in served_.inputs],
         "outputs": [{"name": n, "shape": _dims(sh), "dtype": dt} for n, (sh, dt) in zip(served_.outputs, out_shapes)],
+        "min_length": served_.min_length,
         "label_names": list(served_.label_names) if served_.label_names else None,
         "files": sorted(files),
     }
@@ -413,8 +445,8 @@ def export_workdir(
     else:
         from xlgen.deploy import onnx_graph as deploy_onnx
 
-        payload, axes, out_shapes, used = deploy_onnx.export_onnx(served_)
-        served_ = dataclasses.replace(served_, inputs=[s for s in served_.inputs if s.name in used])
+        payload, axes, out_shapes = deploy_onnx.export_onnx(served_)
+        served_ = dataclasses.replace(served_, outputs=deploy_onnx.output_names(served_))
     desc = {}
 
     def fill(tmp: str) -> None:
