@@ -1,7 +1,7 @@
 """`xlgen export --to-onnx`: the deployed function (`xlgen.deploy.Served.fn`, the one `--to-stablehlo` exports)
 as an ONNX graph, translated from its jaxpr one primitive at a time.
 
-The function is traced with the batch and length axes symbolic (`xlgen.deploy.symbolic_args`: `jax.export`
+The function is traced with the batch and length axes symbolic (`xlgen.deploy.shapes.symbolic_args`: `jax.export`
 shape polymorphism, length >= `Served.min_length`); every shape the jaxpr derives from them is a polynomial of the
 two (`2*length - 1`, `floordiv(length + 1, 2)`, ...), which the graph computes from its inputs' `Shape` (`_Dims`).
 Each primitive becomes the ONNX operators with its semantics (opset `OPSET`): `dot_general` -> `Einsum`,
@@ -673,9 +673,9 @@ def translate(served_) -> Tuple[bytes, Dict[str, Any]]:
     """(model.onnx bytes, the symbolic axes `{"batch": "symbolic", "length": "symbolic" | size}`) of `served_.fn`."""
     import onnx
 
-    from xlgen import deploy
+    from xlgen.deploy.shapes import symbolic_args
 
-    args, axes, closed = deploy.symbolic_args(served_)
+    args, axes, closed = symbolic_args(served_)
     g = _Graph()
     sources: Dict[str, Tuple[str, int]] = {}
     graph_inputs = []
