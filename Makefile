@@ -29,7 +29,7 @@ install: $(STAMP)
 # Dead code: vulture over the library and its users (tests count as users of test helpers). --ignore-names lists
 # what is used by name at run time (registry records, config keys read as attributes, dataclass fields written to
 # JSON, HF keyword arguments, pytest fixtures and hooks, methods a bench worker calls by name).
-VULTURE_USED_BY_NAME := sources_history,_info,_split_generators,VERSION,no_cache,pytestmark,create_mask,schedule_history,num_documents,build_s,computation,tracking,max_nonfinite_steps,pre_tokenizer,Examples,SEG_SEP,return_dict,shift_jvp,register,compile_only,CEGAN,BADGAN,FAMILY,unlabeled_text,domain,digits_dir,peak_flops_per_device,pytest_sessionstart,pytest_runtest_logreport,pytest_terminal_summary
+VULTURE_USED_BY_NAME := sources_history,_info,_split_generators,VERSION,no_cache,pytestmark,create_mask,schedule_history,num_documents,build_s,computation,tracking,max_nonfinite_steps,pre_tokenizer,Examples,SEG_SEP,return_dict,shift_jvp,register,compile_only,CEGAN,BADGAN,FAMILY,unlabeled_text,domain,digits_dir,peak_flops_per_device,pytest_sessionstart,pytest_runtest_logreport,pytest_terminal_summary,pytest_collection_modifyitems,pytest_unconfigure,p_*,ir_version
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .

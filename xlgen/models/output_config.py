@@ -1,10 +1,10 @@
 """`config.model.output_layer` / `config.model.output`: the LM output-layer settings (no JAX import, so config
-files can use `config_defaults()` cheaply). The layers themselves are in `xlgen.models.output_layers`."""
+files can import it cheaply). The layers themselves are in `xlgen.models.output_layers`."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Tuple
+from typing import Tuple
 
 OUTPUT_LAYER_NAMES = ("softmax", "adaptive", "mos", "moc", "doc", "sigsoftmax", "gss", "plif", "mixtape")
 EXPERT_DROPOUTS = ("variational", "element")
@@ -105,17 +105,3 @@ class OutputConfig:
         if unknown:
             raise ValueError(f"config.model.output.{unknown[0]}: unknown key; valid keys: {sorted(names)}")
         return cls(**d)
-
-
-def config_defaults(output_layer: str = "adaptive") -> Dict[str, Any]:
-    """`output_layer` and `output` entries for a Transformer-XL config file (`c.model = dict(..., **this)`), and
-    the adaptive softmax's work sizes and storage: `softmax_block_size` (vocabulary rows per log-normaliser block),
-    `softmax_chunk_size` (tokens per tail-cluster chunk) and `table_rows_multiple` (each cluster table's stored rows
-    rounded up to this, so that they split over the fsdp devices; 1 = the exact sizes)."""
-    return {
-        "output_layer": output_layer,
-        "output": dataclasses.asdict(OutputConfig()),
-        "softmax_block_size": 32768,
-        "softmax_chunk_size": 256,
-        "table_rows_multiple": 1,
-    }

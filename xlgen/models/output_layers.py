@@ -50,7 +50,7 @@ from flax import nnx
 
 from xlgen.models.adaptive_softmax import vocab_blocks
 from xlgen.models.layers import Dense, Dropout, normal, param, zeros
-from xlgen.models.output_config import OUTPUT_LAYER_NAMES, OutputConfig, config_defaults  # noqa: F401
+from xlgen.models.output_config import OUTPUT_LAYER_NAMES, OutputConfig  # noqa: F401
 from xlgen.sharding import constrain
 
 _NEG = -1e30
