@@ -149,11 +149,14 @@ class Reporting:
                         the end-of-run extend advice and the total_steps-change note read
         unused_keys     config sections (dotted prefixes, e.g. "optimizer", "objective_options") the system never
                         reads: left out of `xlgen config show`
+        learning_rate_keys  config -> the dotted config keys of the learning rates that train the system (the
+                        divergence advice lowers each); None = ("optimizer.learning_rate",)
     """
 
     unit: str = "tokens"
     learning_rates: Optional[Callable[[Any, int], Dict[str, Callable[[int], float]]]] = None
     unused_keys: Tuple[str, ...] = ()
+    learning_rate_keys: Optional[Callable[[Any], Tuple[str, ...]]] = None
 
 
 @dataclasses.dataclass(frozen=True)

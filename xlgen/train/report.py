@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from data_pipelines import paths
 
@@ -88,7 +88,7 @@ def _evals(workdir: str):
     p = paths.join(workdir, "metrics.jsonl")
     if not paths.as_path(p).exists():
         return []
-    return [r for r in metrics_lib.read_metrics(p) if "split" in r]
+    return [r for r in metrics_lib.read_metrics(p) if metrics_lib.record_kind(r) == "eval"]
 
 
 def read_summary(workdir: str) -> Optional[Dict[str, Any]]:
@@ -166,6 +166,13 @@ def learning_rates(config, total_steps: int) -> Dict[str, Any]:
     from xlgen import optim
 
     return {"": optim.make_schedule(config.optimizer, int(total_steps))}
+
+
+def learning_rate_keys(config) -> Tuple[str, ...]:
+    """The dotted config keys of the learning rates that train the run (the system's players' own, or
+    "optimizer.learning_rate"): what advice to change the learning rate names."""
+    own = _reporting(config).learning_rate_keys
+    return tuple(own(config)) if own is not None else ("optimizer.learning_rate",)
 
 
 def _rates(scheds: Dict[str, Any], step: int) -> Dict[str, float]:

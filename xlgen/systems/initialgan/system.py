@@ -43,7 +43,14 @@ from xlgen.systems.initialgan import data as data_lib
 from xlgen.systems.initialgan.aligner import Aligner, aligner_loss
 from xlgen.systems.initialgan.gan import Discriminator, Generator, critic_loss, generator_batch, generator_loss
 from xlgen.systems.initialgan.lstm import LSTMStack
-from xlgen.train.game import GAME_UNUSED_KEYS, Game, Player, constant_learning_rates, game_objective
+from xlgen.train.game import (
+    GAME_UNUSED_KEYS,
+    Game,
+    Player,
+    constant_learning_rates,
+    game_objective,
+    player_learning_rate_keys,
+)
 
 PLAYERS = ("aligner", "discriminator", "generator")
 
@@ -286,6 +293,6 @@ FAMILY = Family(
     default_objective="initialgan",
     models={"aligner": Aligner, "generator": Generator, "discriminator": Discriminator, "lstm": LSTMStack},
     objectives={"initialgan": game_objective("initialgan", game, Pipeline, evaluate)},
-    reporting=Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS),
+    reporting=Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS, player_learning_rate_keys),
     sample=sample,
 )
