@@ -42,8 +42,6 @@ def test_collectives_in_a_scanned_loop_count_once_per_trip_with_ring_bytes():
     (gather,) = [c for c in found["list"] if c.kind == "all-gather"]
     assert gather.in_loop and gather.trips == 3 and gather.group == 4
     assert found["unknown_trip_counts"] == 0
-    assert comm.loop_collectives(found, 64 * 64) == [gather]
-    assert comm.loop_collectives(found, 64 * 64 + 1) == []
 
 
 def test_hlo_parser_handles_async_tuple_and_replica_group_forms():

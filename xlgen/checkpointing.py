@@ -246,7 +246,7 @@ class Checkpointer:
 
         A checkpoint that fails is reported in one warning line (step, item directory, reason) and the previous one
         is used. With `quarantine` (only the workdir's writer, under its lock) the failed checkpoint is also moved
-        to `checkpoints/corrupt-<step>` (no longer a step: not counted toward `keep`, never tried again); without,
+        to `checkpoints/corrupt-<step>` (out of the step list: not counted toward `keep`, never tried again); without,
         nothing changes on disk. A shape mismatch (CheckpointMismatch) is raised at once: it is not corruption.
         If every checkpoint fails, RuntimeError lists them."""
         for _ in range(5):  # a concurrent writer's rotation can delete a step while it is read: list again
@@ -289,7 +289,7 @@ class Checkpointer:
         return None
 
     def set_aside(self, steps, why: str) -> list:
-        """Move checkpoints `steps` to `<why>-<step>/` (e.g. "diverged"): kept on disk, no longer steps."""
+        """Move checkpoints `steps` to `<why>-<step>/` (e.g. "diverged"): kept on disk, out of the step list."""
         self.manager.wait_until_finished()
         return [m for m in (self._move_aside(s, why) for s in steps) if m]
 

@@ -336,12 +336,6 @@ def summary(found: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
     return {k: {"count": int(v["count"]), "bytes": float(v["bytes"])} for k, v in found["by_kind"].items()}
 
 
-def loop_collectives(found: Dict[str, Any], min_elements: int) -> List[Collective]:
-    """Collectives inside a while loop whose largest buffer has at least `min_elements` elements (e.g. a per-device
-    activation, batch × length × d_model): in a layer loop these move activations, not weights."""
-    return [c for c in found["list"] if c.in_loop and c.largest_elements >= min_elements]
-
-
 def top(found: Dict[str, Any], n: int = 10) -> List[Dict[str, Any]]:
     """The n collectives moving the most bytes per step (for the report's JSON), largest first."""
     cols = sorted(found["list"], key=lambda c: -c.bytes_per_device * c.trips)[:n]

@@ -97,12 +97,12 @@ def lowering_device_kind() -> str:
 # XLA:CPU allocates every execution's outputs and temporaries through malloc. With glibc's defaults a buffer above
 # the (dynamic, at most 32 MiB) mmap threshold, and any buffer above 64 MiB allocated by a worker thread (XLA runs
 # executables on its own threads, each with a malloc arena of its own), is a fresh `mmap`, `munmap`ped when freed:
-# every call faults its pages in again. A `[4, 4, 512, 1024]` float32 einsum output (32 MiB) cost ~9,000 minor page
-# faults per call (20 ms against 8 ms with its pages kept), a Funnel seq-512 train step ~360,000 (its 1.3 GiB of
-# saved activations), an XLNet 6L step ~400,000, on this 2-core VM. The policy below keeps freed memory for reuse:
-# one malloc arena for all threads, no mmap'ed chunks, no trimming, and (as a process start-up setting) transparent
-# huge pages for the heap where the kernel offers them on request (THP "madvise" mode), so the heap's growth while
-# a run's allocation pattern settles costs one fault per 2 MiB. Cost: freed memory stays with the process (resident
+# every call faults its pages in again: a `[4, 4, 512, 1024]` float32 einsum output (32 MiB) takes ~9,000 minor
+# page faults per call, a Funnel seq-512 or XLNet 6L train step some 400,000 (docs/performance.md, "What the code
+# does for speed"). The policy below keeps freed memory for reuse: one malloc arena for all threads, no mmap'ed
+# chunks, no trimming, and (as a process start-up setting) transparent huge pages for the heap where the kernel
+# offers them on request (THP "madvise" mode), so the heap's growth while a run's allocation pattern settles costs
+# one fault per 2 MiB. Cost: freed memory stays with the process (resident
 # memory does not go down after a peak). `XLGEN_HOST_MALLOC=default` keeps glibc's defaults; a malloc policy the
 # user set (GLIBC_TUNABLES glibc.malloc.*, MALLOC_*_ variables) is left alone.
 
@@ -198,11 +198,10 @@ def small_op_compiler_options() -> dict:
     """`jax.jit(..., compiler_options=...)` for programs made of many small ops on XLA:CPU, such as a batch-1
     segment of Transformer-XL cached evaluation: YNNPACK fusions off, so XLA's own emitters run them.
 
-    Each YNNPACK fusion call has a fixed cost (a `[1, 64]` LayerNorm reduction took up to 0.3 ms) that exceeds
-    such ops' work. Measured through `from_pretrained` segments (64 tokens, TXL 4L d256), both programs in one
-    process, alternated: 0.91-0.98x the time per segment (median of 7 runs 0.935x). Training steps keep the
-    defaults (the Funnel 12L step was 1.09x slower without YNNPACK). Empty off the CPU backend, or when the user's
-    XLA_FLAGS choose the YNNPACK fusion types themselves."""
+    Each YNNPACK fusion call has a fixed cost (up to 0.3 ms for a `[1, 64]` LayerNorm reduction) that exceeds such
+    ops' work: without them a Transformer-XL evaluation segment (64 tokens, 4L d256) takes 0.935x the time. Training
+    steps keep the defaults (a Funnel 12L step takes 1.09x the time without YNNPACK). Empty off the CPU backend, or
+    when the user's XLA_FLAGS choose the YNNPACK fusion types themselves."""
     import jax
 
     if jax.default_backend() != "cpu" or _YNN_OPTION in os.environ.get("XLA_FLAGS", ""):

@@ -204,7 +204,7 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
     FLOPs of the traced step, step time, MFU, tokens/s) from its own `config` + `overrides`, without compiling; the
     compiled measurements (memory, fits, XLA's cost analysis, compile time) are kept. Rewrites `path` atomically.
     `ideal`: also (re)compute the FSDP ideal communication for the report's topology (`fsdp_ideal`; needs libtpu for
-    the topology's devices, compiles nothing), e.g. for plans compiled before communication was measured."""
+    the topology's devices, compiles nothing), e.g. for a report without communication figures."""
     from xlgen import flops
     from xlgen.config import load_config, parse_overrides
 

@@ -80,7 +80,7 @@ class HealthGuard:
     A step is unhealthy when its update was skipped or its loss diverges: finite but above `divergence_factor` x
     max(best loss so far, 1) (0: off; the floor 1 keeps small finetuning losses from tripping it), or above
     `uniform_loss` (the loss of a uniform guess, log V for a language model; None: no such bound) once the best
-    loss has been below UNIFORM_ARMED x it (a model that has learned something and is now worse than guessing).
+    loss has been below UNIFORM_ARMED x it (a model that has learned something and then does worse than guessing).
     `max_consecutive` unhealthy steps in a row raise TrainingDiverged (0: never). The loss of step t is computed on
     the parameters of step t-1, so a checkpoint of step c is proven good when step c+1 is healthy: `watch(c)` for
     each saved or restored checkpoint, `proven` is the newest proven one. `healthy`: the last checked step was.

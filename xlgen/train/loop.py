@@ -74,7 +74,7 @@ def check_workdir_compatible(config, workdir: str) -> None:
         changed.append("objective")
     try:
         old_shapes = _shapes(old)
-    except Exception as e:  # the stored config no longer builds
+    except Exception as e:  # the stored config does not build with this code
         raise ValueError(f"{workdir}/config.json: cannot rebuild the stored model ({e}); use a new --workdir") from e
     new_shapes = _shapes(config)
     diff = [k for k in sorted(set(old_shapes) | set(new_shapes)) if old_shapes.get(k) != new_shapes.get(k)]
