@@ -187,7 +187,7 @@ def removed_on_failure(path, keep=()):
             if fresh and not any(os.path.lexists(os.path.join(full, k)) for k in keep):
                 if made and made[-1] == full:
                     shutil.rmtree(full, ignore_errors=True)
-                    remove_empty(made[:-1])  # the parents this call made, unless another command now uses them
+                    remove_empty(made[:-1])  # the parents this call made, unless another command uses them
                 else:
                     for name in os.listdir(full):
                         p = os.path.join(full, name)

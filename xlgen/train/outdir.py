@@ -233,7 +233,7 @@ def _clear_unfinished_start(full: str) -> bool:
     """If `full` holds the marker of a start that never started its run (killed before its first checkpoint or
     metric record: no clean-up ran), remove what such a start writes (WORKDIR_ENTRIES and the marker) and return
     True; anything else in the directory stays. A started run's leftover marker is removed (False).
-    Called with the workdir lock held: the start that wrote the marker is no longer alive."""
+    Called with the workdir lock held: the start that wrote the marker is dead."""
     marker = os.path.join(full, START_MARKER)
     if not os.path.isfile(marker):
         return False
