@@ -194,20 +194,23 @@ def test_metrics_record_kinds_do_not_collide(runs):
     `time_s`); the last record with a `split` of a run that ended with its final evaluation is that evaluation."""
     import json
 
-    from xlgen.train.metrics import record_kind
-
-    for name in ("pretrain", "finetune"):
+    for name in ("finetune", "pretrain"):
         with open(runs[name] / "metrics.jsonl") as f:
             recs = [json.loads(line) for line in f]
+        if name == "finetune":  # evaluated at its last step
+            last = [r for r in recs if "split" in r][-1]
+            assert last["split"] == "dev" and last["step"] == 2 and "accuracy" in last, last
         train = [r for r in recs if "split" not in r]
         assert [r["step"] for r in train] == [1, 2], name
         assert all({"step", "loss", "learning_rate", "tokens_per_sec"} <= r.keys() for r in train), name
-        assert [record_kind(r) for r in train] == ["train", "train"]
         (good,) = [r for r in recs if r.get("kind") == "goodput"]
-        assert record_kind(good) == "goodput" and good["attempt"] == 1 and good["end"] == "completed", good
+        assert good["attempt"] == 1 and good["end"] == "completed", good
         assert 0 < good["goodput"] <= 1 and set(good["time_s"]) >= {"productive", "compile", "eval", "idle"}
-    last = [r for r in recs if "split" in r][-1]  # the finetuning run: evaluated at its last step
-    assert record_kind(last) == "eval" and last["split"] == "dev" and last["step"] == 2 and "accuracy" in last, last
+
+        from xlgen.train.metrics import record_kind
+
+        assert [record_kind(r) for r in recs].count("train") == 2 and record_kind(good) == "goodput"
+        assert [record_kind(r) for r in recs if "split" in r and "kind" not in r] == ["eval"] * (name == "finetune")
 
 
 def test_every_write_command_against_every_other_kind_changes_nothing(runs, tmp_path, capsys):
@@ -497,7 +500,7 @@ def test_a_start_killed_before_its_first_checkpoint_is_cleared_by_the_next_start
     half, started, unmarked = tmp_path / "half", tmp_path / "started", tmp_path / "unmarked"
     _killed_start(half)
     _killed_start(started, commit_checkpoint=True)
-    assert os.path.isfile(half / outdir.START_MARKER) and os.path.isfile(half / "config.json")
+    assert os.path.isfile(half / "config.json") and os.path.isdir(half / "tokenizer")
     (half / "notes.txt").write_text("the user's")
     unmarked.mkdir()
     (unmarked / "config.json").write_text("{}")
