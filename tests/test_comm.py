@@ -1,4 +1,4 @@
-"""Communication accounting (`xlgen.comm`) and the logical activation constraints (`xlgen.sharding.constrain`).
+"""Communication accounting (`xlgen.plan.comm`) and the logical activation constraints (`xlgen.sharding.constrain`).
 
 CPU only: programs compiled for the 8 simulated host devices; the TPU-topology plans of the three families are in
 tests/test_pod_comm.py.
@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xlgen import comm, sharding
+from xlgen import sharding
+from xlgen.plan import comm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

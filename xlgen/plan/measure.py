@@ -1,6 +1,6 @@
 """Measure a train step compiled for a TPU topology: the mesh over the topology's compile-only devices, the AOT
 compile, `memory_analysis()` / `cost_analysis()`, the per-device bytes of the abstract state, and the compiled
-HLO's collectives (`xlgen.comm`)."""
+HLO's collectives (`xlgen.plan.comm`)."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def compile_and_measure(
     except Exception:  # pragma: no cover - as_text is available for TPU and CPU executables
         hlo = None
     if hlo:
-        from xlgen import comm
+        from xlgen.plan import comm
 
         out["_collectives"] = comm.collectives(hlo, n)
         if peak > 0 and hbm_bandwidth > 0:

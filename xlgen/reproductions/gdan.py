@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--platform", default="cpu")
     p.add_argument("--set", action="append", default=[], help="extra K=V config overrides")
     args = p.parse_args(argv)
-    from xlgen.runtime import setup_runtime
+    from xlgen.platforms import setup_runtime
 
     setup_runtime(args.platform, "off")
     from xlgen.systems.gdan import standin

@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--karate_steps", type=int, default=1000)
     p.add_argument("--platform", default="cpu")
     args = p.parse_args(argv)
-    from xlgen.runtime import setup_runtime
+    from xlgen.platforms import setup_runtime
 
     setup_runtime(args.platform, "off")
     from xlgen.systems.planetoid import data as data_lib

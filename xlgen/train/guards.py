@@ -89,7 +89,7 @@ class HealthGuard:
     def __init__(
         self,
         max_consecutive: int,
-        divergence_factor: float = 0.0,
+        divergence_factor: float,
         best_loss: Optional[float] = None,
         uniform_loss: Optional[float] = None,
     ):
@@ -182,14 +182,13 @@ class HealthGuard:
 
 
 def health_guard(config, objective, best_loss: Optional[float] = None) -> HealthGuard:
-    """The run's HealthGuard: `max_nonfinite_steps` and `divergence_factor` of the config (their declared defaults
-    in xlgen.config when a stored config predates them) and the objective's uniform-guess loss."""
-    from xlgen import config as config_lib
-
+    """The run's HealthGuard: `max_nonfinite_steps` and `divergence_factor` of the config (a stored config that
+    predates them has their declared defaults, `xlgen.config.with_declared_defaults`) and the objective's
+    uniform-guess loss."""
     uniform = getattr(objective, "uniform_loss", None)
     return HealthGuard(
-        int(config.get("max_nonfinite_steps", config_lib.MAX_NONFINITE_STEPS)),
-        float(config.get("divergence_factor", config_lib.DIVERGENCE_FACTOR)),
+        int(config.max_nonfinite_steps),
+        float(config.divergence_factor),
         best_loss,
         uniform(config) if uniform is not None else None,
     )

@@ -168,10 +168,10 @@ def forward_flops_per_sequence(
 
 
 def train_flops_per_step(config) -> float:
-    """3 x forward FLOPs of one global batch for a training config (used by `xlgen.flops` / `xlgen plan`)."""
+    """3 x forward FLOPs of one global batch for a training config (used by `xlgen.models.cost` / `xlgen plan`)."""
     cfg = config_from_model_section(config.model)
     objective = str(config.get("objective") or "funnel_mlm")
-    width = float((config.get("objective_options") or {}).get("generator_width", 0.25))
+    width = float(config.objective_options.generator_width)
     fwd = forward_flops_per_sequence(cfg, int(config.data.seq_len), objective, width)
     return 3.0 * fwd * int(config.data.batch_size)
 
@@ -214,7 +214,7 @@ def train_flops(config) -> float:
     if str(config.get("objective") or "funnel_mlm") == "funnel_electra":
         from xlgen.models.funnel.heads import generator_config
 
-        width = float((config.get("objective_options") or {}).get("generator_width", 0.25))
+        width = float(config.objective_options.generator_width)
         nets.append(generator_config(cfg, width))
     batch, seq_len = int(config.data.batch_size), int(config.data.seq_len)
     # the MLM model (or ELECTRA's generator) runs its last decoder layer's queries, FFN and softmax at the k

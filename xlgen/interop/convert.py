@@ -2,7 +2,7 @@
 TensorFlow release (XLNet, Funnel-Transformer, Transformer-XL) as a model directory that `xlgen.from_pretrained(DIR)`
 loads (and transformers 4.34.1 too: DIR is a Hugging Face directory, `config.json` + `model.safetensors`).
 
-The checkpoint is read without TensorFlow (`xlgen.tf_checkpoint`); the family's name map (`Family.from_tf`, in
+The checkpoint is read without TensorFlow (`xlgen.interop.tf_checkpoint`); the family's name map (`Family.from_tf`, in
 `xlgen/models/<family>/tf_import.py`) puts each original variable into the xlgen module, and the family's Hugging
 Face writer (`Family.to_hf`) writes DIR. `--config` gives the architecture: a Hugging Face `config.json` (with
 `model_type`), an xlgen config file (`configs/pretrain/xlnet_large.py`, its `model` section), or the release's own
@@ -51,8 +51,8 @@ def family_config(family, path: str):
 
 def convert(ckpt_prefix: str, family_name: str, config_path: str, out_dir: str):
     """Convert; returns (out_dir, HF class name)."""
-    from xlgen.export import save_hf
-    from xlgen.tf_checkpoint import TFCheckpoint
+    from xlgen.interop.export import save_hf
+    from xlgen.interop.tf_checkpoint import TFCheckpoint
 
     family = registry.get(family_name)
     if family.from_tf is None or family.to_hf is None:
@@ -77,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
-    from xlgen import runtime
+    from xlgen import platforms
     from xlgen.train import outdir
 
     try:  # checked before the checkpoint is read: a refused --out changes nothing
@@ -85,7 +85,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except outdir.OutputPathError as e:
         print(f"xlgen convert: error: {e}", file=sys.stderr)
         return 2
-    runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
+    platforms.setup_runtime(args.platform or platforms.default_platform(), "off")
     try:
         out, arch = convert(args.from_tf, args.family, args.config, args.out)
     except (ValueError, KeyError, FileNotFoundError) as e:

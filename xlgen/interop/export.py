@@ -231,7 +231,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
     p.add_argument("--platform", default=None, help="cpu | tpu | gpu (default: autodetect)")
     args = p.parse_args(argv)
-    from xlgen import runtime
+    from xlgen import platforms
     from xlgen.train import outdir
 
     fmt, out_dir = next(
@@ -250,7 +250,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (outdir.OutputPathError, ValueError, FileNotFoundError) as e:
         print(f"xlgen export: error: {e}", file=sys.stderr)
         return 2
-    runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
+    platforms.setup_runtime(args.platform or platforms.default_platform(), "off")
     if fmt != "hf":
         return _export_deployed(args.workdir, out_dir, fmt, args.step, not args.no_tokenizer)
     try:

@@ -96,15 +96,16 @@ slopes, 001 §5.7.1) `({"pattern": "slope_logits", "frozen": True},)`; finetunin
 "({'pattern': 'slope_logits', 'frozen': True},)"`.
 
 Parameters live in a flat dict {dotted_name: array}; stacked layers (a leading `layers` logical axis) get a
-per-row scale vector. `layer_ids` is the only way parameters are numbered into layers (the trainer, finetuning
-and every objective use it); it asks the family registry: the numberings live in `xlgen.models.numbering`
-(Transformer-XL, XLNet) and `xlgen.models.funnel.numbering`, and a new model family registers its own.
+per-row scale vector. A system's `Family.layer_ids` (meta -> ({name: layer id array | None}, n_layer)) is the only
+way parameters are numbered into layers; the caller passes it (`make_optimizer(..., layer_ids=...)`, the trainer
+gives its system's): the numberings live in `xlgen.models.numbering` (Transformer-XL, XLNet) and
+`xlgen.models.funnel.numbering`, and a new model family registers its own.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +117,9 @@ NO_DECAY_PATTERN = re.compile(r"(bias|layer_norm|layernorm|LayerNorm|\bnorm\b|_n
 ORIGINAL_ALWAYS_DECAY = re.compile(r"(r_s_bias|r_r_bias|r_w_bias)")
 WEIGHT_DECAY_MASKS = ("xlgen", "original", "all")
 UPDATE_RULES = ("optax", "original")
+# A system's numbering of its parameters into layers (`Family.layer_ids`): meta {name: (shape, logical axes)} ->
+# ({name: None (outside the layer stack) | int array broadcastable to the parameter}, n_layer = 1 + max id).
+LayerIds = Callable[[Dict[str, Tuple[Tuple[int, ...], Tuple]]], Tuple[Dict[str, Optional[np.ndarray]], int]]
 
 
 def _decay(kind: str, opt_cfg, init: float, floor: float, steps: int) -> optax.Schedule:
@@ -135,7 +139,7 @@ def make_schedule(opt_cfg, total_steps: int) -> optax.Schedule:
     """lr(t) of the module docstring; with `optimizer.schedule_history` ((step S, total before S), ...) — the
     points where a resumed run changed total_steps (`continue_schedule`) — the schedule runs as planned up to the
     first S, and from each S on decays from its own value at S to the floor at the next total (never re-warms)."""
-    history = sorted((int(s), int(t)) for s, t in (opt_cfg.get("schedule_history") or ()))
+    history = sorted((int(s), int(t)) for s, t in opt_cfg.schedule_history)
     peak = float(opt_cfg.learning_rate)
     warmup = int(opt_cfg.warmup_steps)
     floor = peak * float(opt_cfg.min_lr_ratio)
@@ -225,21 +229,6 @@ def effective_layer_ratios(
     return step / step[-1]
 
 
-def layer_ids(
-    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: str
-) -> Tuple[Dict[str, Optional[np.ndarray]], int]:
-    """Layer index of every parameter of a `family` model from its name (and, for stacked parameters, its shape):
-    {name: None (outside the layer stack) | int array broadcastable to the parameter}, and n_layer = 1 + max index.
-
-    meta: {dotted name: (shape, logical axes)} (what `ModelSpec.meta()` returns). The numbering is the family's
-    (`Family.layer_ids` in the registry; see the module docstring)."""
-    from xlgen import registry
-
-    if family not in registry.names():
-        raise ValueError(f"layer_ids: family={family!r}: expected one of {registry.names()}")
-    return registry.get(family).layer_ids(meta)
-
-
 def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: float) -> Dict[str, np.ndarray]:
     """`rate ** (n_layer - 1 - id)` per parameter (per slice for stacked ids); 1.0 where id is None."""
     return {
@@ -251,20 +240,18 @@ def scales_from_ids(ids: Dict[str, Optional[np.ndarray]], n_layer: int, rate: fl
 
 
 def layer_decay_scales(
-    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str], rate: float
+    meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], layer_ids: Optional[LayerIds], rate: float
 ) -> Dict[str, np.ndarray]:
-    """The layer-wise LR decay multiplier of every parameter of a `family` model (`layer_ids` + `scales_from_ids`).
-    rate 1.0 needs no numbering (all 1.0); any other rate needs a family `layer_ids` knows."""
+    """The layer-wise LR decay multiplier of every parameter (`layer_ids(meta)` + `scales_from_ids`).
+    rate 1.0 needs no numbering (all 1.0); any other rate needs the system's `layer_ids`."""
     if rate == 1.0:
         return {name: np.float32(1.0) for name in meta}
-    from xlgen import registry
-
-    if family not in registry.names():
+    if layer_ids is None:
         raise ValueError(
-            f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family in {registry.names()} "
-            f"(got {family!r}); set it to 1.0 or give the new family a numbering (`Family.layer_ids`)"
+            f"optimizer.lr_layer_decay_rate={rate}: layer-wise decay needs model.family's numbering of its parameters "
+            "into layers (`Family.layer_ids`), and this system has none; set the rate to 1.0"
         )
-    ids, n = layer_ids(meta, family)
+    ids, n = layer_ids(meta)
     return scales_from_ids(ids, n, rate)
 
 
@@ -433,29 +420,29 @@ def _lamb_trust_ratio(names: Sequence[str], mask: Dict[str, bool]) -> optax.Grad
 
 def _adafactor(ada, schedule, names: Sequence[str], wd: float, mask) -> optax.GradientTransformation:
     """`optax.adafactor` with `optimizer.adafactor.*` over the parameters `names` (module docstring)."""
-    clip = float(ada.get("clipping_threshold", 1.0) or 0.0)
-    momentum = float(ada.get("momentum", 0.0) or 0.0)
+    clip = float(ada.clipping_threshold or 0.0)
+    momentum = float(ada.momentum or 0.0)
     return optax.adafactor(
         learning_rate=schedule,
-        min_dim_size_to_factor=int(ada.get("min_dim_size_to_factor", 128)),
-        decay_rate=float(ada.get("decay_rate", 0.8)),
-        multiply_by_parameter_scale=bool(ada.get("multiply_by_parameter_scale", True)),
+        min_dim_size_to_factor=int(ada.min_dim_size_to_factor),
+        decay_rate=float(ada.decay_rate),
+        multiply_by_parameter_scale=bool(ada.multiply_by_parameter_scale),
         clipping_threshold=clip if clip > 0 else None,
         momentum=momentum if momentum > 0 else None,
         weight_decay_rate=wd if wd > 0 else None,
-        eps=float(ada.get("eps", 1e-30)),
-        factored=bool(ada.get("factored", True)),
+        eps=float(ada.eps),
+        factored=bool(ada.factored),
         weight_decay_mask=None if mask is None else {n: mask[n] for n in names},
     )
 
 
 def make_optimizer(
-    opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], family: Optional[str] = None
+    opt_cfg, total_steps: int, meta: Dict[str, Tuple[Tuple[int, ...], Tuple]], layer_ids: Optional[LayerIds] = None
 ) -> Tuple[optax.GradientTransformation, optax.Schedule]:
     """The optax transformation for flat-dict params with metadata {name: (shape, logical_axes)}.
 
-    Layer decay (`lr_layer_decay_rate` != 1): the layer of every parameter comes from `layer_ids(meta, family)`,
-    family one of "transformer_xl", "xlnet", "funnel" (`config.model.family`)."""
+    Layer decay (`lr_layer_decay_rate` != 1): the layer of every parameter comes from `layer_ids(meta)`, the
+    system's numbering (`Family.layer_ids` of `config.model.family`)."""
     schedule = make_schedule(opt_cfg, total_steps)
     if opt_cfg.name not in OPTIMIZERS:
         raise ValueError(f"optimizer.name={opt_cfg.name!r}: expected one of {', '.join(OPTIMIZERS)}")
@@ -463,15 +450,15 @@ def make_optimizer(
     mode = opt_cfg.layer_decay_mode
     if mode not in ("lr", "faithful"):
         raise ValueError(f"optimizer.layer_decay_mode={mode!r}: expected 'lr' or 'faithful'")
-    rule = opt_cfg.get("update_rule", "optax")
+    rule = opt_cfg.update_rule
     if rule not in UPDATE_RULES:
         raise ValueError(f"optimizer.update_rule={rule!r}: expected one of {UPDATE_RULES}")
     if rule != "optax" and opt_cfg.name in ("lamb", "adafactor"):
         raise ValueError(f"optimizer.update_rule={rule!r} applies to adam/adamw; optimizer.name={opt_cfg.name!r}")
-    scales = layer_decay_scales(meta, family, rate)
+    scales = layer_decay_scales(meta, layer_ids, rate)
     wd = float(opt_cfg.weight_decay) if opt_cfg.name in ("adamw", "lamb", "adafactor") else 0.0
-    mask = weight_decay_mask(list(meta), opt_cfg.get("weight_decay_mask", "xlgen")) if wd > 0 else None
-    groups = opt_cfg.get("param_groups", None)
+    mask = weight_decay_mask(list(meta), opt_cfg.weight_decay_mask) if wd > 0 else None
+    groups = opt_cfg.param_groups
     group_scales, frozen, _ = param_group_scales(list(meta), groups, float(opt_cfg.learning_rate))
     parts = []
     if any(frozen.values()):  # no gradient for frozen parameters: outside the clip norm, Adam moments stay 0
@@ -483,22 +470,21 @@ def make_optimizer(
     b1, b2, eps = float(opt_cfg.b1), float(opt_cfg.b2), float(opt_cfg.eps)
     names, stacked = list(meta), stacked_axes(meta)
     if opt_cfg.name == "adafactor":  # its own lr(t) scaling and sign inside `optax.adafactor`
-        ada = opt_cfg.get("adafactor", None) or {}
-        if bool(ada.get("relative_step", False)):
-            schedule = relative_step_schedule(float(opt_cfg.learning_rate), bool(ada.get("warmup_init", False)))
+        ada = opt_cfg.adafactor
+        if bool(ada.relative_step):
+            schedule = relative_step_schedule(float(opt_cfg.learning_rate), bool(ada.warmup_init))
         parts.append(per_layer_slices(lambda ns: _adafactor(ada, schedule, ns, wd, mask), names, stacked))
     else:
         if opt_cfg.name == "sgd":  # plain SGD: the update is -lr(t) * grad (Planetoid's optimiser)
             pass
         elif rule == "original":
-            parts.append(original_adam(b1, b2, eps, bool(opt_cfg.get("bias_correction", True)), wd, mask))
+            parts.append(original_adam(b1, b2, eps, bool(opt_cfg.bias_correction), wd, mask))
         else:
             parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
             if wd > 0:
                 parts.append(optax.add_decayed_weights(wd, mask=mask))
         if opt_cfg.name == "lamb":
-            lamb = opt_cfg.get("lamb", None) or {}
-            kind = lamb.get("trust_ratio_mask", "xlgen")
+            kind = opt_cfg.lamb.trust_ratio_mask
             if kind not in TRUST_RATIO_MASKS:
                 raise ValueError(f"optimizer.lamb.trust_ratio_mask={kind!r}: expected one of {TRUST_RATIO_MASKS}")
             trust = weight_decay_mask(names, kind)

@@ -353,7 +353,7 @@ def top(found: Dict[str, Any], n: int = 10) -> List[Dict[str, Any]]:
     ]
 
 
-if __name__ == "__main__":  # python -m xlgen.comm HLO.txt NUM_DEVICES: print the collectives of a dumped HLO
+if __name__ == "__main__":  # python -m xlgen.plan.comm HLO.txt NUM_DEVICES: print the collectives of a dumped HLO
     import sys
 
     res = collectives(open(sys.argv[1]).read(), int(sys.argv[2]))
