@@ -115,6 +115,10 @@ def makedirs(path) -> None:
     as_path(path).mkdir(parents=True, exist_ok=True)
 
 
+class OutputBusy(ValueError):
+    """Another process is writing into the output directory (`removed_on_failure`'s lock): a one-line error."""
+
+
 def make_dirs(path) -> list:
     """mkdir -p `path`; the directories this call created, outermost first (each by an atomic `mkdir`: of two
     processes creating the same directory exactly one creates it)."""
@@ -151,15 +155,13 @@ def remove_empty(made) -> None:
 def removed_on_failure(path, keep=()):
     """Run a command that writes into the directory `path` (created here) while holding its lock: `flock` on the
     directory itself (no lock file; the kernel drops it when the process dies), so a second command writing into
-    the same directory fails at once (OutputPathError, nothing changed). If the directory was absent or empty when
+    the same directory fails at once (OutputBusy, nothing changed). If the directory was absent or empty when
     this call took the lock and the command fails (any exception, Ctrl-C included), what it wrote is removed
     again — the directory and the parents this call created, else the directory's entries — unless it holds one
     of `keep` (e.g. a checkpoint: a run that got that far is resumable, not half-made). Only the lock holder
     cleans up, so a command that lost a race for a new directory never removes the winner's output. URLs: no
     lock, no clean-up."""
     import fcntl
-
-    from data_pipelines.output_paths import OutputPathError
 
     if is_remote(path):
         yield
@@ -175,7 +177,7 @@ def removed_on_failure(path, keep=()):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)  # the holder took the directory: nothing here is this command's to remove
-        raise OutputPathError(
+        raise OutputBusy(
             f"{full}: another xlgen process is writing into this directory; wait for it to finish or give "
             "another output"
         ) from None
