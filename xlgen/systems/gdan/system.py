@@ -47,7 +47,7 @@ from flax import nnx
 
 from data_pipelines import paths
 from xlgen.finetune import squad_decode, squad_eval
-from xlgen.models.family import Family, Reporting
+from xlgen.models.family import Family
 from xlgen.systems.gdan import data as gdata
 from xlgen.systems.gdan import reader
 from xlgen.systems.gdan import text as T
@@ -61,6 +61,7 @@ from xlgen.train.game import (
     game_objective,
     player_learning_rate_keys,
 )
+from xlgen.train.report import Reporting
 
 # method -> (source of the unlabeled questions, domain tags, adversarial G)
 METHODS: Dict[str, Tuple[Any, bool, bool]] = {
@@ -297,5 +298,5 @@ FAMILY = Family(
     default_objective="gdan",
     models={"generator": Generator},
     objectives={"gdan": game_objective("gdan", _game, gdata.Pipeline, evaluate)},
-    reporting=Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS, player_learning_rate_keys),
+    records=(Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS, player_learning_rate_keys),),
 )

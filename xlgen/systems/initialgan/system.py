@@ -38,7 +38,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from xlgen.models.family import Family, Reporting
+from xlgen.generate import Sampling
+from xlgen.models.family import Family
 from xlgen.systems.initialgan import data as data_lib
 from xlgen.systems.initialgan.aligner import Aligner, aligner_loss
 from xlgen.systems.initialgan.gan import Discriminator, Generator, critic_loss, generator_batch, generator_loss
@@ -51,6 +52,7 @@ from xlgen.train.game import (
     game_objective,
     player_learning_rate_keys,
 )
+from xlgen.train.report import Reporting
 
 PLAYERS = ("aligner", "discriminator", "generator")
 
@@ -293,6 +295,8 @@ FAMILY = Family(
     default_objective="initialgan",
     models={"aligner": Aligner, "generator": Generator, "discriminator": Discriminator, "lstm": LSTMStack},
     objectives={"initialgan": game_objective("initialgan", game, Pipeline, evaluate)},
-    reporting=Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS, player_learning_rate_keys),
-    sample=sample,
+    records=(
+        Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS, player_learning_rate_keys),
+        Sampling(sample),
+    ),
 )
