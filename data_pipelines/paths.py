@@ -6,7 +6,8 @@
     atomic_write_bytes/text    readers never see a half-written file (local: temp + rename; GCS: an object
                                upload only becomes visible when complete, so it is written directly)
     read_bytes/read_text       with a clear error naming the path
-    removed_on_failure(dir)    a directory a failing command created is removed again (nothing half-made is left)
+    removed_on_failure(dir)    a command's output directory, locked while it writes; what a failing command wrote
+                               into a new or empty directory is removed again (nothing half-made is left)
     local_copy(p, sha256=)     a local file with the contents of `p`: `p` itself if local, else a cached download
                                (`$XLGEN_CACHE_DIR` or ~/.cache/xlgen), verified against `sha256` when given
 
@@ -114,21 +115,89 @@ def makedirs(path) -> None:
     as_path(path).mkdir(parents=True, exist_ok=True)
 
 
+class OutputBusy(ValueError):
+    """Another process is writing into the output directory (`removed_on_failure`'s lock): a one-line error."""
+
+
+def make_dirs(path) -> list:
+    """mkdir -p `path`; the directories this call created, outermost first (each by an atomic `mkdir`: of two
+    processes creating the same directory exactly one creates it)."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    made: list = []
+    try:
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+                made.append(d)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
+    except BaseException:
+        remove_empty(made)
+        raise
+    return made
+
+
+def remove_empty(made) -> None:
+    """Remove the directories of `made` (innermost first) that are empty: never what another process put there."""
+    for d in reversed(made):
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
+
+
 @contextlib.contextmanager
 def removed_on_failure(path, keep=()):
-    """Run a command that writes into the directory `path`: if the command created it and fails (any exception,
-    Ctrl-C included), the directory (and the parents it created) is removed again, unless it already holds one of `keep` (e.g. a checkpoint:
-    a run that got that far is resumable, not half-made). Local paths only; a directory that existed is kept."""
-    created = not is_remote(path) and not os.path.exists(path)
-    top = os.path.abspath(path)  # the outermost directory that does not exist yet (data/ of data/spm)
-    while created and not os.path.exists(os.path.dirname(top)):
-        top = os.path.dirname(top)
-    try:
+    """Run a command that writes into the directory `path` (created here) while holding its lock: `flock` on the
+    directory itself (no lock file; the kernel drops it when the process dies), so a second command writing into
+    the same directory fails at once (OutputBusy, nothing changed). If the directory was absent or empty when
+    this call took the lock and the command fails (any exception, Ctrl-C included), what it wrote is removed
+    again — the directory and the parents this call created, else the directory's entries — unless it holds one
+    of `keep` (e.g. a checkpoint: a run that got that far is resumable, not half-made). Only the lock holder
+    cleans up, so a command that lost a race for a new directory never removes the winner's output. URLs: no
+    lock, no clean-up."""
+    import fcntl
+
+    if is_remote(path):
         yield
-    except BaseException:
-        if created and os.path.isdir(path) and not any(os.path.exists(os.path.join(path, k)) for k in keep):
-            shutil.rmtree(top, ignore_errors=True)
+        return
+    full = os.path.abspath(path)
+    made = make_dirs(full)
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        remove_empty(made)
         raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)  # the holder took the directory: nothing here is this command's to remove
+        raise OutputBusy(
+            f"{full}: another xlgen process is writing into this directory; wait for it to finish or give "
+            "another output"
+        ) from None
+    try:
+        fresh = not os.listdir(full)
+        try:
+            yield
+        except BaseException:
+            if fresh and not any(os.path.lexists(os.path.join(full, k)) for k in keep):
+                if made and made[-1] == full:
+                    shutil.rmtree(full, ignore_errors=True)
+                    remove_empty(made[:-1])  # the parents this call made, unless another command uses them
+                else:
+                    for name in os.listdir(full):
+                        p = os.path.join(full, name)
+                        with contextlib.suppress(OSError):
+                            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
+            raise
+    finally:
+        os.close(fd)
 
 
 def cache_dir(*parts: str) -> str:

@@ -160,6 +160,32 @@ def test_systems_report_what_they_use(path, capsys):
     assert "total_steps" in shown and not [k for k in shown if k.startswith(hidden)], shown
 
 
+@pytest.mark.parametrize("path", [*SYSTEMS, "pretrain/txl_tiny.py"])
+def test_divergence_advice_lowers_the_learning_rates_the_system_trains_with(path):
+    """Item 8: the command printed after a divergence lowers the rates that train the run — a game's players'
+    `players.<name>.learning_rate` (not `optimizer.learning_rate`, which no player reads) — 10x, and loads."""
+    import shlex
+
+    from xlgen import cli
+    from xlgen.train import guards
+
+    config = config_lib.load_config(f"{REPO}/configs/{path}")
+    e = guards.TrainingDiverged("diverged")
+    e.good_step, e.good_lr = 40, None
+    cmd = cli.diverged_resume_command(e, config, f"{REPO}/configs/{path}", {"total_steps": "80"}, "/tmp/w")
+    head, line = cmd.splitlines()
+    args = shlex.split(line)
+    overrides, rest = config_lib.parse_overrides(args[args.index("train") + 1 :])
+    keys = [f"players.{n}.learning_rate" for n in config.get("players", {})] or ["optimizer.learning_rate"]
+    assert head == "Resume from checkpoint 40 with a lower learning rate:" and rest[-1] == "--workdir=/tmp/w"
+    assert sorted(k for k in overrides if "learning_rate" in k) == sorted(keys), line
+    lowered = config_lib.load_config(f"{REPO}/configs/{path}", overrides)
+    old, new = config_lib.flat_items(config), config_lib.flat_items(lowered)
+    for k in keys:
+        assert new[k] == pytest.approx(old[k] / 10, rel=1e-5), k
+    assert new["total_steps"] == 80
+
+
 def test_language_model_reporting_unchanged(capsys):
     """`config show` of a language model lists every key, as before; its unit is tokens."""
     from xlgen import cli

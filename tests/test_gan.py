@@ -319,11 +319,10 @@ def test_eight_devices_equal_one():
 def test_cli_sigkill_resume_eval_and_plot(tmp_path):
     """`xlgen train` (CEGAN, three players) killed by SIGKILL mid-run resumes bitwise-exactly; `xlgen eval --workdir`
     writes Table B.2's keys; `xlgen plot` draws the players' losses."""
-    import signal
     import subprocess
-    import time
 
-    from test_train_utils import run_train, train_cmd, train_losses, xlgen_env
+    from kill_helpers import sigkill_after_step
+    from test_train_utils import run_train, train_cmd, xlgen_env
 
     cache = str(tmp_path / "cache")
     cfg = "../gan/cegan.py"
@@ -339,21 +338,7 @@ def test_cli_sigkill_resume_eval_and_plot(tmp_path):
     }
     full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
     run_train(full, cache, cfg, over)
-    proc = subprocess.Popen(
-        train_cmd(killed, cfg, over),
-        env=xlgen_env(cache),
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if os.path.exists(os.path.join(killed, "metrics.jsonl")) and max(train_losses(killed) or [0]) >= 62:
-            break
-        assert proc.poll() is None, "run finished before it could be killed"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    sigkill_after_step(train_cmd(killed, cfg, over), killed, 62, env=xlgen_env(cache), cwd=REPO)
     out = run_train(killed, cache, cfg, over)
     resumed = int(out.stdout.split(f"{killed}/checkpoints/")[1].split()[0])
     a, b = _losses(full), _losses(killed)

@@ -188,6 +188,31 @@ def assert_unchanged(root, before, what):
     assert not changed, f"{what}: changed {changed[:10]}"
 
 
+def test_metrics_record_kinds_do_not_collide(runs):
+    """metrics.jsonl's record kinds (docs/training.md): every record without `split` is a training step with the
+    contract's keys; the goodput record of each attempt is told by `kind` (with the contract's `goodput` and
+    `time_s`); the last record with a `split` of a run that ended with its final evaluation is that evaluation."""
+    import json
+
+    for name in ("finetune", "pretrain"):
+        with open(runs[name] / "metrics.jsonl") as f:
+            recs = [json.loads(line) for line in f]
+        if name == "finetune":  # evaluated at its last step
+            last = [r for r in recs if "split" in r][-1]
+            assert last["split"] == "dev" and last["step"] == 2 and "accuracy" in last, last
+        train = [r for r in recs if "split" not in r]
+        assert [r["step"] for r in train] == [1, 2], name
+        assert all({"step", "loss", "learning_rate", "tokens_per_sec"} <= r.keys() for r in train), name
+        (good,) = [r for r in recs if r.get("kind") == "goodput"]
+        assert good["attempt"] == 1 and good["end"] == "completed", good
+        assert 0 < good["goodput"] <= 1 and set(good["time_s"]) >= {"productive", "compile", "eval", "idle"}
+
+        from xlgen.train.metrics import record_kind
+
+        assert [record_kind(r) for r in recs].count("train") == 2 and record_kind(good) == "goodput"
+        assert [record_kind(r) for r in recs if "split" in r and "kind" not in r] == ["eval"] * (name == "finetune")
+
+
 def test_every_write_command_against_every_other_kind_changes_nothing(runs, tmp_path, capsys):
     """Acceptance (issue 48): train, finetune, prepare, export, convert, eval and analyze/plot with their outputs,
     pointed at a directory of every other kind (a pretraining run, a finetuning run, an export, a prepared corpus,
@@ -443,3 +468,117 @@ def test_writing_workdir_removes_only_what_its_failed_start_wrote(tmp_path):
                 raise RuntimeError("failed start")
     assert sorted(os.listdir(tmp_path)) == ["empty", "started"] and os.listdir(empty) == []
     assert sorted(os.listdir(started)) == [".xlgen.lock", "checkpoints", "config.json"]
+
+
+def _killed_start(wd, *, commit_checkpoint=False):
+    """A process that starts a run in `wd` (writing_workdir: config.json, tokenizer/, an empty checkpoints/, or a
+    committed checkpoint) and is SIGKILLed before its command ends: no clean-up runs."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys\n"
+        "from xlgen.train import outdir\n"
+        "wd = sys.argv[1]\n"
+        "with outdir.writing_workdir(wd):\n"
+        "    open(os.path.join(wd, 'config.json'), 'w').write('{}')\n"
+        "    os.makedirs(os.path.join(wd, 'tokenizer'))\n"
+        "    os.makedirs(os.path.join(wd, 'checkpoints'))\n"
+        f"    if {commit_checkpoint}: os.makedirs(os.path.join(wd, 'checkpoints', '5'))\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(wd)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+
+
+def test_a_start_killed_before_its_first_checkpoint_is_cleared_by_the_next_start(tmp_path):
+    """Item 5 under SIGKILL (no clean-up runs): the next start recognises the half-made workdir by the marker the
+    killed start left, removes only what a start writes (a file the user added stays) and starts afresh; a start
+    killed after its first checkpoint is a run to resume (kept whole, the marker dropped); a directory holding the
+    same files without the marker (not provably a killed start) is left byte-identical."""
+    half, started, unmarked = tmp_path / "half", tmp_path / "started", tmp_path / "unmarked"
+    _killed_start(half)
+    _killed_start(started, commit_checkpoint=True)
+    assert os.path.isfile(half / "config.json") and os.path.isdir(half / "tokenizer")
+    (half / "notes.txt").write_text("the user's")
+    unmarked.mkdir()
+    (unmarked / "config.json").write_text("{}")
+    (unmarked / "tokenizer").mkdir()
+    before = tree_digest(unmarked)
+
+    with pytest.raises(outdir.OutputPathError, match="notes.txt"):  # the user's file: not a workdir to start in
+        with outdir.writing_workdir(str(half)):
+            pass
+    assert sorted(os.listdir(half)) == [".xlgen.lock", "notes.txt"]  # the killed start's files are gone
+    os.remove(half / "notes.txt")
+    with outdir.writing_workdir(str(half)):
+        assert sorted(os.listdir(half)) == sorted([".xlgen.lock", outdir.START_MARKER])  # afresh
+        (half / "checkpoints").mkdir()
+        (half / "checkpoints" / "1").mkdir()
+    assert sorted(os.listdir(half)) == [".xlgen.lock", "checkpoints"]
+
+    with outdir.writing_workdir(str(started)):
+        assert os.listdir(started / "checkpoints") == ["5"] and (started / "config.json").read_text() == "{}"
+    assert sorted(os.listdir(started)) == [".xlgen.lock", "checkpoints", "config.json", "tokenizer"]
+
+    with outdir.writing_workdir(str(unmarked)):
+        pass
+    after = tree_digest(unmarked)
+    assert after.pop(".xlgen.lock") and after == before
+
+
+def test_a_prepare_racing_for_a_new_output_never_removes_the_others_output(tmp_path, capsys):
+    """Item 5's race for `xlgen prepare`: while one prepare holds a new output directory (it took it first, it
+    will fail), a second prepare into the same output fails at once with one line and writes nothing; the first's
+    failure then removes only what it made. (Before: the second wrote its corpus into the directory and the first's
+    clean-up deleted it.)"""
+    from data_pipelines import paths, prepare
+
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    out = tmp_path / "new" / "corpus"
+    args = ["corpus", "--train", str(text), "--tokenizer", "char", "--output", str(out)]
+    with pytest.raises(RuntimeError, match="the first prepare fails"):
+        with paths.removed_on_failure(str(out)):
+            rc = prepare.main(args)  # the second prepare, while the first is running
+            err = capsys.readouterr().err
+            kept = sorted(os.listdir(out)) if os.path.isdir(out) else []
+            raise RuntimeError("the first prepare fails")
+    if rc == 0:  # whatever the second prepare completed must still be there
+        assert os.path.isdir(out) and sorted(os.listdir(out)) == kept, "the loser's clean-up removed the output"
+    assert (
+        rc == 2
+        and err
+        == f"xlgen prepare: error: {out}: another xlgen process is writing into this directory; "
+        "wait for it to finish or give another output\n"
+    ), err
+    assert kept == [] and sorted(os.listdir(tmp_path)) == ["text.txt"]  # the first's failure removed what it made
+    assert prepare.main(args) == 0 and os.path.isfile(out / "manifest.json")  # once free, the output is written
+
+
+def test_sigkill_after_step_kills_a_run_at_its_logged_step(tmp_path):
+    """The crash tests' one kill loop (tests/kill_helpers.py): a process logging one training record every 20 ms
+    (a half-written line, an evaluation and a goodput record among them, as in a real metrics.jsonl) is killed
+    once step >= 5 is logged, dies by SIGKILL, and never reaches step 50; one that finishes first is an error."""
+    import sys
+
+    from kill_helpers import last_train_step, sigkill_after_step
+
+    code = (
+        "import json, sys, time\n"
+        "f = open(sys.argv[1] + '/metrics.jsonl', 'a', buffering=1)\n"
+        "f.write(json.dumps({'step': 0, 'split': 'valid', 'loss': 1.0}) + '\\n')\n"
+        "f.write(json.dumps({'step': 90, 'kind': 'goodput', 'split': 'goodput', 'goodput': 0.5}) + '\\n')\n"
+        "for s in range(1, int(sys.argv[2]) + 1):\n"
+        "    f.write(json.dumps({'step': s, 'loss': 1.0 / s}) + '\\n')\n"
+        "    time.sleep(0.02)\n"
+        "f.write('{\"step\": 99')\n"
+    )
+    wd = str(tmp_path)
+    sigkill_after_step([sys.executable, "-c", code, wd, "50"], wd, 5, env=dict(os.environ), poll=0.005)
+    assert 5 <= last_train_step(wd) < 50
+    os.remove(tmp_path / "metrics.jsonl")
+    with pytest.raises(AssertionError, match="finished before it could be killed"):
+        sigkill_after_step([sys.executable, "-c", code, wd, "2"], wd, 5, env=dict(os.environ), poll=0.005)
+    assert last_train_step(wd) == 2  # the half-written last line is not a record

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 import pytest
+from kill_helpers import sigkill_after_step
 from test_train_utils import REPO, compile_cache, run_train, train_cmd, train_losses, xlgen_env  # noqa: F401
 
 from xlgen.train import goodput
@@ -58,7 +59,7 @@ def test_ledger_resume_moves_recomputed_time_and_counts_the_gap():
     assert sum(t.values()) == pytest.approx(16.0 + 12.5)  # nothing created or dropped
     assert (g.attempt, g.lost_steps, g.step) == (2, 4, 16)
     rec = g.previous_record
-    assert rec["split"] == "goodput" and rec["attempt"] == 1 and rec["end"] == "failed" and rec["lost_steps"] == 4
+    assert rec["kind"] == "goodput" and rec["attempt"] == 1 and rec["end"] == "failed" and rec["lost_steps"] == 4
     assert rec["time_s"]["lost_to_restarts"] == pytest.approx(3.0) and rec["step"] == 16
 
     # the last logged step is one past the ledger's (killed between the two writes): one more step at the mean
@@ -283,7 +284,7 @@ def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache):  # n
 
     # goodput: recomputed steps = sum over failures of (last logged step - the next attempt's checkpoint)
     summary = json.load(open(os.path.join(wd, "summary.json")))
-    recs = [json.loads(x) for x in open(os.path.join(wd, "metrics.jsonl")) if '"split": "goodput"' in x]
+    recs = [r for r in map(json.loads, open(os.path.join(wd, "metrics.jsonl"))) if r.get("kind") == "goodput"]
     failed = {r["attempt"]: r for r in recs if r["end"] == "failed"}
     assert summary["attempts"] == len(attempts) and sorted(failed) == list(range(1, len(attempts)))
     expected = 0
@@ -373,27 +374,11 @@ TIERS = {"total_steps": 40, "checkpoint.every_steps": 20, "checkpoint.local_ever
 
 
 def _run_until(wd, cache, over, step):
-    """Start `xlgen train` and SIGKILL it once metrics.jsonl holds step >= `step`; returns its stdout."""
-    proc = subprocess.Popen(
-        train_cmd(wd, "txl_tiny.py", over),
-        env=xlgen_env(cache, devices=1),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    """Start `xlgen train` and SIGKILL it once metrics.jsonl holds step >= `step`; returns (stdout, stderr)."""
+    env = xlgen_env(cache, devices=1)
+    return sigkill_after_step(
+        train_cmd(wd, "txl_tiny.py", over), wd, step, env=env, cwd=REPO, timeout=600, poll=0.005, capture=True
     )
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if (
-            os.path.exists(os.path.join(wd, "metrics.jsonl"))
-            and (goodput.last_train_step(f"{wd}/metrics.jsonl") or 0) >= step
-        ):
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.005)
-    proc.kill()
-    out, err = proc.communicate()
-    return out, err
 
 
 def _steps(d):

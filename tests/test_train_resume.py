@@ -5,11 +5,10 @@ across steps (and checkpointed). One variant is stopped by SIGKILL mid-run."""
 import json
 import math
 import os
-import signal
 import subprocess
-import time
 
 import pytest
+from kill_helpers import sigkill_after_step
 from test_train_utils import REPO, compile_cache, run_train, train_cmd, train_losses, xlgen_env  # noqa: F401
 
 K = 4
@@ -54,22 +53,7 @@ def test_resume_after_sigkill_mid_run(tmp_path, compile_cache):
     over = {"total_steps": total, "checkpoint.every_steps": every, "mesh.num_devices": 1}
     full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
     run_train(full, compile_cache, "txl_tiny.py", over)
-    proc = subprocess.Popen(
-        train_cmd(killed, "txl_tiny.py", over),
-        env=xlgen_env(compile_cache),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    metrics = os.path.join(killed, "metrics.jsonl")
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if os.path.exists(metrics) and max(train_losses(metrics.rsplit("/", 1)[0]) or [0]) >= 3 * every + 2:
-            break
-        assert proc.poll() is None, "run finished before it could be killed"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_after_step(train_cmd(killed, "txl_tiny.py", over), killed, 3 * every + 2, env=xlgen_env(compile_cache))
     last_logged = max(train_losses(killed))
     assert last_logged < total
     out = run_train(killed, compile_cache, "txl_tiny.py", over)

@@ -331,15 +331,24 @@ def no_space_message(e: OSError, workdir: str) -> str:
 
 def diverged_resume_command(e, config, config_path: str, overrides, workdir: str) -> str:
     """The command that continues a run stopped by the health guard: from its good checkpoint (the later ones
-    were set aside) with the learning rate it was trained with when that was lower, else 10x lower; `--restart`
-    when no checkpoint remains. A run started from the workdir alone (no --config) is continued the same way (its
-    config.json), so the command runs as printed."""
+    were set aside) with each learning rate that trains the run (`report.learning_rate_keys`: the optimizer's,
+    or a game's players') 10x lower, or the optimizer's rate that checkpoint was trained with when that is lower;
+    `--restart` when no checkpoint remains. A run started from the workdir alone (no --config) is
+    continued the same way (its config.json), so the command runs as printed."""
+    from xlgen import config as config_lib
+    from xlgen.train import report
+
     xlgen = user_command("xlgen") or f"{shlex.quote(sys.executable)} -m xlgen.cli"
-    lr = float(config.optimizer.learning_rate)
-    lr = e.good_lr if e.good_lr and e.good_lr < lr else lr / 10
-    keep = {k: v for k, v in overrides.items() if k != "optimizer.learning_rate"}
+    lrs, values = {}, config_lib.flat_items(config)
+    for key in report.learning_rate_keys(config):
+        lr = float(values[key])
+        if key == "optimizer.learning_rate" and e.good_lr and e.good_lr < lr:
+            lrs[key] = e.good_lr
+        else:
+            lrs[key] = lr / 10
+    keep = {k: v for k, v in overrides.items() if k not in lrs}
     args = ([f"--config={config_path}"] if config_path else []) + [f"--config.{k}={v}" for k, v in keep.items()]
-    args += [f"--config.optimizer.learning_rate={lr:g}", f"--workdir={shown_path(workdir)}"]
+    args += [f"--config.{k}={lr:g}" for k, lr in lrs.items()] + [f"--workdir={shown_path(workdir)}"]
     if e.good_step is None:
         args.append("--restart")
         head = "Start again from step 0 with a lower learning rate:"

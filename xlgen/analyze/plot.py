@@ -21,7 +21,13 @@ from data_pipelines import paths
 
 TRAIN_PANELS = (("loss", "training loss"), ("learning_rate", "learning rate"), ("tokens_per_sec", "tokens / s"))
 SKIP_EVAL = {"step", "split", "time", "wall_time"}
-GOODPUT = "goodput"  # the `split` of the per-attempt goodput records (not an evaluation)
+GOODPUT = "goodput"  # the `kind` of the per-attempt goodput records (xlgen.train.metrics.record_kind)
+
+
+def _kind(r: Dict) -> str:
+    from xlgen.train.metrics import record_kind
+
+    return record_kind(r)
 
 
 def _num(v) -> Optional[float]:
@@ -42,7 +48,7 @@ def read_run(workdir: str) -> List[Dict]:
 def _series(records: List[Dict], key: str, split: Optional[str]):
     xs, ys = [], []
     for r in records:
-        if r.get("split") != split:
+        if r.get("split") != split or _kind(r) != ("train" if split is None else "eval"):
             continue
         y = _num(r.get(key))
         if y is not None and "step" in r:
@@ -62,7 +68,7 @@ def _goodput_panel(ax, runs: Dict[str, List[Dict]], names: Dict[str, str]) -> No
     for i, (w, recs) in enumerate(runs.items()):
         attempts = {}
         for r in recs:
-            if r.get("split") == GOODPUT and isinstance(r.get("time_s"), dict):
+            if _kind(r) == GOODPUT and isinstance(r.get("time_s"), dict):
                 attempts[int(r.get("attempt", len(attempts) + 1))] = r["time_s"]
         if not attempts:
             continue
@@ -106,18 +112,18 @@ def plot(workdirs: Sequence[str], out: Optional[str] = None) -> str:
     eval_keys: List[str] = []
     for recs in runs.values():
         for r in recs:
-            if r.get("split") and r.get("split") != GOODPUT:
+            if _kind(r) == "eval":
                 for k, v in r.items():
                     if k not in SKIP_EVAL and _num(v) is not None and k not in eval_keys:
                         eval_keys.append(k)
     # a multi-player system logs each player's loss as `<player>_loss`: one panel per player after the first loss
     player_keys = sorted(
-        {k for recs in runs.values() for r in recs if not r.get("split") for k in r if k.endswith("_loss")}
+        {k for recs in runs.values() for r in recs if _kind(r) == "train" for k in r if k.endswith("_loss")}
     )
     train_panels = [(k, title, None) for k, title in TRAIN_PANELS]
     train_panels[1:1] = [(k, f"training {k.replace('_', ' ')}", None) for k in player_keys]
     panels = train_panels + [(k, f"eval {k}", "eval") for k in eval_keys]
-    if any(r.get("split") == GOODPUT for recs in runs.values() for r in recs):
+    if any(_kind(r) == GOODPUT for recs in runs.values() for r in recs):
         panels.append((GOODPUT, "wall time per attempt", GOODPUT))
     cols = 3
     rows = math.ceil(len(panels) / cols)
@@ -132,7 +138,7 @@ def plot(workdirs: Sequence[str], out: Optional[str] = None) -> str:
                 if xs:
                     ax.plot(xs, ys, label=names[w], linewidth=1.2)
             else:
-                for split in sorted({r["split"] for r in recs if r.get("split") and r["split"] != GOODPUT}):
+                for split in sorted({r["split"] for r in recs if _kind(r) == "eval"}):
                     xs, ys = _series(recs, key, split)
                     if xs:
                         ax.plot(xs, ys, marker="o", markersize=3, label=f"{names[w]} ({split})")

@@ -57,8 +57,10 @@ def run(name: str, lr: float, seed: int, steps: int, batch: int, workdir: str) -
         raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-3000:]}")
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         recs = [json.loads(line) for line in f if line.strip()]
-    train = [r for r in recs if "split" not in r]
-    evals = [r for r in recs if r.get("split") and r["step"] == steps]
+    from xlgen.train.metrics import record_kind
+
+    train = [r for r in recs if record_kind(r) == "train"]
+    evals = [r for r in recs if record_kind(r) == "eval" and r["step"] == steps]
     return {"train_loss": float(train[-1]["loss"]), "valid_loss": float(evals[-1]["loss"])}
 
 

@@ -95,6 +95,11 @@ def constant_learning_rates(config, total_steps: int) -> Dict[str, Callable[[Any
     return {name: optax.constant_schedule(float(p.learning_rate)) for name, p in config.players.items()}
 
 
+def player_learning_rate_keys(config) -> Tuple[str, ...]:
+    """`Reporting.learning_rate_keys` of a game: each configured player's `players.<name>.learning_rate`."""
+    return tuple(f"players.{name}.learning_rate" for name in config.players)
+
+
 # a game's config: the players' own optimizers (config.players) replace config.optimizer; no language-model objective
 GAME_UNUSED_KEYS = ("optimizer", "objective_options")
 

@@ -20,8 +20,12 @@ reads the ledger the previous attempt left: the productive seconds after C's sav
 previous attempt's own record goes to metrics.jsonl (it could not write one when it was killed). Each attempt
 writes one record to metrics.jsonl:
 
-    {"step", "split": "goodput", "attempt", "end" (completed | stopped | failed), "goodput", "time_s": {...},
-     "lost_steps", "wall_s"}
+    {"step", "kind": "goodput", "split": "goodput", "attempt", "end" (completed | stopped | preempted | failed),
+     "goodput", "time_s": {...}, "lost_steps", "wall_s"}
+
+`kind` tells it from training steps (no `kind`, no `split`) and evaluations (`split`, no `kind`); its `split` keeps
+it out of readers that take every record without `split` for a training step, and the loop writes the final
+evaluation's record after it (docs/training.md, "Record kinds").
 
 and summary.json the cumulative `goodput`, `time_s`, `attempts`, `lost_steps`. Nothing here touches a device: the
 loop calls `step_done(step)` after dispatching each step (a clock read and a few additions) and wraps its phases in
@@ -42,6 +46,7 @@ from data_pipelines import paths
 
 CATEGORIES = ("productive", "compile", "data", "checkpoint", "eval", "lost_to_restarts", "idle")
 LEDGER = "goodput.json"
+KIND = "goodput"  # the `kind` of the per-attempt records in metrics.jsonl (docs/training.md: record kinds)
 _KEEP_SAVES = 16  # productive seconds at the most recent saves (a resume from an older checkpoint is estimated)
 
 
@@ -76,7 +81,7 @@ def last_train_step(metrics_path: str) -> Optional[int]:
             r = json.loads(line)
         except ValueError:
             continue
-        if isinstance(r, dict) and "split" not in r and "source" not in r and isinstance(r.get("step"), int):
+        if isinstance(r, dict) and not ({"split", "kind", "source"} & r.keys()) and isinstance(r.get("step"), int):
             best = r["step"] if best is None else max(best, r["step"])
     return best
 
@@ -290,7 +295,8 @@ def record(step: int, attempt: int, end: str, time_s: Dict[str, float], lost_ste
     g = goodput_of(time_s)
     out = {
         "step": int(step),
-        "split": "goodput",
+        "kind": KIND,
+        "split": KIND,  # kept: readers take the records without `split` as the training steps
         "attempt": int(attempt),
         "end": end,
         "goodput": None if g is None else round(g, 4),

@@ -358,11 +358,16 @@ def run(
                 state = initialize(state)
         summary["start_step"] = start
 
-        def do_eval(step):
+        final_records = []  # the final evaluation's record, written after the attempt's goodput record
+
+        def do_eval(step, held=None):
             with ledger.timed("eval"):
                 res = evaluation.fn(state, step)
             rec = {"step": step, "split": evaluation.split, **res}
-            writer.write(rec)
+            if held is None:
+                writer.write(rec)
+            else:
+                held.append(rec)
             progress.message(f"eval @ step {step} ({evaluation.split}): {_fmt_metrics(res)}")
             summary["eval"] = rec
             if best is not None:
@@ -497,12 +502,16 @@ def run(
                 if (eval_every != 0 and end > start) or (
                     evaluation.always_at_end and (end > start or (best is not None and best.best() is None))
                 ):
-                    do_eval(max(total, start))
+                    do_eval(max(total, start), final_records)
             profiler.stop(m, steps=end - profiler.start)  # the run ended inside the profiled window
-            if end > start:
-                with ledger.timed("checkpoint"):
-                    ckpt.wait()
-                writer.write(ledger.end_record(end, "completed" if end == total else "stopped"))
+            try:
+                if end > start:
+                    with ledger.timed("checkpoint"):
+                        ckpt.wait()
+                    writer.write(ledger.end_record(end, "completed" if end == total else "stopped"))
+            finally:  # the last record with a `split` is the final evaluation (metrics.jsonl's record kinds)
+                for rec in final_records:
+                    writer.write(rec)
         except guards.TrainingDiverged as e:
             _set_aside_diverged(e, ckpt, health, start if restored is not None else None)
             if local_tier is not None:  # the local tier's steps after the good one would be restored next

@@ -1,8 +1,12 @@
 """Metrics: `workdir/metrics.jsonl`, TensorBoard event files and a console progress display.
 
-Only process 0 writes (the writer is a no-op elsewhere). `metrics.jsonl` holds one JSON object per line:
+Only process 0 writes (the writer is a no-op elsewhere). `metrics.jsonl` holds one JSON object per line, of the
+kind `record_kind` tells (docs/training.md, "Record kinds"):
   training   {"step", "loss", "learning_rate", "tokens_per_sec", "grad_norm", "steps_per_sec", "mfu", ...}
-  evaluation {"step", "split": "valid", "loss", "ppl" (LMs), "bpc" (char-level LMs)}
+             (no `split`, no `kind`)
+  evaluation {"step", "split": "valid", "loss", "ppl" (LMs), "bpc" (char-level LMs)} (no `kind`)
+  goodput    {"step", "kind": "goodput", "split": "goodput", "attempt", "goodput", "time_s", ...} (one per attempt,
+             xlgen/train/goodput.py; written before the final evaluation's record)
 `step` counts completed optimizer updates, so the training record with step s is the loss of the s-th batch.
 
 The workdir may be a URL (`gs://bucket/run`). Objects on GCS cannot be appended to, so there the writer keeps the
@@ -26,6 +30,17 @@ from typing import Any, Dict, Optional, Sequence
 from data_pipelines import paths
 
 log = logging.getLogger("xlgen")
+
+
+def record_kind(rec: Dict[str, Any]) -> str:
+    """The kind of a metrics.jsonl record: its `kind` ("goodput"), else "eval" (it has a `split`) or "train". A
+    goodput record written before records had a `kind` is the one whose `split` is "goodput"."""
+    if "kind" in rec:
+        return str(rec["kind"])
+    split = rec.get("split")
+    if split == "goodput":
+        return "goodput"
+    return "train" if split is None else "eval"
 
 
 def parse_record(line: bytes) -> Dict[str, Any]:

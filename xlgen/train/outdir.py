@@ -11,7 +11,9 @@
                                         directory, ...)
     writing_workdir(path)               the workdir lock of a writing run (`train`, `finetune`); a workdir this call
                                         found absent or empty is removed (or emptied) again when the command fails
-                                        before the run started (no committed checkpoint, no metric record)
+                                        before the run started (no committed checkpoint, no metric record); a
+                                        start killed before that (SIGKILL: no clean-up ran) left its marker
+                                        `.xlgen-start`, and the next start clears what it wrote and starts afresh
     committed_steps(dir)                the committed checkpoint steps of an Orbax directory (digit names)
 
 OutputPathError is a ValueError: every CLI prints it as `xlgen <cmd>: error: ...` and exits 2. URLs (`gs://...`)
@@ -36,6 +38,9 @@ from data_pipelines.output_paths import (  # noqa: F401  (the path checks, re-ex
 )
 
 EXPORT_MARKER = ".xlgen-export"
+# Written by `writing_workdir` into a workdir it found absent or empty, removed when the command ends: a workdir
+# holding it is a start that was killed (SIGKILL: no clean-up ran); without a started run, a half-made workdir.
+START_MARKER = ".xlgen-start"
 # The entries of a workdir and the kind each must have when present ("file" | "dir").
 WORKDIR_ENTRIES = {
     "config.json": "file",
@@ -173,7 +178,7 @@ def check_not_foreign(path: str, flag: str = "--workdir") -> None:
 
     if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
         return  # config.json: Workdir.require_kind tells an xlgen run of the right kind from anything else
-    known = set(WORKDIR_ENTRIES) | {guards.LOCK_NAME}
+    known = set(WORKDIR_ENTRIES) | {guards.LOCK_NAME, START_MARKER}
     foreign = sorted(n for n in os.listdir(path) if n not in known)
     if foreign:
         raise OutputPathError(
@@ -219,6 +224,29 @@ def _remove_empty(made: List[str]) -> None:
             return
 
 
+def _remove_entry(p: str) -> None:
+    with contextlib.suppress(OSError):  # the command's own error is the one to report
+        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
+
+
+def _clear_unfinished_start(full: str) -> bool:
+    """If `full` holds the marker of a start that never started its run (killed before its first checkpoint or
+    metric record: no clean-up ran), remove what such a start writes (WORKDIR_ENTRIES and the marker) and return
+    True; anything else in the directory stays. A started run's leftover marker is removed (False).
+    Called with the workdir lock held: the start that wrote the marker is dead."""
+    marker = os.path.join(full, START_MARKER)
+    if not os.path.isfile(marker):
+        return False
+    if run_started(full):
+        _remove_entry(marker)
+        return False
+    for name in WORKDIR_ENTRIES:
+        if os.path.lexists(os.path.join(full, name)):
+            _remove_entry(os.path.join(full, name))
+    _remove_entry(marker)
+    return True
+
+
 @contextlib.contextmanager
 def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> Iterator[None]:
     """Hold `path`'s workdir lock while a command writes a run into it (`guards.WorkdirLock`: a second live run
@@ -227,7 +255,12 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
     the lock is still held: the directory itself (and the parents this call created) when this call created it,
     else its entries (the directory the user made stays, empty). Only the lock holder cleans up, so a process
     that lost a race for a new workdir never removes the winner's. `enabled` False (other processes of a
-    multi-process run): no lock, no cleanup."""
+    multi-process run): no lock, no cleanup.
+
+    A start that is killed (SIGKILL, power loss) runs no clean-up: the marker START_MARKER, written into a
+    workdir found absent or empty and removed when the command ends, lets the next start recognise it and, when
+    the killed run had not started (`run_started`), remove what it wrote (only the names a start writes) before
+    starting afresh."""
     from xlgen.train import guards
 
     if not enabled or paths.is_remote(path):
@@ -247,7 +280,20 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
     except BaseException:
         _remove_empty(made)
         raise
-    fresh = not [n for n in os.listdir(full) if n != guards.LOCK_NAME]
+    marker = os.path.join(full, START_MARKER)
+    try:
+        if _clear_unfinished_start(full):
+            check_not_foreign(full, flag)  # what is left is someone else's
+        fresh = not [n for n in os.listdir(full) if n != guards.LOCK_NAME]
+        if fresh:
+            with open(marker, "w", encoding="utf-8") as f:
+                f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+    except BaseException:  # the marker could not be written (a full disk): leave no directory this call made
+        if made and made[-1] == full and set(os.listdir(full)) <= {guards.LOCK_NAME, START_MARKER}:
+            shutil.rmtree(full, ignore_errors=True)
+            _remove_empty(made[:-1])
+        lock.__exit__(None, None, None)
+        raise
     try:
         yield
     except BaseException:
@@ -257,9 +303,9 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
                 _remove_empty(made[:-1])  # the parents this call made, unless another run uses them meanwhile
             else:
                 for name in os.listdir(full):
-                    p = os.path.join(full, name)
-                    with contextlib.suppress(OSError):  # the command's own error is the one to report
-                        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
+                    _remove_entry(os.path.join(full, name))
         raise
     finally:
+        if fresh:  # the start is over: it completed, or it failed and was cleaned up (or had started the run)
+            _remove_entry(marker)
         lock.__exit__(None, None, None)

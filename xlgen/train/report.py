@@ -89,7 +89,7 @@ def _evals(workdir: str):
     p = paths.join(workdir, "metrics.jsonl")
     if not paths.as_path(p).exists():
         return []
-    return [r for r in metrics_lib.read_metrics(p) if "split" in r]
+    return [r for r in metrics_lib.read_metrics(p) if metrics_lib.record_kind(r) == "eval"]
 
 
 def read_summary(workdir: str) -> Optional[Dict[str, Any]]:
@@ -158,11 +158,14 @@ class Reporting:
                         the end-of-run extend advice and the total_steps-change note read
         unused_keys     config sections (dotted prefixes, e.g. "optimizer", "objective_options") the system never
                         reads: left out of `xlgen config show`
+        learning_rate_keys  config -> the dotted config keys of the learning rates that train the system (the
+                        divergence advice lowers each); None = ("optimizer.learning_rate",)
     """
 
     unit: str = "tokens"
     learning_rates: Optional[Callable[[Any, int], Dict[str, Callable[[int], float]]]] = None
     unused_keys: Tuple[str, ...] = ()
+    learning_rate_keys: Optional[Callable[[Any], Tuple[str, ...]]] = None
 
 
 def _reporting(config) -> Reporting:
@@ -185,6 +188,13 @@ def learning_rates(config, total_steps: int) -> Dict[str, Any]:
     from xlgen.train import optim
 
     return {"": optim.make_schedule(config.optimizer, int(total_steps))}
+
+
+def learning_rate_keys(config) -> Tuple[str, ...]:
+    """The dotted config keys of the learning rates that train the run (the system's players' own, or
+    "optimizer.learning_rate"): what advice to change the learning rate names."""
+    own = _reporting(config).learning_rate_keys
+    return tuple(own(config)) if own is not None else ("optimizer.learning_rate",)
 
 
 def _rates(scheds: Dict[str, Any], step: int) -> Dict[str, float]:

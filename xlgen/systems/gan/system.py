@@ -39,7 +39,7 @@ from xlgen.systems.gan import data as gdata
 from xlgen.systems.gan import evaluation as geval
 from xlgen.systems.gan import losses
 from xlgen.systems.gan import models as gm
-from xlgen.train.game import GAME_UNUSED_KEYS, Game, GameProgram, Player, game_objective
+from xlgen.train.game import GAME_UNUSED_KEYS, Game, GameProgram, Player, game_objective, player_learning_rate_keys
 from xlgen.train.report import Reporting
 
 CEGAN_VARIANTS = ("gan", "egan_const", "egan_ent_nn", "egan_ent_vi")
@@ -63,7 +63,12 @@ def learning_rates(config, total_steps: int):
     return {name: _tx(p, total_steps)[1] for name, p in config.players.items()}
 
 
-REPORTING = Reporting(unit="examples", learning_rates=learning_rates, unused_keys=GAME_UNUSED_KEYS)
+REPORTING = Reporting(
+    unit="examples",
+    learning_rates=learning_rates,
+    unused_keys=GAME_UNUSED_KEYS,
+    learning_rate_keys=player_learning_rate_keys,
+)
 
 
 def _player(name, make, config) -> Player:

@@ -52,7 +52,15 @@ from xlgen.systems.gdan import data as gdata
 from xlgen.systems.gdan import reader
 from xlgen.systems.gdan import text as T
 from xlgen.systems.gdan.generator import Generator, GeneratorConfig, reader_question
-from xlgen.train.game import GAME_UNUSED_KEYS, Game, GameProgram, Player, constant_learning_rates, game_objective
+from xlgen.train.game import (
+    GAME_UNUSED_KEYS,
+    Game,
+    GameProgram,
+    Player,
+    constant_learning_rates,
+    game_objective,
+    player_learning_rate_keys,
+)
 from xlgen.train.report import Reporting
 
 # method -> (source of the unlabeled questions, domain tags, adversarial G)
@@ -290,5 +298,5 @@ FAMILY = Family(
     default_objective="gdan",
     models={"generator": Generator},
     objectives={"gdan": game_objective("gdan", _game, gdata.Pipeline, evaluate)},
-    records=(Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS),),
+    records=(Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS, player_learning_rate_keys),),
 )

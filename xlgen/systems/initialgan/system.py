@@ -44,7 +44,14 @@ from xlgen.systems.initialgan import data as data_lib
 from xlgen.systems.initialgan.aligner import Aligner, aligner_loss
 from xlgen.systems.initialgan.gan import Discriminator, Generator, critic_loss, generator_batch, generator_loss
 from xlgen.systems.initialgan.lstm import LSTMStack
-from xlgen.train.game import GAME_UNUSED_KEYS, Game, Player, constant_learning_rates, game_objective
+from xlgen.train.game import (
+    GAME_UNUSED_KEYS,
+    Game,
+    Player,
+    constant_learning_rates,
+    game_objective,
+    player_learning_rate_keys,
+)
 from xlgen.train.report import Reporting
 
 PLAYERS = ("aligner", "discriminator", "generator")
@@ -288,5 +295,8 @@ FAMILY = Family(
     default_objective="initialgan",
     models={"aligner": Aligner, "generator": Generator, "discriminator": Discriminator, "lstm": LSTMStack},
     objectives={"initialgan": game_objective("initialgan", game, Pipeline, evaluate)},
-    records=(Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS), Sampling(sample)),
+    records=(
+        Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS, player_learning_rate_keys),
+        Sampling(sample),
+    ),
 )
