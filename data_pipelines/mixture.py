@@ -131,7 +131,7 @@ class Deal:
         return stage_counts(np.clip(j, 0, None), self.weights[k], phases)
 
     def stage_source(self, k: int, slot, lanes) -> np.ndarray:
-        """int [L]: column (index into names; -1 = a source no longer listed) of `slot` in each lane under stage k."""
+        """int [L]: column (index into names; -1 = a source not in the current list) of `slot` in each lane under stage k."""
         j = np.asarray(slot, np.int64) - self.slot0[k]
         d = self.stage_counts(k, j + 1, lanes) - self.stage_counts(k, j, lanes)
         return self.columns[k][np.argmax(d, axis=-1)]

@@ -13,8 +13,8 @@ chunk holds no boundary), a random sentence-aligned span of the corpus; the two 
 This needs the corpus's sentence layout (text sources have it; `xlgen prepare corpus --layout=sentences`).
 Deliberate deviation: A starts at the first sentence start inside its chunk (random access per (seed, step, row)),
 where the original scans the stream sequentially and starts the next example where the previous one's A (negative
-pair) or B (positive pair) ended. `segment_pairs=False`: `[CLS] chunk [SEP]`, token types all 0 (xlgen's earlier layout: the
-"different segment" attention bias then never receives a gradient).
+pair) or B (positive pair) ended. `segment_pairs=False`: `[CLS] chunk [SEP]`, token types all 0 (the "different
+segment" attention bias then never receives a gradient).
 
 Masking (Devlin et al. 2019): `mask_prob` of the non-special positions (at least one) are predicted; of those,
 1 - random_prob - keep_prob become the mask symbol, random_prob a uniformly random non-special token, keep_prob

@@ -13,8 +13,9 @@ where A and B come from `split_a_and_b` (A/B cut at sentence boundaries; B is th
 or with probability 1/2 a random sentence-aligned span of the row, nsp_label 0). Targets: `sample_mask` spans
 (n in 1..max_gram, p(n) ∝ 1/n, n·mask_alpha/mask_beta context, starting at word-initial pieces) in each half,
 `num_predict - num_predict//2` in the reuse half and `num_predict//2` in the other; `<sep>`/`<cls>` are never
-targets, and (exact_num_predict) random single tokens fill each half up to exactly its share. `local_perm` builds the
-factorisation order and `perm_mask` separately for the two halves; the reuse half cannot see the second half.
+targets, and (exact_num_predict) random single tokens fill each half up to exactly its share. The factorisation
+order (`factorization_rank`) and `perm_mask` (`perm_mask_block`) are built separately for the two halves, as the
+original's `_local_perm`; the reuse half cannot see the second half.
 
 Everything random comes from a Philox generator keyed by (seed, step, global row): `batch(step)` is pure.
 """
@@ -91,7 +92,7 @@ def trim_to_length(la: int, lb: int, tot: int) -> tuple[int, int]:
     elif lb > la:
         d = min(excess, lb - la)
         lb, excess = lb - d, excess - d
-    # now equal (or done): b first, then alternate
+    # here equal (or done): b first, then alternate
     lb -= (excess + 1) // 2
     la -= excess // 2
     return la, lb
@@ -237,16 +238,6 @@ def perm_mask_block(rank: np.ndarray, target: np.ndarray, masked_or_func: np.nda
     rev = np.where(masked_or_func, rank, -1)
     self_rev = np.where(target, rev, rev + 1)
     return (self_rev[..., :, None] <= rev[..., None, :]) & masked_or_func[..., None, :]
-
-
-def local_perm(
-    rng: np.random.Generator, input_ids: np.ndarray, is_masked: np.ndarray, perm_size: int, sep_id: int, cls_id: int
-):
-    """The original `_local_perm` on one half: returns (perm_mask bool [m, m], target bool [m])."""
-    pi = rng.permutation(perm_size)
-    func = (input_ids == sep_id) | (input_ids == cls_id)
-    target = is_masked & ~func
-    return perm_mask_block(factorization_rank(pi, len(input_ids)), target, is_masked | func), target
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -410,7 +401,7 @@ class XLNetPipeline:
         nsp = np.empty((bsz,), np.int32)
         for j, (step, row) in enumerate(coords):
             ids[j], seg[j], masked[j], nsp[j], rng, forward[j] = self.example(step, row)
-            rank[j, :R] = factorization_rank(rng.permutation(ps), R)  # one π per half, as `local_perm`
+            rank[j, :R] = factorization_rank(rng.permutation(ps), R)  # one π per half, as the original's `_local_perm`
             rank[j, R:] = factorization_rank(rng.permutation(ps), S - R)
         func = (ids == self.sep_id) | (ids == self.cls_id)
         target = masked & ~func

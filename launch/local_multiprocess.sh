@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# N JAX processes on this machine, joined by jax.distributed over localhost with CPU (gloo) collectives: the same
+# N JAX processes on the local host, joined by jax.distributed over localhost with CPU (gloo) collectives: the same
 # code path as a multi-host TPU pod, on one box. Each process gets DEVICES_PER_PROCESS simulated CPU devices.
 #
 #   launch/local_multiprocess.sh 2 train --config=configs/pretrain/txl_tiny.py \

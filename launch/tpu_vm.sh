@@ -134,7 +134,7 @@ printf -v TRAIN_Q ' %q' "${TRAIN[@]}"
 echo "# xlgen on TPU VM: name=$NAME zone=$ZONE accelerator=$ACCEL topology=$TOPOLOGY runtime=$RUNTIME"
 echo "# workdir=$WORKDIR config=$CONFIG${OVERRIDES[*]:+ overrides: ${OVERRIDES[*]}}"
 
-# 0. optional: will it fit? (compiles the real train step for the pod's topology on this machine)
+# 0. optional: will it fit? (compiles the real train step for the pod's topology on the host running this script)
 PLAN_CMD=("$XLGEN_BIN" plan "--config=$CONFIG" "--topology=$TOPOLOGY" "${OVERRIDES[@]}")
 if ((PLAN)) || ((DRY_RUN)); then
   echo "# plan: per-device HBM, FLOPs and step time for $TOPOLOGY"

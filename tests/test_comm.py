@@ -1,4 +1,4 @@
-"""Communication accounting (`xlgen.comm`) and the logical activation constraints (`xlgen.sharding.constrain`).
+"""Communication accounting (`xlgen.plan.comm`) and the logical activation constraints (`xlgen.sharding.constrain`).
 
 CPU only: programs compiled for the 8 simulated host devices; the TPU-topology plans of the three families are in
 tests/test_pod_comm.py.
@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xlgen import comm, sharding
+from xlgen import sharding
+from xlgen.plan import comm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,8 +43,6 @@ def test_collectives_in_a_scanned_loop_count_once_per_trip_with_ring_bytes():
     (gather,) = [c for c in found["list"] if c.kind == "all-gather"]
     assert gather.in_loop and gather.trips == 3 and gather.group == 4
     assert found["unknown_trip_counts"] == 0
-    assert comm.loop_collectives(found, 64 * 64) == [gather]
-    assert comm.loop_collectives(found, 64 * 64 + 1) == []
 
 
 def test_hlo_parser_handles_async_tuple_and_replica_group_forms():

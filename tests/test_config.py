@@ -120,3 +120,21 @@ def test_parameterised_configs_and_their_file_aliases():
         load_config(os.path.join(REPO, "configs/pretrain/funnel.py:B6H7"))
     with pytest.raises(ConfigError, match=r"glue.py:foo: get_config: unknown GLUE task 'foo'"):
         load_config(os.path.join(REPO, "configs/finetune/glue.py:foo"))
+
+
+def test_a_stored_config_gets_the_keys_it_predates_at_their_declared_defaults():
+    """A config.json written before a key existed reads back with that key at base_config()'s default (so code
+    reads every key without a fallback); keys it holds keep their values, and the sections a system sets as a
+    whole (model, data, eval) are left as stored."""
+    from xlgen.config import base_config, parse_json_config, to_json_dict
+
+    stored = to_json_dict(load_config(os.path.join(REPO, "configs/pretrain/txl_tiny.py"), ["--config.prefetch=0"]))
+    for section, key in (("", "divergence_factor"), ("", "trackers"), ("checkpoint", "local_every_steps")):
+        del (stored[section] if section else stored)[key]
+    del stored["watchdog"], stored["eval"]["metric"], stored["model"]["tie_projs"]
+    old = parse_json_config(json.dumps(stored).encode(), "config.json")
+    declared = base_config()
+    assert old.divergence_factor == declared.divergence_factor == 3.0 and old.trackers == ""
+    assert old.checkpoint.local_every_steps == 0 and old.watchdog.to_dict() == declared.watchdog.to_dict()
+    assert old.prefetch == 0 and old.checkpoint.every_steps == 100  # stored values kept
+    assert "metric" not in old.eval and "tie_projs" not in old.model

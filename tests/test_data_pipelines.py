@@ -307,13 +307,10 @@ def test_perm_index_matches_original_reshape_transpose_shuffle():
     t = np.arange(m).reshape(-1, ps).T  # [ps, m/ps]
     original = t[pi].T.reshape(-1)  # rows shuffled by π
     np.testing.assert_array_equal(original, (np.arange(m) // ps) * ps + np.tile(pi, m // ps))
-    # and local_perm uses it: with every token a target, i sees j iff rank(j) < rank(i)
-    ids = np.full(m, 20)
-    is_masked = np.ones(m, bool)
-    rng = keyed_rng(5, 1, 2)
-    pm, tgt = xlnet.local_perm(rng, ids, is_masked, ps, sep_id=4, cls_id=3)
-    pi2 = keyed_rng(5, 1, 2).permutation(ps)
-    rank = (np.arange(m) // ps) * ps + np.tile(pi2, m // ps)
+    # and the perm mask reads it: with every token a target, i sees j iff rank(j) < rank(i)
+    all_targets = np.ones(m, bool)
+    pm = xlnet.perm_mask_block(xlnet.factorization_rank(pi, m), all_targets, all_targets)
+    rank = (np.arange(m) // ps) * ps + np.tile(pi, m // ps)
     np.testing.assert_array_equal(pm, rank[:, None] <= rank[None, :])
 
 

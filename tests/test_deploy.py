@@ -200,7 +200,7 @@ def test_stablehlo_in_a_process_without_xlgen_equals_xlgen(stablehlo_runs, name)
 )
 @pytest.mark.parametrize("flag", ["--to-onnx", "--to-stablehlo"])
 def test_pretraining_only_and_gan_workdirs_are_refused_writing_nothing(tmp_path, capsys, config_file, overrides, flag):
-    from xlgen import export
+    from xlgen.interop import export
     from xlgen.train.workdir import Workdir
 
     wd = tmp_path / "wd"

@@ -108,7 +108,7 @@ def test_platform_without_a_device_is_one_line(tmp_path):
     """Item 10: `--platform=gpu` on a machine without a GPU (a fresh process: the backend is chosen at start-up)."""
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("JAX_PLATFORMS", None)
-    code = "import sys; from xlgen.runtime import setup_runtime; setup_runtime('gpu', 'off')"
+    code = "import sys; from xlgen.platforms import setup_runtime; setup_runtime('gpu', 'off')"
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     if p.returncode == 0:
         pytest.skip("this machine has a GPU")

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 import xlgen
-from xlgen import export
+from xlgen.interop import export
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

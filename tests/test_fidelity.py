@@ -116,7 +116,8 @@ def test_original_adamw_matches_the_original_formulas(flavour, mask, bias_correc
     import numpy as np
     from test_train_utils import _opt_cfg
 
-    from xlgen import optim
+    from xlgen import registry
+    from xlgen.train import optim
 
     rng = np.random.RandomState(0)
     params = {k: rng.randn(*s).astype(np.float32) for k, s in OPT_NAMES.items()}
@@ -137,7 +138,7 @@ def test_original_adamw_matches_the_original_formulas(flavour, mask, bias_correc
         bias_correction=bias_correction,
         weight_decay_mask=mask,
     )
-    tx, _ = optim.make_optimizer(cfg, 10, meta, family="xlnet")
+    tx, _ = optim.make_optimizer(cfg, 10, meta, layer_ids=registry.get("xlnet").layer_ids)
     state = tx.init(params)
     p = dict(params)
     for g in grads:
@@ -170,7 +171,7 @@ def test_faithful_layer_decay_ratios_match_adam_simulation():
     import jax
     import jax.numpy as jnp
 
-    from xlgen import optim
+    from xlgen.train import optim
 
     n, rate, g, eps = 24, 0.75, 5e-5, 1e-6
     tx = optim.original_adam(0.9, 0.99, eps, True)  # b2 0.99: the moments settle within the 3000 steps

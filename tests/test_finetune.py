@@ -200,11 +200,12 @@ def test_init_from_hugging_face_directory(data, tmp_path):
 
 
 def test_layer_wise_lr_decay_scales_per_family(tmp_path):
-    """The trainer's numbering (`optim.layer_ids` by model.family) on the finetuning models. XLNet: layer l of L gets
+    """The trainer's numbering (`Family.layer_ids` of model.family) on the finetuning models. XLNet: layer l of L gets
     rate^(L-1-l), embeddings and heads 1.0 (as the original); Funnel: the embedding is layer 0 below the encoder
     layers, and a QA model's decoder layers sit on top of the encoder (as Funnel's optimization.py)."""
-    from xlgen import optim
+    from xlgen import registry
     from xlgen.finetune.objective import FINETUNE
+    from xlgen.train import optim
     from xlgen.train.program import abstract_model
 
     for cfg_file, task, expect in (
@@ -243,7 +244,9 @@ def test_layer_wise_lr_decay_scales_per_family(tmp_path):
         over = {"optimizer.lr_layer_decay_rate": 0.5, **({"task": task} if task else {})}
         cfg = _config(over, str(tmp_path), config=cfg_file)
         spec = abstract_model(lambda r: FINETUNE.make_model(cfg, r, True), train=True)
-        scales = optim.layer_decay_scales(spec.meta(), cfg.model.family, float(cfg.optimizer.lr_layer_decay_rate))
+        scales = optim.layer_decay_scales(
+            spec.meta(), registry.get(cfg.model.family).layer_ids, float(cfg.optimizer.lr_layer_decay_rate)
+        )
         for prefix, value in expect.items():
             hits = [float(v) for k, v in scales.items() if k.startswith(prefix)]
             assert hits and all(h == value for h in hits), (cfg_file, task, prefix, hits)

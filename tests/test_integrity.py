@@ -121,8 +121,14 @@ def test_item4_a_loss_worse_than_a_uniform_guess_is_unhealthy_once_beaten():
     cfg = config_lib.load_config(os.path.join(REPO, "configs/pretrain/txl_tiny.py"), {})
     guard = health_guard(cfg, registry.objective(cfg))
     assert guard.uniform_loss == pytest.approx(math.log(74)) and guard.divergence_factor == 3.0
-    del cfg["divergence_factor"]  # a stored config.json that predates the key
-    assert health_guard(cfg, registry.objective(cfg)).divergence_factor == config_lib.DIVERGENCE_FACTOR == 3.0
+    stored = config_lib.to_json_dict(cfg)
+    del stored["divergence_factor"]  # a stored config.json that predates the key
+    old = config_lib.parse_json_config(json.dumps(stored).encode(), "config.json")
+    assert (
+        health_guard(old, registry.objective(old)).divergence_factor
+        == config_lib.base_config().divergence_factor
+        == 3.0
+    )
 
 
 def test_item6_metrics_repair_keeps_good_records_and_sets_aside_bad_ones(tmp_path, caplog):
@@ -130,7 +136,7 @@ def test_item6_metrics_repair_keeps_good_records_and_sets_aside_bad_ones(tmp_pat
     it and a last line cut by a kill are dropped, and lines in the middle that are not records (a non-UTF-8 byte,
     garbled JSON) are set aside in metrics.jsonl.bad with a warning naming file and lines; readers (plot) name the
     file and line of a non-UTF-8 byte."""
-    from xlgen.plot import main as plot_main
+    from xlgen.analyze.plot import main as plot_main
     from xlgen.train import metrics as metrics_lib
 
     path = tmp_path / "metrics.jsonl"

@@ -12,7 +12,7 @@ import traceback
 
 import pytest
 
-from xlgen import export
+from xlgen.interop import export
 from xlgen.train import outdir
 
 

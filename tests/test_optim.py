@@ -1,4 +1,4 @@
-"""Layer-wise learning-rate decay (`xlgen.optim.layer_ids` / `make_optimizer(family=...)`) on the real parameter
+"""Layer-wise learning-rate decay (`Family.layer_ids` / `make_optimizer(layer_ids=...)`) on the real parameter
 names of all three families, unscanned and scanned: layer l of L gets rate**(L-1-l), and a scanned model (parameters
 stacked on the `layers` axis) gets exactly the updates of the unscanned one for the same gradients."""
 
@@ -25,10 +25,21 @@ def _meta(config_file, model=None, **over):
     return abstract_model(lambda r: obj.make_model(config, r, True), train=True).meta()
 
 
-def _scales(meta, family):
-    from xlgen import optim
+def _layer_ids_of(family):
+    """The family's numbering of parameters into layers (`Family.layer_ids`), what the trainer gives the optimizer."""
+    from xlgen import registry
 
-    ids, n = optim.layer_ids(meta, family)
+    return registry.get(family).layer_ids
+
+
+def _layer_ids(meta, family):
+    return _layer_ids_of(family)(meta)
+
+
+def _scales(meta, family):
+    from xlgen.train import optim
+
+    ids, n = _layer_ids(meta, family)
     return optim.scales_from_ids(ids, n, RATE), n
 
 
@@ -91,10 +102,10 @@ def _funnel_expect(name, sizes, n_dec):
     ],
 )
 def test_funnel_input_blocks_decoder_numbered_as_one_stack(over, sizes, n_dec):
-    from xlgen import optim
+    from xlgen.train import optim
 
     flat = _meta("funnel_tiny.py", **SMALL, **over)  # "model": B2x2-1x2, shared layers count once
-    ids, n = optim.layer_ids(flat, "funnel")
+    ids, n = _layer_ids(flat, "funnel")
     assert n == 1 + sum(sizes) + n_dec
     sc = optim.scales_from_ids(ids, n, RATE)
     for name, s in sc.items():
@@ -168,10 +179,10 @@ def _stacker(stacked_meta, stacks):
 def test_scanned_scales_are_the_unscanned_scales_stacked(family):
     """Every element of a stacked parameter gets exactly the scale of the same element of the unscanned layer; the
     rest of the chain (global-norm clip, Adam, masked weight decay) is element-wise, so the updates agree."""
-    from xlgen import optim
+    from xlgen.train import optim
 
     flat, stacked_meta, stacks = _layouts(family)
-    (ids1, n1), (ids2, n2) = optim.layer_ids(flat, family), optim.layer_ids(stacked_meta, family)
+    (ids1, n1), (ids2, n2) = _layer_ids(flat, family), _layer_ids(stacked_meta, family)
     assert n1 == n2 == (1 + 3 + 2 if family == "funnel" else 3)
     s1, s2 = optim.scales_from_ids(ids1, n1, RATE), optim.scales_from_ids(ids2, n2, RATE)
     stack = _stacker(stacked_meta, stacks)
@@ -188,7 +199,7 @@ def test_scanned_and_unscanned_get_identical_updates(family, mode):
     """Two real optimizer steps (clip, Adam, weight decay, layer decay) on both layouts agree; the first update is the
     closed form  -lr * s * (g_c / (|g_c| + eps) + wd * p)  (mode lr)  or  -lr * (s g_c / (|s g_c| + eps) + wd * p)
     (mode faithful, gradients scaled before Adam), g_c the clipped gradient, s the layer scale."""
-    from xlgen import optim
+    from xlgen.train import optim
 
     flat, stacked_meta, stacks = _layouts(family)
     stack = _stacker(stacked_meta, stacks)
@@ -217,14 +228,14 @@ def test_scanned_and_unscanned_get_identical_updates(family, mode):
 
     results = []
     for meta, p, gs in ((flat, params, grads), (stacked_meta, stack(params), [stack(g) for g in grads])):
-        tx, _ = optim.make_optimizer(cfg, 10, meta, family=family)
+        tx, _ = optim.make_optimizer(cfg, 10, meta, layer_ids=_layer_ids_of(family))
         results.append(_call(lambda p, gs: run(tx, p, gs), p, gs))
     (p1, us1), (p2, us2) = results
     for a, b in [(stack(p1), p2)] + [(stack(x), y) for x, y in zip(us1, us2)]:
         for k in b:
             np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), rtol=1e-6, atol=1e-7, err_msg=k)
 
-    ids, n = optim.layer_ids(flat, family)
+    ids, n = _layer_ids(flat, family)
     scales = optim.scales_from_ids(ids, n, RATE)
     mask = optim.weight_decay_mask(list(flat))
     norm = np.sqrt(sum(float(np.sum(np.square(g.astype(np.float64)))) for g in grads[0].values()))
@@ -242,7 +253,7 @@ def test_scanned_and_unscanned_get_identical_updates(family, mode):
 
 def test_program_uses_the_family_numbering_for_funnel():
     """Through build_program (what `xlgen train` runs): a Funnel pretraining config's optimizer decays per layer."""
-    from xlgen import optim, sharding
+    from xlgen import sharding
     from xlgen.config import load_config
     from xlgen.train.program import build_program
 
@@ -260,7 +271,7 @@ def test_program_uses_the_family_numbering_for_funnel():
     config = load_config(f"{REPO}/configs/pretrain/funnel_tiny.py", over)
     program = build_program(config, sharding.make_mesh(config.mesh))
     meta = program.train_spec.meta()
-    ids, n = optim.layer_ids(meta, "funnel")
+    ids, n = _layer_ids(meta, "funnel")
     assert n == 1 + 6 + 2
     params = {k: jnp.zeros(s, jnp.float32) for k, (s, _) in meta.items()}
     g = {k: jnp.ones(s, jnp.float32) for k, (s, _) in meta.items()}
@@ -272,12 +283,10 @@ def test_program_uses_the_family_numbering_for_funnel():
     assert float(np.ravel(u["funnel.embeddings.word_embeddings"])[0]) == pytest.approx(-lr * RATE**8, rel=1e-4)
 
 
-def test_layer_ids_errors_on_unknown_family():
-    from xlgen import optim
+def test_layer_decay_without_a_numbering_is_an_error():
+    from xlgen.train import optim
 
-    with pytest.raises(ValueError, match="family"):
-        optim.layer_ids({}, "bert")
     meta = {"layers.0.w": ((3,), ("embed",))}
-    with pytest.raises(ValueError, match="model.family"):  # decay on a family layer_ids cannot number
-        optim.make_optimizer(_opt_cfg(lr_layer_decay_rate=0.5), 10, meta, family="bert")
-    optim.make_optimizer(_opt_cfg(lr_layer_decay_rate=1.0), 10, meta, family="bert")  # no decay: no numbering
+    with pytest.raises(ValueError, match="model.family's numbering"):  # decay for a system without `layer_ids`
+        optim.make_optimizer(_opt_cfg(lr_layer_decay_rate=0.5), 10, meta)
+    optim.make_optimizer(_opt_cfg(lr_layer_decay_rate=1.0), 10, meta)  # no decay: no numbering

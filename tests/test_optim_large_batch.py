@@ -1,4 +1,4 @@
-"""LAMB and Adafactor (`optimizer.name=lamb|adafactor`, xlgen/optim.py): their updates equal optax's reference
+"""LAMB and Adafactor (`optimizer.name=lamb|adafactor`, xlgen/train/optim.py): their updates equal optax's reference
 transformations on a small tree, LAMB's trust-ratio exclusion gives the excluded leaves AdamW's update, a scanned
 stack gets the unscanned layers' updates, layer-wise decay and parameter groups scale the update, Adafactor's
 factored moments are sharded like their parameters, and the plan's optimizer-state bytes follow; exact resume
@@ -11,7 +11,8 @@ import optax
 import pytest
 from test_train_utils import _opt_cfg, compile_cache, run_train, train_losses  # noqa: F401
 
-from xlgen import optim
+from xlgen import registry
+from xlgen.train import optim
 
 # a small tree in the trainer's form: {dotted name: array} with (shape, logical axes) metadata
 META = {
@@ -168,10 +169,10 @@ def test_layer_decay_and_param_groups_scale_the_update(name):
     group (lr_scale 0.1 on the embedding, a frozen LayerNorm) multiply the optimizer's own update."""
     c = _cfg(name, weight_decay=0.01)
     c.adafactor.update(dict(min_dim_size_to_factor=8))
-    plain = _run(optim.make_optimizer(c, 10, META, family="xlnet")[0])
+    plain = _run(optim.make_optimizer(c, 10, META, layer_ids=registry.get("xlnet").layer_ids)[0])
     c.lr_layer_decay_rate, c.layer_decay_mode = 0.5, "lr"
     c.param_groups = ({"pattern": "^embedding", "lr_scale": 0.1}, {"pattern": "layers.1.layer_norm", "frozen": True})
-    scaled = _run(optim.make_optimizer(c, 10, META, family="xlnet")[0], steps=1)
+    scaled = _run(optim.make_optimizer(c, 10, META, layer_ids=registry.get("xlnet").layer_ids)[0], steps=1)
     want = {n: 1.0 for n in META}
     want.update({n: 0.5 for n in META if n.startswith("layers.0.")})
     want["embedding.weight"] = 0.1

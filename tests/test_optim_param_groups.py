@@ -1,4 +1,4 @@
-"""`optimizer.param_groups` (xlgen/optim.py): per-group learning rates and frozen parameters through optax masks,
+"""`optimizer.param_groups` (xlgen/train/optim.py): per-group learning rates and frozen parameters through optax masks,
 general over dotted parameter names (LMS-PLIF's layer-specific rate and LMS-PLIF†'s frozen slopes, finetuning)."""
 
 import jax
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from test_train_utils import _opt_cfg
 
-from xlgen import optim
 from xlgen.config import apply_override, base_config
+from xlgen.train import optim
 
 SHAPES = {"embedding.tables.0": (5, 3), "softmax.slope_logits": (4,), "layers.0.ff.kernel": (3, 3)}
 META = {n: (s, (None,) * len(s)) for n, s in SHAPES.items()}

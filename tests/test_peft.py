@@ -95,7 +95,7 @@ def test_lora_trains_only_adapters_resumes_and_exports_merged(data, tmp_path):
     import torch
     import transformers
 
-    from xlgen import export
+    from xlgen.interop import export
 
     out = export.export_workdir(wd, str(tmp_path / "hf"), with_tokenizer=False)
     hf = transformers.XLNetForSequenceClassification.from_pretrained(out).eval()

@@ -15,8 +15,8 @@ import pytest
 from test_train_utils import run_plans_subprocess
 
 from xlgen import plan as plan_lib
-from xlgen import topology
 from xlgen.models import operands
+from xlgen.plan import topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1024**3
@@ -53,7 +53,8 @@ RUNNER = """
 import json, sys
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from xlgen import plan, sharding, topology
+from xlgen import plan, sharding
+from xlgen.plan import topology
 cases, sweep, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 for name, argv in cases.items():
     plan.main(argv + [f"--json={out}/{name}.json"])
@@ -152,7 +153,7 @@ def test_flops_xla_matches_counted_matmuls(reports, case):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", PLANNED)
 def test_flops_match_analytic_model(reports, case):
-    """The analytic model (xlgen.flops: matmul FLOPs, 6ND-style incl. attention) is within 10% of the matmul FLOPs
+    """The analytic model (xlgen.models.cost: matmul FLOPs, 6ND-style incl. attention) is within 10% of the matmul FLOPs
     of the compiled step (counted on its dead-code-eliminated jaxpr) and never above them; XLA's total adds
     element-wise work on top (checked above). The exact per-family checks run on CPU below."""
     fl = reports[case]["flops_per_step"]
@@ -293,7 +294,7 @@ def test_jaxpr_matmul_flops_skips_dead_code():
     assert plan_lib.jaxpr_matmul_flops(jaxpr, dce=False)[0] == 4 * live  # + the dead pair, before DCE
 
 
-# Analytic model FLOPs (xlgen.flops) vs the matmul FLOPs of the trainer's real train step, traced on one CPU device
+# Analytic model FLOPs (xlgen.models.cost) vs the matmul FLOPs of the trainer's real train step, traced on one CPU device
 # (no TPU, no compile). Widened tiny configs, remat off. Where the implementation does exactly the model's math the
 # two agree to 0.5% (memory included: its k/v are projected apart from the segment's, so the stop-gradient memory
 # rows cost a weight gradient only); elsewhere the step does some extra matmul work the model (the math) does not
@@ -359,15 +360,21 @@ CLOSE = {
 }
 
 
-def _model_and_traced(name, overrides):
-    from xlgen import flops
+def _model_flops(config):
+    """The analytic model FLOPs of a config, as the trainer and `xlgen plan` count them (the family's count)."""
+    from xlgen import registry
+    from xlgen.models.cost import train_flops_per_step
 
+    return train_flops_per_step(config, registry.get(config.model.family).train_flops)
+
+
+def _model_and_traced(name, overrides):
     c = _load(name, *overrides)
     # traced as lowered for TPU (the programs the plans compile; e.g. Funnel's factorized term has its TPU form),
     # the attention core as XLA ops: the fused kernel's backward recomputes the scores (its FLOPs are checked in
     # tests/test_tpu_attention.py)
     with operands.unfused_attention():
-        return flops.train_flops_per_step(c), plan_lib.traced_matmul_flops(c, topology.topology_devices("v3:2x2"))
+        return _model_flops(c), plan_lib.traced_matmul_flops(c, topology.topology_devices("v3:2x2"))
 
 
 @pytest.mark.parametrize("case", list(EXACT))
@@ -396,11 +403,11 @@ def test_remat_executes_model_flops_plus_the_forward_again():
 
 
 def _head_flops(name, overrides):
-    from xlgen import flops
+    from xlgen.models.cost import adaptive_softmax_fwd
 
     c = _load(name, *overrides)
     d = int(c.model.d_model)
-    emb, head = flops.adaptive_softmax_fwd(int(c.data.tgt_len), d, int(c.model.vocab_size), (), 1, d)
+    emb, head = adaptive_softmax_fwd(int(c.data.tgt_len), d, int(c.model.vocab_size), (), 1, d)
     return 3 * int(c.data.batch_size) * (emb + head)
 
 
@@ -408,13 +415,11 @@ def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path
     """`xlgen.plan --refresh` re-derives model FLOPs, traced matmul FLOPs, step time and MFU of a saved report from
     its own config + overrides (no compile) and rewrites it; memory / fits / XLA's numbers are left as measured.
     Transformer-XL WikiText-103 large, with full remat as an override of the report."""
-    from xlgen import flops
-
     saved = os.path.join(ROOT, "docs", "pod_plans", "txl_wt103_large.json")
     if not os.path.exists(saved):
         pytest.skip("no saved plan")
     report = json.load(open(saved))
-    report["flops_per_step"]["analytic_model"] *= 2  # stale values, as from an older xlgen.flops
+    report["flops_per_step"]["analytic_model"] *= 2  # stale values, as from an older FLOP count
     report["flops_per_step"]["matmul_jaxpr"] *= 3
     report["mfu"] = 1.0
     report["overrides"] = ["--config.model.remat=full"]
@@ -424,7 +429,7 @@ def test_refresh_recomputes_model_flops_and_keeps_compiled_measurements(tmp_path
     new = json.loads(path.read_text())
     config = _load("txl_wt103_large", "--config.model.remat=full")
     fl = new["flops_per_step"]
-    assert fl["analytic_model"] == flops.train_flops_per_step(config)
+    assert fl["analytic_model"] == _model_flops(config)
     assert fl["matmul_jaxpr"] == plan_lib.traced_matmul_flops(config, topology.topology_devices(report["topology"]))
     assert fl["analytic_model"] < fl["matmul_jaxpr"] < 1.45 * fl["analytic_model"]  # remat: ≈ 4/3 x model + a bit
     assert new["compute_only_time_s"] == fl["matmul_jaxpr"] / new["devices"] / new["peak_bf16_flops_per_device"]

@@ -109,7 +109,7 @@ def test_plot_draws_where_the_wall_time_went(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from xlgen import plot
+    from xlgen.analyze import plot
 
     first = {**goodput.zero(), "productive": 2.0, "compile": 1.0, "lost_to_restarts": 1.0}
     second = {**goodput.zero(), "productive": 4.0, "compile": 1.0, "idle": 1.0}
@@ -463,7 +463,8 @@ def test_one_mesh_builder_for_train_and_plan_cpu_slices():
 
 MESH_RUNNER = """
 import sys
-from xlgen import sharding, topology as topo
+from xlgen import sharding
+from xlgen.plan import topology as topo
 from xlgen.config import load_config
 from xlgen.plan import build_mesh
 

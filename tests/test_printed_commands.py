@@ -1,5 +1,5 @@
 """Issue 31: the commands `xlgen train` prints at the end of a run work exactly as printed, twice in a row, in a
-fresh working directory; and the learning-rate semantics of extending a run (xlgen/optim.py continue_schedule).
+fresh working directory; and the learning-rate semantics of extending a run (xlgen/train/optim.py continue_schedule).
 
 The end-to-end test trains a tiny Transformer-XL with overrides (so that a command that lost one would show), stops
 it early, then runs every printed command (resume, evaluate, plot, Python; after the run finishes: extend) twice
@@ -155,7 +155,7 @@ def _with_history(opt, history):
 def test_extending_a_finished_run_continues_at_its_final_learning_rate():
     """`make demo`'s schedule (cosine 2e-3 -> 1e-4, warm-up 40, 600 steps) extended to 1200: steps 600-1200 at
     1e-4; the stretched schedule (the old behaviour) was back at ~1.04e-3 at step 625."""
-    from xlgen.optim import continue_schedule, make_schedule
+    from xlgen.train.optim import continue_schedule, make_schedule
 
     opt = _opt(learning_rate=2e-3, warmup_steps=40, schedule="cosine", min_lr_ratio=0.05)
     before = make_schedule(opt, 600)
@@ -172,7 +172,7 @@ def test_extending_a_finished_run_continues_at_its_final_learning_rate():
 def test_changing_total_steps_mid_run_decays_from_the_current_value():
     """Linear 1 -> 0.1 (warm-up 10) over 110 steps, resumed at step 60 with total 210: lr(60) = 0.55 stays, then a
     straight line to 0.1 at step 210 (lr(135) = 0.325); a second change at 135 to 160 continues from 0.325."""
-    from xlgen.optim import continue_schedule, make_schedule
+    from xlgen.train.optim import continue_schedule, make_schedule
 
     opt = _opt(learning_rate=1.0, warmup_steps=10, schedule="linear", min_lr_ratio=0.1)
     h1 = continue_schedule(opt, (), 110, 210, 60)

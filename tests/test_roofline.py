@@ -6,8 +6,7 @@ from a `scan`); the compiled programs (tests/test_plan.py) check the same counts
 
 import pytest
 
-from xlgen import comm, topology
-from xlgen.plan import measure, roofline
+from xlgen.plan import comm, measure, roofline, topology
 
 BF16_TILE = "{1,0:T(8,128)(2,1)}"
 HLO = f"""HloModule jit_step, is_scheduled=true
@@ -145,7 +144,7 @@ def test_instruction_counts_equal_a_hand_count():
     assert unknown == 0
     got = sorted((o.flops, o.bytes, o.trips) for o in ops)
     want = sorted([(o["flops"], o["bytes"], 1) for o in ONCE] + [(o["flops"], o["bytes"], 4) for o in PER_TRIP])
-    assert got == want  # the all-reduce is communication (xlgen.comm), not in the roofline
+    assert got == want  # the all-reduce is communication (xlgen.plan.comm), not in the roofline
     by_name = {o.name: o for o in ops}
     assert by_name["dot.0"].opcode == "fusion:kOutput" and by_name["dot.0"].source == "xlgen/models/layers.py:7"
     assert by_name["y.4"].trips == 4 and by_name["y.4"].opcode == "fusion:kOutput"

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import xlgen
-from xlgen import convert
-from xlgen.tf_checkpoint import CheckpointError, TFCheckpoint
+from xlgen.interop import convert
+from xlgen.interop.tf_checkpoint import CheckpointError, TFCheckpoint
 
 tf = pytest.importorskip("tensorflow")
 torch = pytest.importorskip("torch")

@@ -126,7 +126,7 @@ def test_compiled_for_tpu_the_logits_stay_in_vmem(monkeypatch):
     table of width 128, whose `[V, d]` layout XLA keeps as it is): forward and backward are one custom call each,
     moving the table twice, its gradient and the rows once; the XLA form moves ~6.5x those bytes (its `[256, block]`
     float32 logits written and read back in both passes)."""
-    from xlgen import topology
+    from xlgen.plan import topology
 
     if not topology.libtpu_available():
         pytest.skip("libtpu (the `tpu` extra) compiles for TPU")

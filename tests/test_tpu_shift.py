@@ -127,7 +127,7 @@ def assert_tpu_forms_give_the_cpu_step(config_file, over, tpu_mesh=None) -> dict
 def test_compiled_for_tpu_the_shift_reads_and_writes_once():
     """v3 per-core shapes of Transformer-XL enwik8-large's position scores (`[2, 8, 768, 1536]` bfloat16): forward
     and backward are one custom call each, their HBM bytes those of reading the input and writing the output."""
-    from xlgen import topology
+    from xlgen.plan import topology
 
     if not topology.libtpu_available():
         pytest.skip("libtpu (the `tpu` extra) compiles for TPU")

@@ -1,8 +1,8 @@
 """Helpers shared by the trainer tests (run `xlgen train` in subprocesses) + unit tests of the optimizer.
 
-The end-to-end tests run the real CLI in subprocesses with a shared persistent compilation cache and
-`--xla_backend_optimization_level=0` (tiny models: compile time dominates), so each program compiles once per
-test session and every further run (resume, restart) loads it.
+The end-to-end tests run the real CLI in subprocesses with the session's persistent compilation cache and
+`CPU_FAST_COMPILE` (tiny models: compile time dominates), so each program compiles once per test session and every
+further run (resume, restart) loads it.
 """
 
 import json
@@ -22,6 +22,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_COLLECTIVE_TIMEOUTS = (
     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120 --xla_cpu_collective_call_terminate_timeout_seconds=1200"
 )
+
+# Test programs are tiny: XLA:CPU's compile time, not their run time, is most of a test's time. Without LLVM's
+# optimization passes they compile several times faster; every comparison in the suite is between programs compiled
+# with the same flags (or against a tolerance).
+CPU_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 # XLA:CPU runs the simulated devices' programs on one intra-op thread pool of max(cores, devices) threads, and a
 # collective blocks its thread until every participant has arrived. A device can hold several such threads at once
@@ -73,8 +78,9 @@ TINY_XLNET = {
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax_cache"))
+def compile_cache():
+    """The session's persistent compilation cache (tests/conftest.py), shared with the in-process tests."""
+    return os.environ["XLGEN_TEST_COMPILATION_CACHE"]
 
 
 def xlgen_env(cache: str, devices: int = 8) -> dict:
@@ -84,8 +90,7 @@ def xlgen_env(cache: str, devices: int = 8) -> dict:
             "JAX_PLATFORMS": "cpu",
             "XLGEN_COMPILATION_CACHE": cache,
             "XLGEN_COMPILATION_CACHE_MIN_SECS": "0",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0 "
-            + CPU_COLLECTIVE_TIMEOUTS,
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {CPU_FAST_COMPILE} {CPU_COLLECTIVE_TIMEOUTS}",
             "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""),
             **cpu_thread_pool_env(devices),
         }
@@ -153,7 +158,7 @@ def run_plans_subprocess(runner: str, *args: str, timeout: float = 1800) -> None
     """Run `python -c runner *args` (plans compiled for TPU topologies through libtpu) in a clean environment: CPU
     platform, no inherited XLA_FLAGS (the tests' forced host device count would change the compile). Skips the
     calling test when libtpu is not installed."""
-    from xlgen import topology
+    from xlgen.plan import topology
 
     if not topology.libtpu_available():
         pytest.skip("libtpu is not installed (pip install -e '.[tpu]'): cannot compile for TPU topologies")
@@ -208,7 +213,7 @@ def _opt_cfg(**kw):
 
 
 def test_schedule_warmup_then_decay_to_min_ratio():
-    from xlgen.optim import make_schedule
+    from xlgen.train.optim import make_schedule
 
     for kind in ("linear", "cosine", "poly"):
         s = make_schedule(
@@ -221,7 +226,8 @@ def test_schedule_warmup_then_decay_to_min_ratio():
 
 
 def test_weight_decay_mask_and_layer_decay_scales():
-    from xlgen.optim import layer_decay_scales, weight_decay_mask
+    from xlgen import registry
+    from xlgen.train.optim import layer_decay_scales, weight_decay_mask
 
     names = [
         "layers.0.attn.q.kernel",
@@ -239,17 +245,18 @@ def test_weight_decay_mask_and_layer_decay_scales():
         "layers.q": ((3, 4, 4), ("layers", "embed", "heads")),
         "emb": ((8, 4), ("vocab", "embed")),
     }
-    sc = layer_decay_scales(meta, "xlnet", rate=0.5)
+    sc = layer_decay_scales(meta, registry.get("xlnet").layer_ids, rate=0.5)
     assert sc["layers.0.q"] == np.float32(0.25) and sc["layers.2.q"] == np.float32(1.0) and sc["emb"] == 1.0
     assert sc["layers.q"].shape == (3, 1, 1)
     np.testing.assert_allclose(sc["layers.q"].reshape(-1), [0.25, 0.5, 1.0])
-    assert all(float(v) == 1.0 for v in layer_decay_scales(meta, "xlnet", rate=1.0).values())
+    assert all(float(v) == 1.0 for v in layer_decay_scales(meta, registry.get("xlnet").layer_ids, rate=1.0).values())
 
 
 def test_layer_decay_lr_mode_scales_updates_and_faithful_mode_nearly_cancels():
     import jax.numpy as jnp
 
-    from xlgen.optim import make_optimizer
+    from xlgen import registry
+    from xlgen.train.optim import make_optimizer
 
     meta = {"layers.0.w": ((3,), ("embed",)), "layers.1.w": ((3,), ("embed",))}
     params = {k: jnp.ones(3) for k in meta}
@@ -267,7 +274,7 @@ def test_layer_decay_lr_mode_scales_updates_and_faithful_mode_nearly_cancels():
             ),
             10,
             meta,
-            family="xlnet",
+            layer_ids=registry.get("xlnet").layer_ids,
         )
         u, _ = tx.update(grads, tx.init(params), params)
         upd[mode] = u

@@ -78,13 +78,13 @@ def test_export_generate_from_workdir_and_hf_dir(workdir, tmp_path, compile_cach
 
 
 def test_export_stablehlo_from_trained_workdir(workdir, tmp_path, compile_cache):  # noqa: F811
-    """`--to-stablehlo` on a trained workdir (in-process `xlgen.export.export_deployed`): model.stablehlo, io.json,
+    """`--to-stablehlo` on a trained workdir (in-process `xlgen.interop.export.export_deployed`): model.stablehlo, io.json,
     the tokenizer and the export marker; the artefact's log-probs over two segments (memory fed back, starting
     empty: mem_valid 0) equal `xlgen.from_pretrained(workdir)` called with `mem_valid=0` within 1e-5; a second
     export replaces the first."""
     from jax import export as jax_export
 
-    from xlgen import export
+    from xlgen.interop import export
 
     out = tmp_path / "shlo"
     export.export_deployed(str(workdir), str(out), "stablehlo")

@@ -3,17 +3,17 @@
     xlgen train    --config=PATH [--config.KEY=VALUE ...] --workdir=DIR   pretrain; re-run to resume
     xlgen train    --workdir=DIR [--config.total_steps=N ...]            resume / extend with DIR/config.json
     xlgen eval     --workdir=DIR [--config=PATH] [--config.KEY=VALUE ...] evaluate the latest checkpoint
-    xlgen plot     --workdir=DIR [--workdir=DIR2 ...] [--out=PNG]          training curves (xlgen.plot:main)
+    xlgen plot     --workdir=DIR [--workdir=DIR2 ...] [--out=PNG]          training curves (xlgen.analyze.plot:main)
     xlgen config show --config=PATH [--config.KEY=VALUE ...]              every config key with its value
     xlgen --version
     xlgen prepare  ...    tokenizers and corpora        (data_pipelines.prepare:main)
     xlgen finetune ...    GLUE / SQuAD / RACE / ...     (xlgen.finetune.run:main)
     xlgen plan     ...    AOT-compile for a TPU topology (xlgen.plan:main)
     xlgen bench    ...    speed vs HF PyTorch, MFU, compile time (xlgen.bench:main)
-    xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.export:main)
+    xlgen export   --workdir=DIR --to-hf=OUT   a Hugging Face directory (xlgen.interop.export:main)
     xlgen export   --workdir=DIR --to-onnx=OUT | --to-stablehlo=OUT   a deployed function (docs/deploy.md)
     xlgen convert  --from-tf=CKPT_PREFIX --family=xlnet|funnel|transformer_xl --config=CONFIG --out=DIR
-                          an original TensorFlow checkpoint as a from_pretrained directory (xlgen.convert:main)
+                          an original TensorFlow checkpoint as a from_pretrained directory (xlgen.interop.convert:main)
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT   sample text (xlgen.generate:main)
     xlgen analyze  rank|spectrum|recl ... --workdir=DIR   log-prob rank, output-embedding spectrum, relative
                           effective context length (xlgen.analyze:main; `xlgen analyze --help`)
@@ -42,18 +42,18 @@ import shlex
 import sys
 from typing import List, Optional
 
-from xlgen.runtime import default_platform as _default_platform
-from xlgen.runtime import setup_runtime
+from xlgen.platforms import default_platform as _default_platform
+from xlgen.platforms import setup_runtime
 
 DELEGATED = {
     "prepare": "data_pipelines.prepare:main",
     "finetune": "xlgen.finetune.run:main",
     "plan": "xlgen.plan:main",
     "bench": "xlgen.bench:main",
-    "export": "xlgen.export:main",
-    "convert": "xlgen.convert:main",
+    "export": "xlgen.interop.export:main",
+    "convert": "xlgen.interop.convert:main",
     "generate": "xlgen.generate:main",
-    "plot": "xlgen.plot:main",
+    "plot": "xlgen.analyze.plot:main",
     "analyze": "xlgen.analyze:main",
 }
 USAGE = __doc__
@@ -183,8 +183,8 @@ def _train_or_eval(cmd: str, argv: List[str]) -> int:
     setup_runtime(args.platform or _default_platform(), args.distributed)
     import jax
 
-    from xlgen.checkpointing import CheckpointCorrupt
     from xlgen.train import guards, loop
+    from xlgen.train.checkpointing import CheckpointCorrupt
 
     try:
         if cmd == "train":
@@ -284,7 +284,7 @@ def end_block(summary, config) -> str:
         "Commands (run from this directory):",
     ]
     # Resume and extend read the workdir's own config.json (every override of the run is in it); extending
-    # continues the learning-rate schedule from its current value (xlgen/optim.py continue_schedule).
+    # continues the learning-rate schedule from its current value (xlgen/train/optim.py continue_schedule).
     train = f"{xlgen} train --workdir={shlex.quote(wd)}"
     if step < total:
         lines.append(f"  resume:      {train}")
@@ -294,7 +294,7 @@ def end_block(summary, config) -> str:
         lines += report.extend_advice(config, step, train)
     lines.append(f"  evaluate:    {xlgen} eval --workdir={shlex.quote(wd)}")
     lines.append(f"  plot:        {xlgen} plot --workdir={shlex.quote(wd)}")
-    if config.get("tensorboard", True):
+    if config.tensorboard:
         tb = user_command("tensorboard")
         if tb:
             lines.append(f"  tensorboard: {tb} --logdir {shlex.quote(wd + '/tensorboard')}")
@@ -346,6 +346,14 @@ def diverged_resume_command(e, config, config_path: str, overrides, workdir: str
     return f"{head}\n  {xlgen} train {' '.join(shlex.quote(a) for a in args)}"
 
 
+def config_show_text(config) -> str:
+    """What `xlgen config show` prints for a resolved config: one `key = value!r` a line, keys sorted, less the
+    sections the system does not read."""
+    from xlgen.train import report
+
+    return "".join(f"{key} = {value!r}\n" for key, value in report.shown_items(config).items())
+
+
 def config_show(argv: List[str]) -> int:
     """`xlgen config show --config=PATH [--config.KEY=VALUE ...]`: the resolved config, one `key = value` a line."""
     from xlgen import config as config_lib
@@ -366,10 +374,7 @@ def config_show(argv: List[str]) -> int:
     except config_lib.ConfigError as e:
         print(f"xlgen config show: error: {e}", file=sys.stderr)
         return 2
-    from xlgen.train import report
-
-    for key, value in report.shown_items(config).items():  # less the sections the system does not read
-        print(f"{key} = {value!r}")
+    sys.stdout.write(config_show_text(config))
     return 0
 
 

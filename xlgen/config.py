@@ -354,13 +354,52 @@ def parse_json_config(data: bytes, path: str) -> ConfigDict:
         raise ConfigError(f"{path}: invalid JSON ({e})") from None
     if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
         raise ConfigError(f"{path}: not an xlgen run config (no `model` section)")
-    return validate(from_json_dict(d))
+    return validate(with_declared_defaults(from_json_dict(d)))
 
 
-# The run-health defaults (xlgen/train/guards.py), declared once: base_config and runs whose stored config.json
-# predates a key use these.
-MAX_NONFINITE_STEPS = 10
-DIVERGENCE_FACTOR = 3.0
+# sections a config file sets as a whole for its system (base_config's are placeholders or one system's keys)
+SYSTEM_SECTIONS = ("model", "data", "eval")
+
+
+def with_declared_defaults(config: ConfigDict) -> ConfigDict:
+    """A stored config.json completed with the keys of `base_config()` it predates, at their declared defaults
+    (outside SYSTEM_SECTIONS), so that code reads every key without a fallback of its own."""
+
+    def fill(node: ConfigDict, declared: ConfigDict, top: bool) -> None:
+        for key, value in declared.items():
+            if top and key in SYSTEM_SECTIONS:
+                continue
+            if key not in node:
+                with node.unlocked():
+                    node[key] = value
+            elif isinstance(value, ConfigDict) and isinstance(node[key], ConfigDict):
+                fill(node[key], value, False)
+
+    fill(config, base_config(), True)
+    return config
+
+
+def model_section(family: str, **fields) -> Dict[str, Any]:
+    """`config.model` of a registered system: `family` and every field of its config dataclass at its default, a
+    nested config record (a field whose default instance holds a dataclass, e.g. Transformer-XL's `output`) as a
+    section of its defaults; `fields` set on top. A config file states only what differs from the dataclass."""
+    import dataclasses
+
+    from xlgen import registry
+
+    cls = registry.get(family).config_class
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"model.{unknown[0]}: not a field of {cls.__name__}")
+    instance = cls()
+    section: Dict[str, Any] = {"family": family}
+    for f in dataclasses.fields(cls):
+        value = getattr(instance, f.name)
+        if dataclasses.is_dataclass(value):
+            section[f.name] = dataclasses.asdict(value)
+        else:
+            section[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return section | fields
 
 
 def base_config() -> ConfigDict:
@@ -370,7 +409,7 @@ def base_config() -> ConfigDict:
     objective         "" = family default (txl_lm | xlnet_plm | funnel_mlm); or funnel_electra, or a registered one
     objective_options loss_positions ("all" | "later_half", TXL), disc_coeff / generator_* (ELECTRA)
     data              the data pipeline's keys (data_pipelines.default_config(pipeline), docs/data.md)
-    optimizer         see xlgen/optim.py
+    optimizer         see xlgen/train/optim.py
     mesh              data / fsdp / tensor sizes (-1 = fill) and the rule preset (dp | fsdp | fsdp_tp)
     checkpoint        every_steps, keep, async_save, save_mems, local_dir, local_every_steps
     watchdog          timeout_s (0 = derived from the step time), factor, min_timeout_s, phase_timeout_s,
@@ -407,19 +446,19 @@ def base_config() -> ConfigDict:
             weight_decay=0.0,
             clip_norm=0.25,
             lr_layer_decay_rate=1.0,
-            layer_decay_mode="lr",  # "lr" | "faithful" (the originals' gradient scaling); xlgen/optim.py
+            layer_decay_mode="lr",  # "lr" | "faithful" (the originals' gradient scaling); xlgen/train/optim.py
             update_rule="optax",  # "optax" | "original" (the originals' Adam / AdamWeightDecayOptimizer)
             bias_correction=True,  # update_rule "original" only: False = XLNet's AdamWeightDecayOptimizer
             weight_decay_mask="xlgen",  # "xlgen" | "original" (r_w/r_r/r_s biases decayed) | "all" (Funnel)
             grad_accum_steps=1,
             param_groups=None,  # ({"pattern": regex, "lr_scale"|"learning_rate": x, "frozen": bool}, ...); optim.py
             # ((step, total_steps before it), ...): where a resumed run changed total_steps; set by `xlgen train`
-            # (xlgen/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
+            # (xlgen/train/optim.py continue_schedule: from each step the LR decays from its value there, no re-warm-up)
             schedule_history=(),
             state_dtype="",  # optimizer state (Adam moments) storage dtype: "" = the parameters', or "bfloat16"
             # name "lamb": which parameters get the trust ratio ("xlgen": not biases / LayerNorm; "all"); optim.py
             lamb=ConfigDict(dict(trust_ratio_mask="xlgen")),
-            # name "adafactor": optax.adafactor's options (xlgen/optim.py); clipping_threshold / momentum 0 = off
+            # name "adafactor": optax.adafactor's options (xlgen/train/optim.py); clipping_threshold / momentum 0 = off
             adafactor=ConfigDict(
                 dict(
                     factored=True,
@@ -455,15 +494,16 @@ def base_config() -> ConfigDict:
     c.log_every_steps = 50
     c.eval_every_steps = 500  # 0 = never (not even at the end), -1 = only at the end
     c.seed = 0
+    c.prefetch = 2  # training batches built ahead on a worker thread (data_pipelines.prefetch); 0 = in line
     c.peak_flops_per_device = 0.0  # for MFU; per JAX device, e.g. 61.5e12 for one TPU v3 TensorCore (bf16)
     c.tensorboard = True
     # optional trackers besides metrics.jsonl / TensorBoard: "" or a comma list of wandb, mlflow (xlgen.train.metrics)
     c.trackers = ""
     c.tracking = ConfigDict(dict(project="xlgen", run_name="", mlflow_uri=""))  # mlflow_uri "" = WORKDIR/mlruns
     # a step with a non-finite loss or gradient norm skips its update; this many in a row stop the run (0 = never)
-    c.max_nonfinite_steps = MAX_NONFINITE_STEPS
+    c.max_nonfinite_steps = 10
     # a finite loss above divergence_factor x max(best loss so far, 1) is unhealthy like a non-finite one (so is one
     # above a uniform guess, log V, once the model has beaten it): no checkpoint is saved during such a streak and
     # max_nonfinite_steps of them in a row stop the run (0 = off)
-    c.divergence_factor = DIVERGENCE_FACTOR
+    c.divergence_factor = 3.0
     return c

@@ -117,6 +117,7 @@ KEYS: Dict[str, Domain] = {
     "max_nonfinite_steps": STEPS,  # 0 = never stop
     "divergence_factor": NON_NEGATIVE,  # 0 = off
     "peak_flops_per_device": NON_NEGATIVE,
+    "prefetch": STEPS,  # 0 = batches built in line
     "max_segments": NON_NEGATIVE,
     "lambda_*": NON_NEGATIVE,
     "seed": SEED,

@@ -295,12 +295,12 @@ class _HFTokenizer:
 
 def load_for_generation(workdir: Optional[str] = None, model: Optional[str] = None):
     """(TransformerXLLM module, tokenizer with encode/decode, default mem_len) from a workdir or a HF directory."""
-    import xlgen
+    from xlgen.pretrained import from_pretrained
 
     if (workdir is None) == (model is None):
         raise ValueError("give exactly one of --workdir (an xlgen workdir) or --model (a Hugging Face directory)")
-    loaded = xlgen.from_pretrained(workdir or model)
-    from xlgen.export import unwrap
+    loaded = from_pretrained(workdir or model)
+    from xlgen.interop.export import unwrap
 
     module = unwrap(loaded)
     if type(module).__name__ not in DECODERS:
@@ -310,7 +310,7 @@ def load_for_generation(workdir: Optional[str] = None, model: Optional[str] = No
         )
     if workdir is not None:
         from xlgen import config as config_lib
-        from xlgen.export import workdir_tokenizer
+        from xlgen.interop.export import workdir_tokenizer
 
         config = config_lib.read_workdir_config(workdir)
         tok = workdir_tokenizer(config, workdir)
@@ -371,9 +371,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if getattr(args, flag) is not None and not getattr(args, flag).strip():
             print(f"xlgen generate: error: --{flag} is empty: give a directory path", file=sys.stderr)
             return 2
-    from xlgen import runtime
+    from xlgen import platforms
 
-    runtime.setup_runtime(args.platform or runtime.default_platform(), "off")
+    platforms.setup_runtime(args.platform or platforms.default_platform(), "off")
     try:
         hook = _system_sampler(args.workdir)
         if hook is not None:

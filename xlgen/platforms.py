@@ -1,4 +1,5 @@
-"""Which JAX platform a command or an API call uses — chosen before anything touches a device.
+"""Which JAX platform a command or an API call uses, and a command's runtime set-up (`setup_runtime`: logging, the
+persistent compilation cache, `jax.distributed`) — both before anything touches a device.
 
 With the `tpu` extra (libtpu) installed, JAX's default is to probe for a TPU: on a machine without one that prints
 ~6 lines of libtpu errors (`Failed to find host bounds…`, `TPU initialization failed`) and, while another process
@@ -15,6 +16,7 @@ therefore sets both the variable (for subprocesses) and `jax.config.jax_platform
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import sys
 from typing import Optional
@@ -97,12 +99,12 @@ def lowering_device_kind() -> str:
 # XLA:CPU allocates every execution's outputs and temporaries through malloc. With glibc's defaults a buffer above
 # the (dynamic, at most 32 MiB) mmap threshold, and any buffer above 64 MiB allocated by a worker thread (XLA runs
 # executables on its own threads, each with a malloc arena of its own), is a fresh `mmap`, `munmap`ped when freed:
-# every call faults its pages in again. A `[4, 4, 512, 1024]` float32 einsum output (32 MiB) cost ~9,000 minor page
-# faults per call (20 ms against 8 ms with its pages kept), a Funnel seq-512 train step ~360,000 (its 1.3 GiB of
-# saved activations), an XLNet 6L step ~400,000, on this 2-core VM. The policy below keeps freed memory for reuse:
-# one malloc arena for all threads, no mmap'ed chunks, no trimming, and (as a process start-up setting) transparent
-# huge pages for the heap where the kernel offers them on request (THP "madvise" mode), so the heap's growth while
-# a run's allocation pattern settles costs one fault per 2 MiB. Cost: freed memory stays with the process (resident
+# every call faults its pages in again: a `[4, 4, 512, 1024]` float32 einsum output (32 MiB) takes ~9,000 minor
+# page faults per call, a Funnel seq-512 or XLNet 6L train step some 400,000 (docs/performance.md, "What the code
+# does for speed"). The policy below keeps freed memory for reuse: one malloc arena for all threads, no mmap'ed
+# chunks, no trimming, and (as a process start-up setting) transparent huge pages for the heap where the kernel
+# offers them on request (THP "madvise" mode), so the heap's growth while a run's allocation pattern settles costs
+# one fault per 2 MiB. Cost: freed memory stays with the process (resident
 # memory does not go down after a peak). `XLGEN_HOST_MALLOC=default` keeps glibc's defaults; a malloc policy the
 # user set (GLIBC_TUNABLES glibc.malloc.*, MALLOC_*_ variables) is left alone.
 
@@ -198,13 +200,105 @@ def small_op_compiler_options() -> dict:
     """`jax.jit(..., compiler_options=...)` for programs made of many small ops on XLA:CPU, such as a batch-1
     segment of Transformer-XL cached evaluation: YNNPACK fusions off, so XLA's own emitters run them.
 
-    Each YNNPACK fusion call has a fixed cost (a `[1, 64]` LayerNorm reduction took up to 0.3 ms) that exceeds
-    such ops' work. Measured through `from_pretrained` segments (64 tokens, TXL 4L d256), both programs in one
-    process, alternated: 0.91-0.98x the time per segment (median of 7 runs 0.935x). Training steps keep the
-    defaults (the Funnel 12L step was 1.09x slower without YNNPACK). Empty off the CPU backend, or when the user's
-    XLA_FLAGS choose the YNNPACK fusion types themselves."""
+    Each YNNPACK fusion call has a fixed cost (up to 0.3 ms for a `[1, 64]` LayerNorm reduction) that exceeds such
+    ops' work: without them a Transformer-XL evaluation segment (64 tokens, 4L d256) takes 0.935x the time. Training
+    steps keep the defaults (a Funnel 12L step takes 1.09x the time without YNNPACK). Empty off the CPU backend, or
+    when the user's XLA_FLAGS choose the YNNPACK fusion types themselves."""
     import jax
 
     if jax.default_backend() != "cpu" or _YNN_OPTION in os.environ.get("XLA_FLAGS", ""):
         return {}
     return {_YNN_OPTION: ""}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Runtime set-up of a command: platform, logging, compilation cache, jax.distributed
+# ----------------------------------------------------------------------------------------------------------------
+#
+#     --platform=cpu|tpu|gpu   default: JAX_PLATFORMS if set, else `tpu`/`gpu` when such a device node exists
+#                              (/dev/accel*, /dev/vfio/*, /dev/nvidia0), else `cpu`.
+#     XLGEN_COMPILATION_CACHE=DIR  persistent XLA compilation cache (default ~/.cache/xlgen/jax_cache; "off")
+#     XLGEN_HOST_MALLOC=default  keep glibc's malloc defaults ("Host memory" above)
+#     --distributed=auto|on|off  `auto`: when launched by launch/local_multiprocess.sh (XLGEN_COORDINATOR,
+#                              XLGEN_NUM_PROCESSES, XLGEN_PROCESS_ID), or on a multi-host TPU slice / SLURM job.
+
+
+def want_distributed(mode: str) -> bool:
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    if os.environ.get("XLGEN_NUM_PROCESSES") and int(os.environ["XLGEN_NUM_PROCESSES"]) > 1:
+        return True
+    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    if "," in hosts:
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1
+
+
+PLATFORMS = ("cpu", "tpu", "gpu", "cuda", "rocm")
+
+
+def _platform_error(text: str) -> SystemExit:
+    """`--platform` names no platform JAX can use: one line (`xlgen: error: --platform=...`), exit 2."""
+    print(f"xlgen: error: {text}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def check_platform(platform: str) -> None:
+    """Exit 2 with one line when `platform` (a JAX_PLATFORMS list) names an unknown platform, or one without a
+    device here (`--platform=gpu` on a machine without a GPU). Initialises JAX's backends: call it after
+    `jax.distributed.initialize`."""
+    unknown = [p for p in platform.split(",") if p.strip() not in PLATFORMS]
+    if unknown:
+        raise _platform_error(f"--platform={platform}: unknown platform {unknown[0]!r}; expected one of cpu, tpu, gpu")
+    import jax
+
+    try:
+        jax.devices()
+    except RuntimeError as e:
+        raise _platform_error(
+            f"--platform={platform}: no {platform} device is available here ({str(e).split(':')[0]}); "
+            "use --platform=cpu or omit --platform to autodetect"
+        ) from None
+
+
+def setup_runtime(platform: str, distributed: str) -> None:
+    """Platform, CPU collectives and jax.distributed — before anything touches a device."""
+    unknown = [p for p in platform.split(",") if p.strip() not in PLATFORMS]
+    if unknown:  # before JAX_PLATFORMS is set: the message, not JAX's traceback
+        raise _platform_error(f"--platform={platform}: unknown platform {unknown[0]!r}; expected one of cpu, tpu, gpu")
+    select(platform)  # env var AND jax.config: the env var alone is ignored once jax is imported
+    keep_freed_host_memory()  # before XLA starts its threads (they would get malloc arenas of their own)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax is chatty at INFO
+    except ImportError:  # pragma: no cover
+        pass
+    import jax
+
+    cache = os.environ.get("XLGEN_COMPILATION_CACHE", os.path.expanduser("~/.cache/xlgen/jax_cache"))
+    if cache and cache.lower() not in ("0", "off", "none"):
+        # Re-running a job (resume after preemption, eval) loads its executables instead of recompiling.
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs",
+            float(os.environ.get("XLGEN_COMPILATION_CACHE_MIN_SECS", "1.0")),
+        )
+
+    if want_distributed(distributed):
+        if platform == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if os.environ.get("XLGEN_COORDINATOR"):
+            jax.distributed.initialize(
+                coordinator_address=os.environ["XLGEN_COORDINATOR"],
+                num_processes=int(os.environ["XLGEN_NUM_PROCESSES"]),
+                process_id=int(os.environ["XLGEN_PROCESS_ID"]),
+            )
+        else:
+            jax.distributed.initialize()
+    check_platform(platform)

@@ -404,7 +404,7 @@ def opt_state_shardings(abstract_opt, param_shardings, param_shapes, mesh: Mesh)
             shape, leaf_shape = tuple(param_shapes[k]), tuple(leaf.shape)
             if leaf_shape == shape:
                 return param_shardings[k]
-            # a scanned stack's per-layer state is batched on axis 0 (`xlgen.optim.per_layer_slices`)
+            # a scanned stack's per-layer state is batched on axis 0 (`xlgen.train.optim.per_layer_slices`)
             d = dropped_dim(path, shape, leaf_shape)
             if d is not None:
                 spec = list(param_shardings[k].spec) + [None] * (len(shape) - len(param_shardings[k].spec))

@@ -7,32 +7,8 @@ Top-level keys (contract): `task`, `data_dir`, `init_from` (HF directory or xlge
 
 from ml_collections import ConfigDict
 
-from configs.pretrain import xlnet
-from xlgen.config import base_config
+from xlgen.config import base_config, model_section
 from xlgen.models import lora
-
-# XLNet-Large (cased_L-24_H-1024_A-16) as finetuned: no memory, one direction, the heads' settings; used only when
-# init_from is empty.
-XLNET_LARGE = xlnet.model(
-    mem_len=None,
-    reuse_len=None,
-    bi_data=False,
-    num_labels=2,
-    summary_type="last",
-    summary_use_proj=True,
-    summary_activation="tanh",
-    summary_proj_to_labels=False,
-    summary_last_dropout=0.1,
-    start_n_top=5,
-    end_n_top=5,
-    scan_layers=False,
-    remat="none",
-    dtype="float32",
-    param_dtype="float32",
-    scores_dtype="float32",
-    softmax_dtype="float32",
-    logits_dtype="float32",
-)
 
 
 def finetune_config(
@@ -52,7 +28,9 @@ def finetune_config(
     c.init_from = ""
     c.tokenizer = ""
     c.objective = "finetune"
-    c.model = ConfigDict(XLNET_LARGE)
+    # XLNet-Large (cased_L-24_H-1024_A-16) as finetuned, XLNetConfig's defaults: no memory, one direction, the heads'
+    # settings; used only when init_from is empty
+    c.model = model_section("xlnet")
     c.data = ConfigDict(
         dict(
             max_seq_length=max_seq_length,
@@ -101,27 +79,19 @@ def finetune_config(
     # Yelp...), run_squad.py / run_race.py 1e-6. docs/fidelity.md lists these and the options.
     c.optimizer.update(
         dict(
-            name="adamw",
             learning_rate=learning_rate,
             warmup_steps=warmup_steps,
             schedule="linear",
-            min_lr_ratio=0.0,
-            b1=0.9,
-            b2=0.999,
             eps=adam_epsilon,
-            weight_decay=0.0,
             clip_norm=1.0,
             lr_layer_decay_rate=lr_layer_decay_rate,
             layer_decay_mode="faithful",
             update_rule="original",
-            bias_correction=True,
         )
     )
-    c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
-    c.checkpoint.update(dict(every_steps=1000, keep=1, async_save=True, save_mems=False))
-    c.eval.update(dict(split="dev"))
+    c.checkpoint.update(dict(keep=1, save_mems=False))
+    c.eval.split = "dev"
     c.eval.predict_test = True  # GLUE: write submission/<Task>.tsv from test.tsv
     c.total_steps = total_steps
-    c.log_every_steps = 50
     c.eval_every_steps = 1000  # and at the end; the best dev checkpoint is kept
     return c

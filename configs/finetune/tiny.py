@@ -9,13 +9,16 @@ s.train_sentencepiece(s.corpus_for('/tmp/sst2'), '/tmp/sst2/spiece.model', vocab
 `tiny_funnel.py` is the same with a tiny Funnel-Transformer.
 """
 
-from ml_collections import ConfigDict
+from configs.finetune.common import finetune_config
+from xlgen.config import model_section
 
-from configs.finetune.common import XLNET_LARGE, finetune_config
 
-TINY_XLNET = {
-    **XLNET_LARGE,
-    **dict(
+def get_config():
+    c = finetune_config(
+        "glue/sst2", max_seq_length=32, batch_size=16, learning_rate=1e-3, total_steps=60, warmup_steps=6
+    )
+    c.model = model_section(
+        "xlnet",
         vocab_size=256,
         d_model=32,
         n_layer=2,
@@ -25,17 +28,9 @@ TINY_XLNET = {
         dropout=0.0,
         dropatt=0.0,
         summary_last_dropout=0.0,
-    ),
-}
-
-
-def get_config():
-    c = finetune_config(
-        "glue/sst2", max_seq_length=32, batch_size=16, learning_rate=1e-3, total_steps=60, warmup_steps=6
     )
-    c.model = ConfigDict(TINY_XLNET)
     c.data.eval_batch_size = 16
-    c.optimizer.update(dict(eps=1e-8, update_rule="optax", layer_decay_mode="lr"))  # CPU demo, not a paper preset
+    c.optimizer.update(dict(update_rule="optax", layer_decay_mode="lr"))  # CPU demo, not a paper preset
     c.checkpoint.update(dict(every_steps=30, async_save=False))
     c.log_every_steps = 10
     c.eval_every_steps = 30

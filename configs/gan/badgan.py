@@ -16,46 +16,14 @@ all labeled rows (at most 100) per step.
 import ml_collections
 
 from configs.gan import common
+from xlgen.config import model_section
 
 
 def get_config():
     c = common.base()
-    c.model = ml_collections.ConfigDict(
-        dict(
-            family="badgan",
-            variant="badgan",  # supervised | fm | badgan
-            generator="learned",  # learned | complement (2-D sets: uniform in the box minus the manifold)
-            noise_dim=100,
-            disc_hidden=(500, 250, 250),
-            gen_hidden=(500, 500),
-            input_noise=0.3,
-            hidden_noise=0.5,
-            ent_weight=0.1,  # conditional entropy (eq. C.5)
-            pt_weight=0.8,  # pull-away term
-            ld_weight=1e-3,  # low-density term (eq. C.3)
-            ld_start=500,  # LD from this step on (the density model trains from step 0)
-            ld_quantile=0.1,  # epsilon = this quantile of log p over the unlabeled batch
-            vi_weight=0.0,  # VI entropy (encoder player) if > 0
-            vi_max_std=1.0,
-            density_hidden=256,
-            dequantize=1.0 / 16,  # density model: uniform noise added to the pixels it learns on
-        )
-    )
+    c.model = model_section("badgan")  # the fields and their meaning: xlgen/systems/gan/system.py BadganConfig
     c.objective = "badgan"
-    c.data = ml_collections.ConfigDict(
-        dict(
-            pipeline="gan",
-            name="digits",
-            dir="",
-            digit=-1,
-            num_labeled=100,
-            label_seed=-1,
-            num_points=2000,
-            batch_size=100,
-            labeled_batch_size=0,
-            seed=0,
-        )
-    )
+    c.data = common.data("digits", batch_size=100, num_labeled=100)
     c.players = ml_collections.ConfigDict(
         dict(
             disc=common.player(3e-3, b1=0.5, b2=0.999, decay_fraction=0.67, decay_to=0.0),

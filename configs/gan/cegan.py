@@ -12,39 +12,14 @@ of §B.8.1 with `model.width` scaling the channels (1.0 = the paper's), noise 10
 import ml_collections
 
 from configs.gan import common
+from xlgen.config import model_section
 
 
 def get_config():
     c = common.base()
-    c.model = ml_collections.ConfigDict(
-        dict(
-            family="cegan",
-            variant="egan_ent_nn",  # gan | egan_const | egan_ent_nn | egan_ent_vi
-            noise_dim=4,
-            hidden=128,
-            width=1.0,  # images: channel multiplier of the DCGAN networks
-            margin=0.0,  # EGAN discriminator: max(E_data c - c(x~), -margin); 0 = none
-            gap_bounds=(-10.0, 0.1),  # EGAN: disc updates while gap > [0], gen while gap < [1] (the paper's code)
-            knn_k=20,  # EGAN-Ent-NN: neighbours (eq. B.10)
-            knn_alpha=0.5,  # EGAN-Ent-NN: alpha (eq. B.11)
-            vi_weight=1.0,  # EGAN-Ent-VI: weight of U(q)
-            vi_noise=0.0,  # EGAN-Ent-VI: std of p_gen(x|z) = N(G(z), s² I) (eq. B.13); 0: q sees G(z) itself
-        )
-    )
+    c.model = model_section("cegan")  # the fields and their meaning: xlgen/systems/gan/system.py CeganConfig
     c.objective = "cegan"
-    c.data = ml_collections.ConfigDict(
-        dict(
-            pipeline="gan",
-            name="mog4",
-            dir="",
-            digit=-1,
-            num_labeled=0,
-            label_seed=-1,
-            num_points=2000,
-            batch_size=500,
-            seed=0,
-        )
-    )
+    c.data = common.data("mog4", batch_size=500)
     c.players = ml_collections.ConfigDict(
         dict(
             disc=common.player(2e-4, decay_fraction=0.5, decay_to=0.1),

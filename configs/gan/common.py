@@ -14,9 +14,16 @@ def base():
     from xlgen.config import base_config
 
     c = base_config()
-    c.checkpoint.update(dict(every_steps=1000, keep=2, async_save=False, save_mems=False))
+    c.checkpoint.update(dict(keep=2, async_save=False, save_mems=False))
     c.mesh.rules = "dp"
     c.log_every_steps = 100
     c.eval_every_steps = -1
     c.tensorboard = False
     return c
+
+
+def data(name: str, batch_size: int, **fields):
+    """`config.data` of the `gan` pipeline (xlgen/systems/gan/data.py): the set `name` (2-D sets, digits, idx),
+    labeled examples (labeled_batch_size 0 = all of them, at most the batch), and the batch order."""
+    keys = dict(pipeline="gan", name=name, dir="", digit=-1, num_labeled=0, label_seed=-1, num_points=2000, seed=0)
+    return ml_collections.ConfigDict(keys | dict(batch_size=batch_size, labeled_batch_size=0) | fields)

@@ -25,7 +25,7 @@ bfloat16 compute with float32 parameters, rematerialised layers for the large sc
 import re
 
 import data_pipelines
-from xlgen.config import base_config
+from xlgen.config import base_config, model_section
 
 DEFAULT = "B6-6-6H768_mlm"
 _NAME = re.compile(r"B(?P<blocks>\d+(?:x\d+)?(?:-\d+(?:x\d+)?)*)H(?P<d_model>\d+)_(?P<objective>mlm|electra)")
@@ -47,44 +47,28 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
         raise ValueError(f"objective={objective!r}: expected mlm or electra")
     large = d_model >= 1024
     c = base_config()
-    c.model = dict(
-        family="funnel",
-        vocab_size=30522,
+    c.model = model_section(
+        "funnel",  # FunnelConfig's defaults: the paper's architecture flags (vocabulary, decoder, pooling, dropout)
         block_sizes=block_sizes,
-        num_decoder_layers=2,
         d_model=d_model,
         n_head=d_model // 64,
-        d_head=64,
         d_inner=4 * d_model,
-        hidden_act="gelu_new",
-        dropout=0.1,
-        dropatt=0.1,
-        dropact=0.0,
-        layer_norm_eps=1e-9,
-        init_std=0.02,
-        pooling_type="mean",
         attention_type="factorized",
-        separate_cls=True,
-        truncate_seq=True,
-        pool_q_only=True,
         # The original MLM (modeling.py lm_logits) always applies `lm_proj` (dense + activation + LayerNorm) before
         # the tied softmax; its ELECTRA generator too (here because its width differs from the embedding's).
         mlm_transform=objective == "mlm",
         remat="full" if large else "none",
         dtype="bfloat16",
-        param_dtype="float32",
         # the original TPU code's attention precision (tensorflow/ops.py rel_attn_core, lines 281-351, under
         # `use_bfloat16=True`, "always" per tensorflow/README.md): scores and their mask in bfloat16, the softmax
         # in float32 (`safe_softmax`: cast in, tf.nn.softmax, cast back), probabilities x values in bfloat16
         scores_dtype="bfloat16",
-        softmax_dtype="float32",
-        logits_dtype="float32",
     )
     c.objective = "funnel_electra" if objective == "electra" else "funnel_mlm"
     # The MLM / generator softmax runs only at the masked positions, as the original code's `num_predict` +
     # `target_mapping` (tensorflow/pretrain.py): the pipeline masks round(0.15 * chunk) <= ceil(0.15 * 512) = 77
     # tokens per row, so nothing is dropped, and the 30,522-way head costs 77/512 of a full-length one.
-    c.objective_options.update(dict(disc_coeff=50.0, generator_width=0.25, max_predictions=77))
+    c.objective_options.max_predictions = 77  # disc_coeff 50, generator_width 0.25: the defaults
     c.data = data_pipelines.default_config("electra" if objective == "electra" else "mlm")
     c.data.update(
         dict(
@@ -92,7 +76,6 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
             batch_size=8192 if large else 256,
             eval_batch_size=64,
             seq_len=512,
-            mask_prob=0.15,
             eval_steps=100,
             vocab_size=30522,
             hide_masks_from_attention=objective == "mlm",  # input_mask = is_mask | is_pad (input_func_builder.py)
@@ -100,12 +83,9 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
     )
     c.optimizer.update(
         dict(
-            name="adamw",
             learning_rate=2e-4 if large else 1e-4,
             warmup_steps=10_000,
             schedule="linear",
-            min_lr_ratio=0.0,
-            b1=0.9,
             b2=0.99,
             eps=1e-6,
             weight_decay=0.01,
@@ -118,8 +98,8 @@ def funnel_config(block_sizes: str, d_model: int, objective: str):
         )
     )
     c.eval.update(dict(steps=100))
-    c.mesh.update(dict(data=-1, fsdp=16 if large else 1, tensor=1, rules="fsdp"))
-    c.checkpoint.update(dict(every_steps=5000, keep=3, save_mems=False))
+    c.mesh.fsdp = 16 if large else 1
+    c.checkpoint.update(dict(every_steps=5000, save_mems=False))
     c.total_steps = 500_000 if large else 1_000_000
     c.log_every_steps = 100
     c.eval_every_steps = 10_000

@@ -11,31 +11,24 @@ steps, clip 0.25; evaluation tgt 80 / mem 2100 / clamp 820.
 import data_pipelines
 from configs.models import transformer_xl
 from xlgen.config import base_config
-from xlgen.models.output_config import config_defaults
 
 
 def get_config():
     c = base_config()
     c.model = transformer_xl(
-        vocab_size=265,
-        div_val=1,  # 9 special ids + 256 byte values (the original counts 204)
+        vocab_size=265,  # 9 special ids + 256 byte values (the original counts 204)
         n_layer=12,
         d_model=512,
         d_embed=512,
         n_head=8,
-        d_head=64,
         d_inner=2048,
         mem_len=512,
     )
-    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")
     c.data.update(dict(source="data/enwik8", batch_size=24, tgt_len=512, eval_batch_size=8, eval_tgt_len=80))
-    c.optimizer.update(
-        dict(name="adam", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine", min_lr_ratio=0.004, clip_norm=0.25)
-    )
+    c.optimizer.update(dict(name="adam", min_lr_ratio=0.004))  # lr 2.5e-4, no warmup, cosine, clip 0.25: the defaults
     c.eval.update(dict(mem_len=2100, same_length=True, clamp_len=820, metric="bpc"))
-    c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
-    c.checkpoint.update(dict(every_steps=5000, keep=3))
+    c.checkpoint.every_steps = 5000
     c.total_steps = 400_000
     c.log_every_steps = 100
     c.eval_every_steps = 10_000

@@ -17,14 +17,12 @@ time that fits, docs/pod_scale.md "Remat policies" and "Scanned or unrolled").
 import data_pipelines
 from configs.models import transformer_xl
 from xlgen.config import base_config
-from xlgen.models.output_config import config_defaults
 
 
 def get_config():
     c = base_config()
     c.model = transformer_xl(
-        vocab_size=265,
-        div_val=1,  # 9 special ids + 256 byte values (the original counts 204)
+        vocab_size=265,  # 9 special ids + 256 byte values (the original counts 204)
         n_layer=24,
         d_model=1024,
         d_embed=1024,
@@ -34,27 +32,20 @@ def get_config():
         mem_len=768,
         dropout=0.15,
         dropatt=0.15,
-        scan_layers=False,  # unrolled: no stacked saved activations (docs/pod_scale.md "Scanned or unrolled")
-        # no remat: the lowest roofline step time, and it fits (2.4 GiB per core; docs/pod_scale.md "Remat policies")
-        remat="none",
     )
-    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")
     c.data.update(dict(source="data/enwik8", batch_size=64, tgt_len=768, eval_batch_size=16, eval_tgt_len=128))
     c.optimizer.update(
         dict(
             name="adam",
-            learning_rate=2.5e-4,
             warmup_steps=4000,
-            schedule="cosine",
             min_lr_ratio=0.01,  # tf/train.py (TPU) default; train_gpu.py's is 0.004
-            clip_norm=0.25,
             update_rule="original",  # tf.train.AdamOptimizer (eps 1e-8 outside the bias correction)
         )
     )
     c.eval.update(dict(mem_len=3800, same_length=True, clamp_len=1000, metric="bpc"))
-    c.mesh.update(dict(data=1, fsdp=-1, tensor=1, rules="fsdp"))
-    c.checkpoint.update(dict(every_steps=5000, keep=3))
+    c.mesh.update(dict(data=1, fsdp=-1))
+    c.checkpoint.every_steps = 5000
     c.total_steps = 400_000
     c.log_every_steps = 100
     c.eval_every_steps = 10_000

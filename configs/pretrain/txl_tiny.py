@@ -7,7 +7,6 @@ import data_pipelines
 from configs.models import transformer_xl
 from configs.tiny import tiny_run
 from xlgen.config import base_config
-from xlgen.models.output_config import config_defaults
 
 
 def get_config():
@@ -23,13 +22,8 @@ def get_config():
         mem_len=32,
         dtype="float32",
     )
-    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")
-    c.data.update(
-        dict(source="tinyshakespeare", vocab="char", batch_size=8, tgt_len=32, eval_batch_size=8, eval_tgt_len=32)
-    )
-    c.eval.update(dict(mem_len=64, same_length=True))
-    c.eval.metric = "bpc"
-    c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
-    optimizer = dict(learning_rate=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1, clip_norm=0.25)
+    c.data.update(dict(batch_size=8, tgt_len=32, eval_batch_size=8, eval_tgt_len=32))
+    c.eval.update(dict(mem_len=64, same_length=True, metric="bpc"))
+    optimizer = dict(learning_rate=2e-3, warmup_steps=20, min_lr_ratio=0.1)
     return tiny_run(c, optimizer=optimizer, eval_steps=20)

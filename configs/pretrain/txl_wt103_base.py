@@ -11,13 +11,11 @@ tgt 64 / mem 640 / clamp 400 with same_length.
 import data_pipelines
 from configs.models import transformer_xl
 from xlgen.config import base_config
-from xlgen.models.output_config import config_defaults
 
 
 def get_config():
     c = base_config()
     c.model = transformer_xl(
-        vocab_size=267735,
         cutoffs=(20000, 40000, 200000),
         n_layer=16,
         d_model=410,
@@ -27,17 +25,13 @@ def get_config():
         d_inner=2100,
         mem_len=150,
     )
-    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     c.data = data_pipelines.default_config("lm")
     c.data.update(
         dict(source="data/wt103", vocab="word", batch_size=60, tgt_len=150, eval_batch_size=10, eval_tgt_len=64)
     )
-    c.optimizer.update(
-        dict(name="adam", learning_rate=2.5e-4, warmup_steps=0, schedule="cosine", min_lr_ratio=0.0, clip_norm=0.25)
-    )
-    c.eval.update(dict(mem_len=640, same_length=True, clamp_len=400, metric="ppl"))
-    c.mesh.update(dict(data=-1, fsdp=1, tensor=1, rules="fsdp"))
-    c.checkpoint.update(dict(every_steps=5000, keep=3))
+    c.optimizer.name = "adam"  # lr 2.5e-4, no warmup, cosine to 0, clip 0.25: the defaults
+    c.eval.update(dict(mem_len=640, same_length=True, clamp_len=400))
+    c.checkpoint.every_steps = 5000
     c.total_steps = 200_000
     c.log_every_steps = 100
     c.eval_every_steps = 5000

@@ -17,33 +17,23 @@ Execution choices: bfloat16 compute, float32 parameters, parameters and optimize
 import data_pipelines
 from configs.models import transformer_xl
 from xlgen.config import base_config
-from xlgen.models.output_config import config_defaults
 
 
 def get_config():
     c = base_config()
     c.model = transformer_xl(
-        vocab_size=267735,
         cutoffs=(20000, 40000, 200000),
         div_val=4,
-        n_layer=18,
-        d_model=1024,
-        d_embed=1024,
-        n_head=16,
-        d_head=64,
-        d_inner=4096,
         mem_len=384,
         proj_share_all_but_first=True,
         dropout=0.2,
         dropatt=0.2,
         init_std=0.005,
-        scan_layers=False,  # unrolled: no stacked saved activations (docs/pod_scale.md "Scanned or unrolled")
         # the matmul outputs saved, the element-wise work recomputed: the lowest roofline step time of the policies
         # compiled with the layers scanned (35.6 ms per step against 35.9 ms without remat and 40.5 ms with `full`;
         # 1.3 GiB per core, docs/pod_scale.md "Remat policies")
         remat="dots_no_batch",
     )
-    c.model.update(config_defaults())  # output_layer (adaptive | softmax | mos | ...) and output.* settings
     # cluster tables stored with rows rounded up to 1024 (20480 / 20480 / 160768 / 68608): every table splits over
     # up to 128 fsdp devices in whole (8, 128) tiles. With the exact 67,735 rows the last cluster stayed whole on
     # each of the 64 cores (update and relayouts 1.3 ms per step) and the 20,000-row tables split by columns (16
@@ -56,20 +46,17 @@ def get_config():
     c.optimizer.update(
         dict(
             name="adam",
-            learning_rate=2.5e-4,
             warmup_steps=16_000,
-            schedule="cosine",
             min_lr_ratio=0.01,  # tf/train.py (TPU) default; train_gpu.py's is 0.004
-            clip_norm=0.25,
             update_rule="original",  # tf.train.AdamOptimizer (eps 1e-8 outside the bias correction)
         )
     )
-    c.eval.update(dict(mem_len=1600, same_length=True, clamp_len=1000, metric="ppl"))
+    c.eval.update(dict(mem_len=1600, same_length=True, clamp_len=1000))
     # 2 x 32: the lowest roofline of the meshes of 64 cores (compared with the padded tables: 35.5 ms against
     # 36.3 ms for 1 x 64 and 36.6 ms for 4 x 16; docs/pod_scale.md): at 64-way, XLA:TPU gathers the weights as
     # all-reduces of zero-filled buffers
-    c.mesh.update(dict(data=2, fsdp=-1, tensor=1, rules="fsdp"))
-    c.checkpoint.update(dict(every_steps=10_000, keep=3))
+    c.mesh.update(dict(data=2, fsdp=-1))
+    c.checkpoint.every_steps = 10_000
     c.total_steps = 4_000_000
     c.log_every_steps = 100
     c.eval_every_steps = 20_000

@@ -25,43 +25,15 @@ BERT-Base's budget, so: batch 256, 1M steps, lr 1e-4 with 10K warmup and linear 
 
 import data_pipelines
 from configs.tiny import OPTIMIZER, tiny_run
-from xlgen.config import base_config
+from xlgen.config import base_config, model_section
 
 
 def model(**sizes) -> dict:
-    """The `config.model` section shared by every variant (the released checkpoints' architecture flags), with the
-    variant's sizes and execution choices."""
-    return (
-        dict(
-            family="xlnet",
-            vocab_size=32000,
-            d_model=1024,
-            n_layer=24,
-            n_head=16,
-            d_head=64,
-            d_inner=4096,
-            ff_activation="gelu",
-            untie_r=True,
-            attn_type="bi",
-            initializer_range=0.02,
-            layer_norm_eps=1e-12,
-            dropout=0.1,
-            dropatt=0.1,
-            mem_len=384,
-            reuse_len=256,
-            bi_data=True,
-            clamp_len=-1,
-            same_length=False,
-            scan_layers=True,
-            remat="full",
-            dtype="bfloat16",
-            param_dtype="float32",
-            scores_dtype="float32",
-            softmax_dtype="float32",
-            logits_dtype="float32",
-        )
-        | sizes
-    )
+    """The `config.model` section shared by every variant: XLNetConfig's defaults (the released checkpoints'
+    architecture, XLNet-Large's sizes) with pretraining's memory and bidirectional data, and the variant's sizes and
+    execution choices."""
+    pretraining = dict(mem_len=384, reuse_len=256, bi_data=True, scan_layers=True, remat="full", dtype="bfloat16")
+    return model_section("xlnet", **(pretraining | sizes))
 
 
 def paper_config(*, batch_size: int, learning_rate: float, warmup_steps: int, total_steps: int, fsdp: int, **sizes):
@@ -86,10 +58,6 @@ def paper_config(*, batch_size: int, learning_rate: float, warmup_steps: int, to
             reuse_len=256,
             perm_size=256,
             num_predict=85,
-            mask_alpha=6,
-            mask_beta=1,
-            max_gram=5,
-            bi_data=True,
             span_unit="piece",
             eval_steps=100,
             vocab_size=32000,
@@ -97,13 +65,10 @@ def paper_config(*, batch_size: int, learning_rate: float, warmup_steps: int, to
     )
     c.optimizer.update(
         dict(
-            name="adamw",
             learning_rate=learning_rate,
             warmup_steps=warmup_steps,
             schedule="linear",
             min_lr_ratio=0.001,  # train.py default
-            b1=0.9,
-            b2=0.999,
             eps=1e-6,
             weight_decay=0.01,
             clip_norm=1.0,
@@ -113,8 +78,8 @@ def paper_config(*, batch_size: int, learning_rate: float, warmup_steps: int, to
         )
     )
     c.eval.update(dict(steps=100))
-    c.mesh.update(dict(data=-1, fsdp=fsdp, tensor=1, rules="fsdp"))
-    c.checkpoint.update(dict(every_steps=5000, keep=3))
+    c.mesh.fsdp = fsdp
+    c.checkpoint.every_steps = 5000
     c.total_steps = total_steps
     c.log_every_steps = 100
     c.eval_every_steps = 10_000
@@ -167,15 +132,12 @@ def tiny():
     c.data = data_pipelines.default_config("xlnet")
     c.data.update(
         dict(
-            source="tinyshakespeare",
-            vocab="char",
             batch_size=8,
             eval_batch_size=8,
             seq_len=32,
             reuse_len=16,
             perm_size=16,
             num_predict=6,
-            bi_data=True,
             span_unit="piece",
             eval_steps=10,
         )

@@ -12,7 +12,7 @@ windows), question_len (~30), vocab_size (~50k), the models and the steps.
 
 import ml_collections
 
-from xlgen.config import base_config
+from xlgen.config import base_config, model_section
 
 
 def _adam(learning_rate, clip_norm=1.0):
@@ -22,17 +22,10 @@ def _adam(learning_rate, clip_norm=1.0):
 def get_config():
     c = base_config()
     c.method = "gen_domain_adv"  # sl | context | context_domain | gen | gen_domain | gen_domain_adv (Table 3.4)
-    c.model = ml_collections.ConfigDict(
-        dict(
-            family="gdan",
-            reader_family="xlnet",
-            # a tiny XLNet (fields of XLNetConfig; vocab_size comes from the data); dropout off: the game keeps no
-            # per-step RNG streams for it
-            reader=dict(d_model=64, n_layer=2, n_head=4, d_head=16, d_inner=128, dropout=0.0, dropatt=0.0),
-            embed_dim=64,  # generator
-            hidden=64,
-        )
-    )
+    # the reader: a tiny XLNet (fields of XLNetConfig; vocab_size comes from the data); dropout off: the game keeps no
+    # per-step RNG streams for it. Generator widths: GdanConfig's defaults
+    reader = dict(d_model=64, n_layer=2, n_head=4, d_head=16, d_inner=128, dropout=0.0, dropatt=0.0)
+    c.model = model_section("gdan", reader=reader)
     c.objective = "gdan"
     c.data = ml_collections.ConfigDict(
         dict(
@@ -71,7 +64,6 @@ def get_config():
     c.mesh.rules = "dp"
     c.eval.update(dict(split="test", metric="f1"))
     c.total_steps = 1200
-    c.log_every_steps = 50
     c.eval_every_steps = -1
     c.tensorboard = False
     c.divergence_factor = 0.0  # D's loss grows when U's term starts: not a divergence

@@ -9,13 +9,12 @@ learning rates, the pre-training length); the values below were chosen on the st
 1000, which no reproduction uses (docs/reproductions.md).
 """
 
-from xlgen.config import base_config
+from xlgen.config import base_config, model_section
 
 
 def get_config():
     c = base_config()
-    c.model.update(dict(family="planetoid", variant="T", embedding_dim=50, feature_hidden=64, embedding_hidden=64))
-    c.model.node_lr_multiplier = 100.0  # e and w_c move 100x the rate (a batch mean gives a row 1/N of a step)
+    c.model = model_section("planetoid")  # variant T, d = 50, e and w_c at 100x the rate: PlanetoidConfig
     c.objective = "planetoid"
     c.data.update(
         dict(
@@ -40,8 +39,8 @@ def get_config():
         )
     )
     c.optimizer.update(dict(name="sgd", learning_rate=0.1, schedule="constant", clip_norm=0.0))
-    c.checkpoint.update(dict(every_steps=1000, keep=2, save_mems=False))
-    c.eval.update(dict(split="test", steps=-1, metric="accuracy"))
+    c.checkpoint.update(dict(keep=2, save_mems=False))
+    c.eval.update(dict(split="test", metric="accuracy"))
     c.eval.projection = "tsne"
     c.total_steps = 3000
     c.log_every_steps = 100

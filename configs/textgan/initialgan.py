@@ -14,22 +14,15 @@ import ml_collections
 
 
 def get_config(arg: str = ""):
-    from xlgen.config import base_config
+    from xlgen.config import base_config, model_section
 
     c = base_config()
-    c.model = ml_collections.ConfigDict(
-        dict(
-            family="initialgan",
-            d_embed=512,  # generator input embedding E
-            d_noise=128,  # ε of dropout sampling
-            d_rep=512,  # representation width (aligner μ, σ; generator output; discriminator input)
-            cell="fn",  # fn (fully normalised, eq. 3) | ln (LayerNorm LSTM) | plain
-            dropout_sampling=True,
-            sampling_rate=0.75,  # ρ
-            aligner=dict(d_model=512, n_layer=4, n_head=8, d_inner=2048, dropout=0.5),
-            generator=dict(hidden=512, num_layers=2),
-            discriminator=dict(hidden=1024, num_layers=2),
-        )
+    # widths, cell and sampling rate: InitialGANConfig's defaults (Appendix C); the three networks' sizes here
+    c.model = model_section(
+        "initialgan",
+        aligner=dict(d_model=512, n_layer=4, n_head=8, d_inner=2048, dropout=0.5),
+        generator=dict(hidden=512, num_layers=2),
+        discriminator=dict(hidden=1024, num_layers=2),
     )
     c.objective = "initialgan"
     c.data = ml_collections.ConfigDict(
@@ -57,8 +50,7 @@ def get_config(arg: str = ""):
     c.lambda_d = 50.0  # Lipschitz penalty of eq. 5
     c.aligner_steps = 2000
     c.total_steps = 12000
-    c.log_every_steps = 50
-    c.checkpoint.update(dict(every_steps=1000, keep=2, async_save=False, save_mems=False))
+    c.checkpoint.update(dict(keep=2, async_save=False, save_mems=False))
     c.mesh.rules = "dp"
     c.eval_every_steps = 1000
     c.eval = ml_collections.ConfigDict(

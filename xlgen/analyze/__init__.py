@@ -1,4 +1,4 @@
-"""`xlgen analyze <what> ...`: analysis tools for trained workdirs.
+"""`xlgen analyze <what> ...`: analysis tools for trained workdirs (and `plot`: `xlgen plot`, the training curves).
 
     xlgen analyze rank     --workdir=DIR [--json=FILE --png=FILE ...]   rank of the log-probability matrix Q
     xlgen analyze spectrum --workdir=DIR [--workdir=DIR2 ...] [--json=FILE --png=FILE]

@@ -75,9 +75,9 @@ def write_json(path: str, obj, prefix: str = "") -> None:
 
 def setup(platform: str = "") -> None:
     """JAX platform and compilation cache as `xlgen train` sets them (delegated commands start bare)."""
-    from xlgen import runtime
+    from xlgen import platforms
 
-    runtime.setup_runtime(platform or runtime.default_platform(), "off")
+    platforms.setup_runtime(platform or platforms.default_platform(), "off")
 
 
 def load_model(workdir: str, step=None) -> Tuple[Any, Any, int]:

@@ -13,10 +13,11 @@ likewise). With `--compare-hf` the same work runs in transformers 4.34.1 (same d
 the same pipeline, AdamW + clipping, train mode) in another process, its blocks alternating with xlgen's. The
 warm-up (compilation and the first block, PyTorch's thread choice, then `--warmup` alternated rounds) is reported
 and not counted; medians over `--blocks` measured blocks are the result. Compilation is taken from JAX's compile
-events with the persistent compilation cache off. Model FLOP/s use the analytic count (`xlgen.flops`); MFU is
+events with the persistent compilation cache off. Model FLOP/s use the analytic count (`xlgen.models.cost`); MFU is
 against the f32 matmul peak of JAX measured in xlgen's process at its start and end. `--steps=0` measures
 compilation only (AOT `lower().compile()`, e.g. the 24-layer scanned XLNet-Large step). `--same-process` runs both
-sides in this process (the older method; labelled `hf_mode: same_process` in the JSON, never written into docs).
+sides in this process (PyTorch runs slower there; labelled `hf_mode: same_process` in the JSON, never written into
+docs).
 
 Eval (`--eval`, families whose `HFBench` has a memory LM: Transformer-XL): a random-weight HF directory is loaded by
 `xlgen.from_pretrained(dir, mem_len=M)` and by transformers, and both evaluate the same token stream in segments of

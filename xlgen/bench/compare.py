@@ -7,7 +7,7 @@ Per side: `start`, `warmup` (compilation, the first slow steps, PyTorch's thread
 `warmup_rounds` alternated blocks more (reported, not counted), then `blocks` alternated measured blocks; every
 block records its figure, the process id, the process's thread count, the load average and the matmul peak measured
 right after it. Medians over the measured blocks are the result. `mode="same_process"` builds both sides inside
-this process instead (the older method; labelled in the JSON and never rendered into docs/performance.md)."""
+this process instead (PyTorch runs slower there; labelled in the JSON and never rendered into docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ _FUNNEL_512 = [
     "--config.data.seq_len=512",
 ]
 # 5 blocks of 4 steps (3 measured) per side: with 3 blocks of 2 measured steps one slow block
-# of either side moved a run's median ratio by up to 0.3
+# of either side moves a run's median ratio by up to 0.3
 _FUNNEL_BLOCKS = ["--compare-hf", "--steps=4", "--blocks=5"]
 _TXL = "configs/pretrain/txl_tiny.py"
 _TXL_4L = [

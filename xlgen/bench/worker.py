@@ -25,7 +25,7 @@ def make_side(spec: Dict[str, Any]):
     if spec["side"] == "xlgen":
         os.environ.setdefault("XLGEN_COMPILATION_CACHE", "off")  # compile times are real, not cache loads
         from xlgen.bench import xlgen_side as sides
-        from xlgen.runtime import default_platform, setup_runtime
+        from xlgen.platforms import default_platform, setup_runtime
 
         setup_runtime(spec.get("platform") or default_platform(), "off")
     elif spec["side"] == "hf":

@@ -187,10 +187,10 @@ class Eval(Side):
         return (time.perf_counter() - t) / ids.size
 
     def warmup(self, total: int) -> Dict[str, Any]:
-        import xlgen
+        from xlgen.pretrained import from_pretrained
 
         t = time.perf_counter()
-        self.models[total] = xlgen.from_pretrained(self.path, mem_len=total - self.segment)
+        self.models[total] = from_pretrained(self.path, mem_len=total - self.segment)
         load_s = time.perf_counter() - t
         t = time.perf_counter()
         self._run(total)  # compiles
@@ -226,11 +226,11 @@ class Generate(Side):
         return (time.perf_counter() - t) / (self.new_tokens * self.batch)
 
     def warmup(self) -> Dict[str, Any]:
-        import xlgen
-        from xlgen.export import unwrap
         from xlgen.generate import decoder_for
+        from xlgen.interop.export import unwrap
+        from xlgen.pretrained import from_pretrained
 
-        self.decoder = decoder_for(unwrap(xlgen.from_pretrained(self.path)), self.mem_len)
+        self.decoder = decoder_for(unwrap(from_pretrained(self.path)), self.mem_len)
         first = self.decoder.generate(
             prompt(self.config), seed=0, max_new_tokens=self.new_tokens, num_samples=self.batch, top_k=40
         )

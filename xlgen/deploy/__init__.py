@@ -373,7 +373,7 @@ def export_workdir(
     tokenizer_files: Optional[Callable[[Any, str, str], List[str]]] = None,
 ):
     """Write `OUT/model.<fmt>`, `OUT/io.json`, `OUT/labels.txt` (tasks with label names) and the tokenizer files
-    (`tokenizer_files(config, directory, hf_model_type) -> names`, `xlgen.export`); returns (out path, io
+    (`tokenizer_files(config, directory, hf_model_type) -> names`, `xlgen.interop.export`); returns (out path, io
     description)."""
     from xlgen import registry
     from xlgen.train import outdir

@@ -1,4 +1,4 @@
-"""`xlgen export --to-onnx`: a finetuned head as ONNX, through its Hugging Face export (`xlgen.export.to_hf`) and
+"""`xlgen export --to-onnx`: a finetuned head as ONNX, through its Hugging Face export (`xlgen.interop.export.to_hf`) and
 `torch.onnx` (transformers 4.34.1, torch; the `parity` extra), checked before it is written.
 
 The graph has the deployed function's inputs and outputs (`xlgen.deploy`: names, int32 token inputs) with the batch
@@ -22,7 +22,7 @@ TRACE_SIZES = {"batch": 2, "length": 8}
 
 
 def _hf_model(module):
-    """The transformers model equal to an xlgen module (`xlgen.export.to_hf`), in eval mode."""
+    """The transformers model equal to an xlgen module (`xlgen.interop.export.to_hf`), in eval mode."""
     import torch
     import transformers
 

@@ -14,7 +14,7 @@ the memory carried across them (`finetune.mem_len`, 0 = L), the head on the last
 (`finetune.segment_pool`); N = 0 is the one-window model, unchanged.
 
 Parameter-efficient finetuning: `finetune.lora.rank` > 0 attaches adapters to the head model
-(`xlgen.finetune.peft`); what is frozen leaves the optimizer (`xlgen.optim.frozen_parameters`).
+(`xlgen.finetune.peft`); what is frozen leaves the optimizer (`xlgen.train.optim.frozen_parameters`).
 
 Packed training batches (`finetune.packing`; classification, regression, token classification): several examples
 per row, attention kept inside each, per-example heads (`xlgen.finetune.packing`).

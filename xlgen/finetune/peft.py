@@ -1,7 +1,7 @@
 """Parameter-efficient finetuning: the config side of freezing (`finetune.freeze`) and LoRA (`finetune.lora.*`).
 
     finetune.freeze           regex over dotted parameter names; matches leave the optimizer (no gradient, no
-                              state) and stay bit-identical (`xlgen.optim.frozen_parameters`)
+                              state) and stay bit-identical (`xlgen.train.optim.frozen_parameters`)
     finetune.lora.rank        0 = off; r > 0: adapters (`xlgen.models.lora`) on the Dense projections matching
     finetune.lora.targets     (regex over module paths), scaled by
     finetune.lora.alpha       / rank; every non-adapter parameter is frozen except those matching

@@ -71,7 +71,7 @@ def command(
     """Finetune (or, `eval_only`, re-evaluate) the run in `workdir`; prints the results; the exit status.
     `xlgen eval` on a finetune workdir calls this with `eval_only=True`."""
     from xlgen import config as config_lib
-    from xlgen.runtime import default_platform, setup_runtime
+    from xlgen.platforms import default_platform, setup_runtime
     from xlgen.train import outdir
 
     try:  # the workdir path first: empty, a file, under a file, too long, read-only (one line, nothing written)

@@ -34,10 +34,10 @@ entry; the data pipeline follows from the objective.
     wrap               (module, kwargs) -> HF-convention callable around a trained xlgen module
                        (`xlgen.from_pretrained(workdir)`)
     layer_ids          {dotted param name: (shape, logical axes)} -> ({name: None | int array}, n_layer): the
-                       numbering of parameters into layers for layer-wise LR decay (`xlgen.optim`)
+                       numbering of parameters into layers for layer-wise LR decay (`xlgen.train.optim`)
     hf_wordpiece       the Hugging Face tokenizer class (and special pieces it must be told) for an exported
                        WordPiece vocabulary (`xlgen export`): BertTokenizer unless the family says otherwise
-    train_flops        config -> analytic model FLOPs of one global training step (`xlgen.flops`); None = not
+    train_flops        config -> analytic model FLOPs of one global training step (`xlgen.models.cost`); None = not
                        counted (no MFU)
     hf_bench           `HFBench`: how `xlgen bench --compare-hf` builds the Hugging Face PyTorch counterpart of a
                        config's model (in the family's own `hf_bench.py`); None = not compared
@@ -145,7 +145,7 @@ class Reporting:
 
         unit            what `Objective.tokens_per_step` counts: logs print `<unit>/step`, `<unit>/s`
         learning_rates  (config, total_steps) -> {player: step -> learning rate}: the schedules that train the
-                        system (a game's players); None = `config.optimizer`'s schedule (xlgen/optim.py), which
+                        system (a game's players); None = `config.optimizer`'s schedule (xlgen/train/optim.py), which
                         the end-of-run extend advice and the total_steps-change note read
         unused_keys     config sections (dotted prefixes, e.g. "optimizer", "objective_options") the system never
                         reads: left out of `xlgen config show`
@@ -163,7 +163,7 @@ class TFImport:
 
         original_config  (the release's own config JSON as a dict, e.g. XLNet's xlnet_config.json, Funnel's
                          net_config.json) -> config_class; None = only HF config.json / xlgen config files
-        load             (checkpoint: `xlgen.tf_checkpoint.TFCheckpoint` (names, `name in ckpt`, `ckpt[name]`),
+        load             (checkpoint: `xlgen.interop.tf_checkpoint.TFCheckpoint` (names, `name in ckpt`, `ckpt[name]`),
                          config_class instance) -> nnx.Module holding the checkpoint's weights (no random init);
                          the module's class is the Hugging Face class `Family.to_hf` writes
     """

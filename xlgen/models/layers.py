@@ -142,7 +142,7 @@ def keep_mask(key: jax.Array, shape: Sequence[int], keep_prob: float) -> jax.Arr
     Why not `jax.random` with another `jax_default_prng_impl`: on XLA:CPU (jax 0.10.2) the same keep mask and
     select over `[4,4,512,512]` costs ~0.8 ns per element this way, ~6 with philox4x32 and ~20 with threefry2x32,
     rbg or unsafe_rbg, which at a dropout mask per attention layer is a large share of a train step
-    (docs/performance.md, "Tried and not kept"). The hash is as reproducible: a pure function of (key, position),
+    (docs/performance.md, "Alternatives not taken"). The hash is as reproducible: a pure function of (key, position),
     the same under any sharding, so resume is exact."""
     return hashed_bits(keep_seed_words(key), shape) < jnp.uint32(keep_threshold(keep_prob))
 

@@ -7,7 +7,7 @@ A targeted projection y = x W (+ c), W of shape `in_shape + out_shape`, becomes
 stored with the kernel's own axes (A `in_shape + (r,)`, B `(r,) + out_shape`, a scanned stack's leading `layers`
 axis kept), so the adapted model starts equal to the base model. The adapters are ordinary `nnx.Param`s of the
 `Dense` module (`lora_a`, `lora_b`; flat names `<projection>.lora_a` / `.lora_b`): the trainer differentiates them
-like any parameter, and freezing the rest (`xlgen.optim.frozen_parameters`) leaves the base weights bit-identical.
+like any parameter, and freezing the rest (`xlgen.train.optim.frozen_parameters`) leaves the base weights bit-identical.
 
     attach(model, rank, alpha, targets, rngs)   adapters on every Dense whose dotted path matches `targets`
     merge(params, scale)                         W + scale * A B folded into each kernel, adapters dropped (export)

@@ -1,4 +1,4 @@
-"""Numbering parameters into layers, for layer-wise learning-rate decay (`xlgen.optim`).
+"""Numbering parameters into layers, for layer-wise learning-rate decay (`xlgen.train.optim`).
 
 A numbering maps {dotted parameter name: (shape, logical axes)} to ({name: None | int array}, n_layer): None for a
 parameter outside the layer stack, else its layer index (an int array that broadcasts along the parameter's

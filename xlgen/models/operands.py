@@ -1,7 +1,7 @@
 """Operand layouts of the relative-attention products and the shift's derivative: the compiler tuning of the
 relative-attention core, in one place, so that `relative_attention.py` states only the papers' terms. The forms
 below compute the same values as the plain ones (bitwise on XLA:CPU) and differ only in the layouts the compiler
-gives the products and their transposes; they were chosen and measured on XLA:CPU (docs/performance.md) and apply
+gives the products and their transposes; they are XLA:CPU choices (their effect in docs/performance.md) and apply
 only to programs lowered for it:
 
 * `linear_skew`: the shift's derivative is the shift itself; on XLA:CPU its tangent is built with a row width
@@ -29,7 +29,8 @@ only to programs lowered for it:
   in chunks of its own tokens.
 * `rotated_factorized_position`: Funnel's factorized position term as the rotation of (q + v)·W_r^T by the query's
   angles, contracted over d_model rather than the original's 2·d_model (`rotated_factorized_position_scores`), for
-  programs lowered for any platform but XLA:CPU, whose program and speed were measured with the original form.
+  programs lowered for any platform but XLA:CPU, which keeps the original form (the form of its figures in
+  docs/performance.md).
 
 The relative-attention core (`relative_attention.py`), XLNet's query stream and Transformer-XL's cached evaluation
 call these by name.
@@ -139,8 +140,9 @@ def heads_major_position_scores(qv: jax.Array, k_head_r, *, klen: int, offset: i
     """The shifted position scores `[b,n,q,klen]` of keys shared by the batch (`[r,n,d]`) for TPU lowering, or None
     elsewhere (the caller then shifts `position_contraction` itself). XLA:TPU emits the product batched over the
     heads, `[n,b,q,r]`; shifted in that order, only the shifted result is transposed, where the `[b,n,q,r]` order
-    cost copies of the raw scores in the forward pass and of the cotangent in the backward pass (Transformer-XL
-    enwik8-large, 2 layers per core on v3: 14.9 -> 14.2 ms roofline, 5.24 -> 4.89 GB)."""
+    costs copies of the raw scores in the forward pass and of the cotangent in the backward pass (Transformer-XL
+    enwik8-large, 2 layers per core on v3: 14.2 ms roofline and 4.89 GB, against 14.9 ms and 5.24 GB in that
+    order)."""
     if lowering_platform() != "tpu" or isinstance(k_head_r, (PositionKeyOperand, DirectedKeys)) or k_head_r.ndim != 3:
         return None
     if not tpu_shift.applies((qv.shape[0], qv.shape[1], k_head_r.shape[0]), klen):
@@ -178,8 +180,8 @@ def dense_tail_clusters(rows: int, widths, dtype) -> bool:
     logits in VMEM a cluster costs its FLOPs and its table's bytes once, where the chunk scan adds every chunk's
     gradient of every tail table (full `[V_k, d_k]` float32, zeros for the clusters a chunk does not take) into its
     accumulators and scatters every chunk's target rows into a full table: Transformer-XL WikiText-103 large's
-    adaptive softmax loss and gradient per v3 core (768 rows) 18.0 -> 6.3 ms roofline, 7.7 -> 2.1 GB, at 3.3 ms of
-    matmul FLOPs at peak (the chunk form's costliest branches: 3.7 ms)."""
+    adaptive softmax loss and gradient per v3 core (768 rows) take 6.3 ms roofline and 2.1 GB, against the chunk
+    form's 18.0 ms and 7.7 GB, at 3.3 ms of matmul FLOPs at peak (the chunk form's costliest branches: 3.7 ms)."""
     return lowering_platform() == "tpu" and all(tpu_logsumexp.applies(rows, w, dtype) for w in widths)
 
 
@@ -235,7 +237,7 @@ def position_key_operand(k_head_r: jax.Array, batch: int, direction: Optional[ja
     * the keys enter the product as `[b,n,d,r]`: their gradient is then formed as `(q+v)^T · dS` (`[d, r]`
       outputs) rather than `dS^T · (q+v)` (`[r, d]`), which XLA:CPU ran 2.8x slower for `[512,1024]`
       cotangents (29.6 vs 10.7 ms for Funnel's 16 heads x batch). One layer's attention core at seq 512, forward
-      and backward: 78 -> 69 ms;
+      and backward: 69 ms, against 78 ms with `[r, d]` key gradients;
     * the broadcast over the batch (and XLNet's direction select) is a product, so its transpose -- the key
       gradient's sum over the batch -- is a matrix-vector product: as a `reduce` over the short leading axis,
       YNNPACK took 6 ms for `[4,1024,4,64]` (0.15 ms as a product);

@@ -20,10 +20,10 @@ class OutputConfig:
     n_experts       K of mos / moc / mixtape (mixtape: a power of two, sigmoid-tree priors)
     expert_dropout  dropout on the MoS/MoC/DOC/Mixtape context vectors h_{c,k} ("MoS dropout", 0.29 in 001)
     expert_dropout_kind  "variational" (default; 000 A.7 "context vector V-dropout": one mask per sequence and
-                    feature, shared over time) | "element" (a fresh mask per position, xlgen before issue 35)
+                    feature, shared over time) | "element" (a fresh mask per position)
     expert_space    "embed" (default; 001 §3.1.2: h_{c,k} = tanh(W_k h) ∈ R^{d_e}, the tanh in the embedding space)
-                    | "model" (tanh(W_k h) ∈ R^{d_model}, then the tied projection: P·tanh(W_k h); xlgen before
-                    issue 35). The same when d_e = d_model and there is no projection.
+                    | "model" (tanh(W_k h) ∈ R^{d_model}, then the tied projection: P·tanh(W_k h)). The same
+                    when d_e = d_model and there is no projection.
     prior_bias      MoS/MoC/DOC prior π = softmax(W_π g + b): False (default; 000 A.2.4 has no bias) | True
     doc_counts      DOC's v_i, from the top layer down: (15, 5) = 15 components from the last layer's output and 5
                     from the layer below (001 §3.1.6: R = 20, v3 = 15, v2 = 5); the last entry may reach the
@@ -34,13 +34,13 @@ class OutputConfig:
     c, k            gss P̃L(x; c, k): softmax = (c, 1), sigsoftmax = (0, 2); 001 picks (-1.5, 2.5) on PTB
     plif_intervals  LMS-PLIF pieces K (default 1e5 as 001 §4.3.2.1) on [-plif_range, plif_range] (001: 20)
     plif_init       "random" (default; 001 §5.7.1: random positive slopes, softplus(v) with v ~ N(0, 1)) |
-                    "identity" (all slopes 1: f(x) = x at init; xlgen before issue 35)
+                    "identity" (all slopes 1: f(x) = x at init)
     adv_eps         AdvSoft ε (0 = off): margin ε‖h‖ on the target logit during training
     cosreg          CosReg γ (0 = off)
     spectrum_control  E = U diag(σ) Vᵀ (tied); sc_* are its penalties (0 = off) and prior ("none" | "exp" | "poly")
     sc_prior_order  "sorted" (default): the prior compares the singular values |σ| in descending order with the
                     descending target (seed 002: σ_k is the k-th largest) | "index" (σ_k by parameter position,
-                    signs kept: xlgen before issue 35)
+                    signs kept)
     """
 
     n_experts: int = 4

@@ -617,7 +617,7 @@ def singular_values(sigma: jax.Array, order: str = "sorted") -> jax.Array:
     """The σ_k the spectrum prior compares with its descending target. "sorted": the singular values of
     U diag(σ) Vᵀ for orthonormal U, V, i.e. |σ| in descending order (a negative σ_k is a sign flip of u_k, so σ_k
     of seed 002 — "the k-th largest singular value", positive — is the k-th largest |σ|); "index": σ as stored
-    (signs and positions kept: xlgen before issue 35, which let the prior pull an unordered or negative σ_k)."""
+    (signs and positions kept, so the prior may pull an unordered or negative σ_k)."""
     if order == "sorted":
         return -jnp.sort(-jnp.abs(sigma))
     if order == "index":

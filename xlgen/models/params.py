@@ -153,7 +153,7 @@ class FrozenCall:
 
     The module is split once and its state flattened once; every call passes the state as a flat list of arrays,
     so dispatch does not walk NNX's `State`/`Variable` pytree in Python (96 Variables of a 4-layer Transformer-XL:
-    host time per segment 1.1 -> 0.46 ms). `jit_kwargs` go to `jax.jit`; argument numbers and names are those of
+    0.46 ms of host time per segment, against 1.1 ms walking the pytree). `jit_kwargs` go to `jax.jit`; argument numbers and names are those of
     `fn(module, ...)` (the flat state takes the module's place). `.lower(...)` and `._cache_size()` are the jitted
     function's."""
 

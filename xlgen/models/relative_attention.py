@@ -534,8 +534,8 @@ class RelativeMultiHeadAttention(nnx.Module):
         """W_r R: position keys `[r, n, d]` (or `[..., r, n, d]`) of the encodings `pos_emb [..., r, d_model]`,
         with W_r's `embed` gathered first (the encodings are whole on every device; see `Dense`). Where the fused
         kernel runs, each of the batch's devices projects its share of the positions and the keys are gathered:
-        shared by the batch, they were projected whole on every device (XLNet-Large on 1,024 v3 cores: 4.6 of a
-        62 ms step), where the gather moves r·n·d bfloat16 elements per layer."""
+        projected whole on every device, the shared keys cost XLNet-Large on 1,024 v3 cores 4.6 ms of a 62 ms step,
+        where the gather moves r·n·d bfloat16 elements per layer."""
         if operands.fused_attention():
             # [..., r] as one dimension of rows, so that the gather runs along the major one (no relayout after);
             # the product's output split too, else the partitioner gathers its input instead

@@ -25,12 +25,12 @@ once each. Mosaic's matmuls on v3 take float32 operands only: the operands are r
 form's) and multiplied in float32 (the kernels' FLOPs, 2·N·V·d forward and 6·N·V·d backward, are the XLA form's,
 which recomputes the logits too; they reach the roofline through the kernels' cost estimates).
 
-Measured (v3, per core, `xlgen.plan.roofline`): Transformer-XL WikiText-103 large's adaptive softmax loss and
-gradient at its per-core shapes (768 bfloat16 rows, cutoffs 20000/40000/200000, div_val 4) 34.8 -> 18.0 ms
-roofline, 15.3 -> 7.7 GB of HBM traffic with the tail clusters still in chunks of 256 tokens (3.7 ms of matmul
-FLOPs at peak either way), 6.3 ms and 2.1 GB with every tail cluster once over all tokens
-(`operands.dense_tail_clusters`); one chunk against a 160,000 x 128 table, forward and backward, 1656 -> 255 MB
-(docs/pod_scale.md).
+Cost (v3, per core, `xlgen.plan.roofline`): Transformer-XL WikiText-103 large's adaptive softmax loss and gradient
+at its per-core shapes (768 bfloat16 rows, cutoffs 20000/40000/200000, div_val 4) takes 18.0 ms roofline and 7.7 GB
+of HBM traffic with these kernels and the tail clusters in chunks of 256 tokens, against 34.8 ms and 15.3 GB for the
+XLA form (3.7 ms of matmul FLOPs at peak either way), and 6.3 ms and 2.1 GB with every tail cluster once over all
+tokens (`operands.dense_tail_clusters`); one chunk against a 160,000 x 128 table, forward and backward, moves
+255 MB against the XLA form's 1656 MB (docs/pod_scale.md).
 
 Blocks: the last vocabulary block runs past V (its table rows are zeroed and its logits set to -1e30 in VMEM: no
 padded copy of the table); the rows are padded to whole row blocks (zero rows, zero cotangent, log-normaliser

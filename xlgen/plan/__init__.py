@@ -5,7 +5,7 @@
 
 What happens (nothing is allocated, no TPU is needed; `libtpu` from the `tpu` extra provides the compiler):
   1. the config is loaded exactly as `xlgen train` loads it (`xlgen.config.load_config`);
-  2. the topology's compile-only devices come from `jax.experimental.topologies` (`xlgen.topology`);
+  2. the topology's compile-only devices come from `jax.experimental.topologies` (`xlgen.plan.topology`);
   3. the mesh is built from `config.mesh` over those devices with the trainer's `xlgen.sharding.make_mesh`
      (several slices: `data` spans slices over DCN, the other axes stay inside a slice);
   4. `xlgen.train.build_program(config, mesh)` builds the SAME jitted, sharded, donating train step `xlgen train`
@@ -16,9 +16,9 @@ What happens (nothing is allocated, no TPU is needed; `libtpu` from the `tpu` ex
 FLOPs are given three ways: XLA's `cost_analysis()` (per device × devices; note XLA counts the body of a `while`
 loop ONCE, so with scan over layers it undercounts and is flagged), the executed matmul FLOPs counted on the traced
 jaxpr (scan-aware, dead code removed as XLA does, rematerialisation included), and the analytic model FLOPs of
-`xlgen.flops` (6·N·D-style: the math of forward + backward, no remat). executed = model + recomputed forward (remat,
+`xlgen.models.cost` (6·N·D-style: the math of forward + backward, no remat). executed = model + recomputed forward (remat,
 ≈ 1/3 of the model with every layer rematerialised) + the little work the implementation does beyond the math
-(see `xlgen.flops`). The predicted step time is the compute-bound time `executed FLOPs per device / peak` (or XLA's
+(see `xlgen.models.cost`). The predicted step time is the compute-bound time `executed FLOPs per device / peak` (or XLA's
 own roofline estimate when it is larger and not loop-affected); MFU = model FLOPs / (devices · peak · step time),
 so ≤ ≈ 75% with full remat. Both are optimistic bounds: communication that does not overlap and memory-bound ops
 are not modelled beyond XLA's estimate.
@@ -35,7 +35,8 @@ MFU from each report's own config + overrides (a CPU trace, no compile) and rewr
 Modules: `measure` (the mesh over the topology's devices, the AOT compile, memory and XLA's cost analysis, the
 collectives), `cost` (FLOPs counted on the traced jaxpr, the step-time / MFU model), `report` (one plan, the
 remat-policy comparison, refresh of saved reports, suggestions), `render` (text, the pod table, the sweep rows and the run-cost table), `runcost` (the
-whole run's cost, the mesh rule, the sweep), `cli` (the command).
+whole run's cost, the mesh rule, the sweep), `cli` (the command), `topology` (a topology's compile-only devices
+and chip figures), `comm` (the collectives of a compiled program and their bytes).
 """
 
 from xlgen.plan.cost import (  # noqa: F401 - the package's API

@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _sweep(args, config, override_list) -> int:
-    from xlgen import topology as topo
+    from xlgen.plan import topology as topo
     from xlgen.plan.render import render_sweep
     from xlgen.plan.runcost import config_for_topology, sweep
 
@@ -183,7 +183,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"xlgen plan: error: {e}", file=sys.stderr)
         return 2
-    from xlgen import topology as topo
+    from xlgen.plan import topology as topo
 
     if args.num_slices is None:  # the run's own: the mesh `xlgen train` builds (xlgen.sharding.make_mesh)
         args.num_slices = int(config.mesh.get("num_slices", 1) or 1)

@@ -100,7 +100,7 @@ def derive_timing(report: Dict[str, Any]) -> Dict[str, Any]:
         step = report["xla_optimal_seconds"]
     report["executed_flops_per_step"] = executed
     report["step_time_s"] = step
-    # not clipped: an analytic model above the executed work would show here as MFU > 100% (a bug in xlgen.flops)
+    # not clipped: an analytic model above the executed work would show here as MFU > 100% (a bug in xlgen.models.cost)
     report["mfu"] = fl["analytic_model"] / (n * peak * step) if step > 0 else 0.0
     if report.get("tokens_per_step"):
         report["tokens_per_sec"] = report["tokens_per_step"] / step

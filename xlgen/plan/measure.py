@@ -1,6 +1,6 @@
 """Measure a train step compiled for a TPU topology: the mesh over the topology's compile-only devices, the AOT
 compile, `memory_analysis()` / `cost_analysis()`, the per-device bytes of the abstract state, and the compiled
-HLO's collectives (`xlgen.comm`)."""
+HLO's collectives (`xlgen.plan.comm`)."""
 
 from __future__ import annotations
 
@@ -146,15 +146,14 @@ def analyse_hlo(hlo: str, num_devices: int, *, has_while: bool, peak: float, hbm
 
     loops         whether `cost_analysis()` counts loop bodies once (`has_while`, the traced step's, or
                   `_loops_with_matmuls`)
-    _collectives  `xlgen.comm.collectives` (absent without a text)
+    _collectives  `xlgen.plan.comm.collectives` (absent without a text)
     _roofline     `xlgen.plan.roofline.analyse` at one device's `peak` FLOP/s and `hbm_bandwidth` bytes/s (absent
                   without a text or figures)
     """
     out: Dict[str, Any] = {"loops": bool(has_while)}
     if not hlo:
         return out
-    from xlgen import comm
-    from xlgen.plan import roofline
+    from xlgen.plan import comm, roofline
 
     costed = peak > 0 and hbm_bandwidth > 0
     need_loops = not has_while and " while(" in hlo

@@ -111,9 +111,9 @@ def _ratio(r: Dict[str, Any]) -> str:
 
 
 def _comm_cells(r: Dict[str, Any]) -> str:
-    """comm / device, comm ≥, step ≥ (no overlap), MFU ≤ (with comm); '-' for plans compiled before comm was
-    measured."""
-    if "comm_time_s" not in r:  # compiled before collectives were measured: the FSDP ideal only (from --refresh)
+    """comm / device, comm ≥, step ≥ (no overlap), MFU ≤ (with comm); '-' for reports without communication
+    figures."""
+    if "comm_time_s" not in r:  # a report without collectives: the FSDP ideal only (from --refresh)
         if "ideal_comm_time_s" in r:
             return (
                 f"not measured (ideal {_bytes(r['ideal_comm_bytes_per_device'])}) | ideal "
@@ -129,7 +129,7 @@ def _comm_cells(r: Dict[str, Any]) -> str:
 
 def _roofline_cells(r: Dict[str, Any]) -> str:
     """roofline ≥ (no overlap), roofline ÷ compute-only bound, roofline MFU ≤ (with comm), XLA optimal_seconds; '-'
-    for plans compiled before the roofline was measured."""
+    for reports without a roofline."""
     xla = r.get("xla_optimal_seconds")
     loop = r.get("flops_per_step", {}).get("xla_counts_loop_bodies_once")
     xla_cell = "-" if not xla else f"{xla * 1e3:.0f} ms" + (" (loop body once)" if loop else "")

@@ -29,7 +29,7 @@ def plan(
     """Compile the train step of `config` for `topology` and return the report dict (see module docstring)."""
     import jax
 
-    from xlgen import topology as topo
+    from xlgen.plan import topology as topo
 
     try:
         from xlgen.train import build_program
@@ -103,9 +103,9 @@ def plan(
 
 
 def add_communication(report: Dict[str, Any], found: Dict[str, Any], program, config) -> Dict[str, Any]:
-    """Fill the report's communication fields from the compiled step's collectives (`xlgen.comm.collectives`) and
-    the FSDP ideal of the program's parameters (`xlgen.comm.ideal_fsdp_bytes`); in place, returns the report."""
-    from xlgen import comm
+    """Fill the report's communication fields from the compiled step's collectives (`xlgen.plan.comm.collectives`) and
+    the FSDP ideal of the program's parameters (`xlgen.plan.comm.ideal_fsdp_bytes`); in place, returns the report."""
+    from xlgen.plan import comm
 
     ideal = program_fsdp_ideal(program, config)
     report["collectives"] = comm.summary(found)
@@ -139,8 +139,8 @@ def add_roofline(report: Dict[str, Any], roofline: Optional[Dict[str, Any]]) -> 
 
 
 def program_fsdp_ideal(program, config) -> Dict[str, float]:
-    """`xlgen.comm.ideal_fsdp_bytes` of a built program's parameters under its mesh (see `xlgen.comm`)."""
-    from xlgen import comm
+    """`xlgen.plan.comm.ideal_fsdp_bytes` of a built program's parameters under its mesh (see `xlgen.plan.comm`)."""
+    from xlgen.plan import comm
 
     return comm.ideal_fsdp_bytes(
         program.train_spec.shapes,
@@ -204,9 +204,10 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
     FLOPs of the traced step, step time, MFU, tokens/s) from its own `config` + `overrides`, without compiling; the
     compiled measurements (memory, fits, XLA's cost analysis, compile time) are kept. Rewrites `path` atomically.
     `ideal`: also (re)compute the FSDP ideal communication for the report's topology (`fsdp_ideal`; needs libtpu for
-    the topology's devices, compiles nothing), e.g. for plans compiled before communication was measured."""
-    from xlgen import flops
+    the topology's devices, compiles nothing), e.g. for a report without communication figures."""
+    from xlgen import registry
     from xlgen.config import load_config, parse_overrides
+    from xlgen.models.cost import train_flops_per_step
 
     with open(path) as f:
         report = json.load(f)
@@ -222,7 +223,9 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
         config = load_config(report["config"], overrides)
     except (ConfigError, OSError) as e:
         raise SystemExit(f"{path}: cannot reload its config {report['config']!r}: {e}") from e
-    report["flops_per_step"]["analytic_model"] = float(flops.train_flops_per_step(config))
+    report["flops_per_step"]["analytic_model"] = train_flops_per_step(
+        config, registry.get(config.model.family).train_flops
+    )
     report["flops_per_step"]["matmul_jaxpr"] = traced_matmul_flops(config, _trace_devices(report))
     report["total_steps"] = int(config.total_steps)
     report.setdefault("optimizer", _plain(config.optimizer.get("name", None)))
@@ -240,7 +243,7 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
 def _trace_devices(report: Dict[str, Any]):
     """One compile-only device of the report's TPU topology (the program is traced as lowered for it), or None
     (a CPU device) without libtpu."""
-    from xlgen import topology as topo
+    from xlgen.plan import topology as topo
 
     if not report.get("topology") or not topo.libtpu_available():
         return None
@@ -248,9 +251,9 @@ def _trace_devices(report: Dict[str, Any]):
 
 
 def fsdp_ideal(config, topology: str, num_slices: int = 1):
-    """(`xlgen.comm.ideal_fsdp_bytes` of the config's program on `topology`, ICI bytes/s per device); builds the
+    """(`xlgen.plan.comm.ideal_fsdp_bytes` of the config's program on `topology`, ICI bytes/s per device); builds the
     program's shardings for the topology's compile-only devices, compiles nothing."""
-    from xlgen import topology as topo
+    from xlgen.plan import topology as topo
     from xlgen.train.program import build_program
 
     t = topo.parse_topology(topology, num_slices)

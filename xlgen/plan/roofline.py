@@ -23,13 +23,13 @@ each, read from the module's text (`compiled.as_text()`):
             uninitialised allocation: no traffic
     trips   executions per step: the product of the trip counts of the `while` loops around it (`scan` over layers,
             gradient accumulation; the loop's `known_trip_count`, else the constant its condition compares with,
-            as in `xlgen.comm`); a `conditional` counts its costliest branch
+            as in `xlgen.plan.comm`); a `conditional` counts its costliest branch
 
     time = trips · max(FLOPs / peak FLOP/s, bytes / HBM bytes/s)        (one device's chip figures,
-                                                                         `xlgen.topology.Chip`)
+                                                                         `xlgen.plan.topology.Chip`)
 
 summed over the module (`analyse`). Collectives are not in this sum, nor the fusions XLA:TPU builds around them (an
-all-reduce whose result each device slices its part of: a reduce-scatter): they are the communication of `xlgen.comm`,
+all-reduce whose result each device slices its part of: a reduce-scatter): they are the communication of `xlgen.plan.comm`,
 added on top as before (overlapped: max; not: sum). Nothing here models overlap between kernels, the vector units'
 own throughput or kernel launch overhead: a lower bound on the step time that, unlike FLOPs at peak, sees the
 memory-bound work.
@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from xlgen import comm
+from xlgen.plan import comm
 
 # instructions that update their first operand in place (XLA's buffer assignment gives the result the operand's
 # buffer, copying it first where it lives on): opcode -> the operand index of the update

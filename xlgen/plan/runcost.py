@@ -104,7 +104,7 @@ def mesh_for_devices(mesh_cfg, num_devices: int, batch_size: int = 0, num_slices
 def config_for_topology(config, topology: str, num_slices: int = 1):
     """(config with `mesh.data/fsdp/tensor` set by `mesh_for_devices` for the topology's device count, the
     `--config.mesh.*` overrides that say so). Counts devices without libtpu: chips × cores per device."""
-    from xlgen import topology as topo
+    from xlgen.plan import topology as topo
 
     t = topo.parse_topology(topology, num_slices)
     per_chip = 2 if t.chip.generation in ("v2", "v3") else 1  # v4/v5p megacore: one device per chip

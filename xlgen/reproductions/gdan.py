@@ -2,7 +2,7 @@
 
     python -m xlgen.reproductions.gdan [--out=DIR --rates=0.1,0.5 --seeds=0,1,2 --methods=... --steps=N]
 
-The real SQuAD files are not on this machine. Stand-in: `xlgen.systems.gdan.standin` (templated facts; names from
+The real SQuAD files are not in the repository. Stand-in: `xlgen.systems.gdan.standin` (templated facts; names from
 tinyshakespeare's speakers and capitalised words, objects and filler sentences from PTB's validation text), 60
 articles of labeled questions and 1,000 unlabeled paragraphs, written once to <out>/data. Every row is the contract
 command (in-process): `xlgen train --config=configs/ssl/gdan.py --config.method=M --config.data.labeled=...
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--platform", default="cpu")
     p.add_argument("--set", action="append", default=[], help="extra K=V config overrides")
     args = p.parse_args(argv)
-    from xlgen.runtime import setup_runtime
+    from xlgen.platforms import setup_runtime
 
     setup_runtime(args.platform, "off")
     from xlgen.systems.gdan import standin

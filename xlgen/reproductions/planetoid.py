@@ -2,7 +2,7 @@
 
     python -m xlgen.reproductions.planetoid [--out=DIR --figures=docs --seeds=0,1,2 --steps=3000]
 
-The real Citeseer / Cora / Pubmed files are not on this machine. Stand-ins:
+The real Citeseer / Cora / Pubmed files are not in the repository. Stand-ins:
   digits  scikit-learn's 8x8 digits (1,797 nodes, 10 classes, 64 features) with a symmetric 10-nearest-neighbour
           graph over the pixels; per seed s a Planetoid split (20 labels per class, 1,000 test nodes, split seed s)
           written in Planetoid's release format and trained with the same command a user runs on the real files.
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--karate_steps", type=int, default=1000)
     p.add_argument("--platform", default="cpu")
     args = p.parse_args(argv)
-    from xlgen.runtime import setup_runtime
+    from xlgen.platforms import setup_runtime
 
     setup_runtime(args.platform, "off")
     from xlgen.systems.planetoid import data as data_lib

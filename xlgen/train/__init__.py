@@ -1,4 +1,5 @@
-"""Training: the sharded program (`build_program`), the loop, evaluation, metrics.
+"""Training: the sharded program (`build_program`), the loop, the optimizer (`optim`), checkpoints (`checkpointing`),
+evaluation, metrics.
 
 from xlgen.train import build_program
 from xlgen.train.loop import train, evaluate

@@ -66,8 +66,8 @@ def run(config, workdir: str, mem_lens: List[int], json_path: Optional[str] = No
     import jax
 
     from xlgen import registry, sharding
-    from xlgen.checkpointing import Checkpointer
     from xlgen.train import loop
+    from xlgen.train.checkpointing import Checkpointer
     from xlgen.train.program import build_program
 
     probe = copy.deepcopy(config)

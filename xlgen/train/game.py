@@ -7,7 +7,7 @@ statistics, optax optimizer and loss, updated in a fixed order inside one jitted
     state, _ = program.init_state()
     state, _, metrics = program.train_step(state, batch, None)       # loop.run drives it like any Program
 
-The state is a plain pytree (what Orbax saves through xlgen/checkpointing.py):
+The state is a plain pytree (what Orbax saves through xlgen/train/checkpointing.py):
     {"params":    {player: {dotted.name: array}},
      "stats":     {player: {dotted.name: array}},   batch-norm running means / variances (nnx.BatchStat)
      "opt_state": {player: optax state},

@@ -198,7 +198,7 @@ class Ledger:
             t_step, step = self.t_step, self.step
             saves = dict(self._saves)
             until = t_step + self._pending_other  # the phases after the last step (a save) are accounted
-        if end is not None:  # a clean end: everything up to now
+        if end is not None:  # a clean end: everything to the present time
             t_step = until = time.monotonic()
         time_s = self.cumulative(t_step)
         return {

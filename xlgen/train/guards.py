@@ -80,7 +80,7 @@ class HealthGuard:
     A step is unhealthy when its update was skipped or its loss diverges: finite but above `divergence_factor` x
     max(best loss so far, 1) (0: off; the floor 1 keeps small finetuning losses from tripping it), or above
     `uniform_loss` (the loss of a uniform guess, log V for a language model; None: no such bound) once the best
-    loss has been below UNIFORM_ARMED x it (a model that has learned something and is now worse than guessing).
+    loss has been below UNIFORM_ARMED x it (a model that has learned something and then does worse than guessing).
     `max_consecutive` unhealthy steps in a row raise TrainingDiverged (0: never). The loss of step t is computed on
     the parameters of step t-1, so a checkpoint of step c is proven good when step c+1 is healthy: `watch(c)` for
     each saved or restored checkpoint, `proven` is the newest proven one. `healthy`: the last checked step was.
@@ -89,7 +89,7 @@ class HealthGuard:
     def __init__(
         self,
         max_consecutive: int,
-        divergence_factor: float = 0.0,
+        divergence_factor: float,
         best_loss: Optional[float] = None,
         uniform_loss: Optional[float] = None,
     ):
@@ -182,14 +182,13 @@ class HealthGuard:
 
 
 def health_guard(config, objective, best_loss: Optional[float] = None) -> HealthGuard:
-    """The run's HealthGuard: `max_nonfinite_steps` and `divergence_factor` of the config (their declared defaults
-    in xlgen.config when a stored config predates them) and the objective's uniform-guess loss."""
-    from xlgen import config as config_lib
-
+    """The run's HealthGuard: `max_nonfinite_steps` and `divergence_factor` of the config (a stored config that
+    predates them has their declared defaults, `xlgen.config.with_declared_defaults`) and the objective's
+    uniform-guess loss."""
     uniform = getattr(objective, "uniform_loss", None)
     return HealthGuard(
-        int(config.get("max_nonfinite_steps", config_lib.MAX_NONFINITE_STEPS)),
-        float(config.get("divergence_factor", config_lib.DIVERGENCE_FACTOR)),
+        int(config.max_nonfinite_steps),
+        float(config.divergence_factor),
         best_loss,
         uniform(config) if uniform is not None else None,
     )

@@ -74,7 +74,7 @@ def check_workdir_compatible(config, workdir: str) -> None:
         changed.append("objective")
     try:
         old_shapes = _shapes(old)
-    except Exception as e:  # the stored config no longer builds
+    except Exception as e:  # the stored config does not build with this code
         raise ValueError(f"{workdir}/config.json: cannot rebuild the stored model ({e}); use a new --workdir") from e
     new_shapes = _shapes(config)
     diff = [k for k in sorted(set(old_shapes) | set(new_shapes)) if old_shapes.get(k) != new_shapes.get(k)]
@@ -321,7 +321,7 @@ def run(
     writer = metrics_lib.MetricsWriter(
         wd.path,
         enabled=is_main,
-        tensorboard=bool(config.get("tensorboard", True)),
+        tensorboard=bool(config.tensorboard),
         trackers=metrics_lib.make_trackers(config, wd.path) if is_main else (),
     )
     best = evaluation.best if evaluation is not None else None
@@ -411,12 +411,12 @@ def run(
         log_every = max(int(config.log_every_steps), 1)
         every = int(ckpt_cfg.every_steps)
         eval_every = evaluation.every if evaluation is not None else 0
-        peak = float(config.get("peak_flops_per_device", 0.0))
+        peak = float(config.peak_flops_per_device)
         n_dev = len(mesh.devices.flat)
         t_last, s_last = time.time(), start
         record = None
         end = total if stop_at is None else min(int(stop_at), total)
-        batches = _train_batches(pipeline, start, end, int(config.get("prefetch", 2)))
+        batches = _train_batches(pipeline, start, end, int(config.prefetch))
         if end > start:  # an attempt that trains: carry the earlier attempts' ledger over, watch for hangs
             ledger.resume(goodput.read_ledger(wd.path) if is_main else None, start, logged_step)
             if is_main and ledger.previous_record is not None:
@@ -490,7 +490,7 @@ def run(
                     writer.write(ledger.end_record(step, "preempted"))
                     watchdog.write_ledger_end("preempted")
                     raise Preempted(step)
-                tier = tiers.save_tier(step, every, end, local_tier, int(ckpt_cfg.get("local_every_steps", 0) or 0))
+                tier = tiers.save_tier(step, every, end, local_tier, int(ckpt_cfg.local_every_steps))
                 if tier is not None:
                     save(step, local_tier if tier == "local" else ckpt)
             if evaluation is not None and end == total:
@@ -612,7 +612,7 @@ def resume_config(config, wd: Workdir):
     * total_steps changed against the stored config: from S on the learning rate decays from its value at S to the
       floor at the new total (`optim.continue_schedule`: extending never re-warms)."""
     from xlgen import config as config_lib
-    from xlgen import optim
+    from xlgen.train import optim
 
     old = wd.read_config()
     step = wd.latest_step() if old is not None else None
@@ -632,9 +632,7 @@ def resume_config(config, wd: Workdir):
                 f"train (config.json unchanged: total_steps={old_total})"
             )
         return old, step, [note]
-    history = optim.continue_schedule(
-        old.optimizer, old.optimizer.get("schedule_history", ()), old_total, new_total, step
-    )
+    history = optim.continue_schedule(old.optimizer, old.optimizer.schedule_history, old_total, new_total, step)
     with config.optimizer.unlocked():
         config.optimizer.schedule_history = history
     if "sources_history" in config.get("data", {}):  # a mixture's weights changed: each source continues (mixture.py)

@@ -299,7 +299,7 @@ def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 def check_trackers(config) -> list:
     """The tracker names of `config.trackers`; an unknown one or a missing package is an error (checked before
     a run writes anything)."""
-    names = [n.strip() for n in str(config.get("trackers", "") or "").split(",") if n.strip()]
+    names = [n.strip() for n in str(config.trackers).split(",") if n.strip()]
     unknown = sorted(set(names) - set(TRACKERS))
     if unknown:
         raise ValueError(f"trackers={config.trackers!r}: unknown {unknown}; expected a comma list of {list(TRACKERS)}")
@@ -313,8 +313,8 @@ def make_trackers(config, workdir: str) -> list:
     names = check_trackers(config)
     if not names:
         return []
-    t = config.get("tracking", {})
-    project, name = t.get("project", "xlgen") or "xlgen", t.get("run_name", "")
+    t = config.tracking
+    project, name = t.project or "xlgen", t.run_name
     as_dict = json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") else dict(config)
     out = []
     for n in names:

@@ -254,7 +254,7 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
         if fresh and not run_started(full):
             if made and made[-1] == full:
                 shutil.rmtree(full, ignore_errors=True)
-                _remove_empty(made[:-1])  # the parents this call made, unless another run now uses them
+                _remove_empty(made[:-1])  # the parents this call made, unless another run uses them meanwhile
             else:
                 for name in os.listdir(full):
                     p = os.path.join(full, name)

@@ -133,10 +133,8 @@ class StepProfiler:
     after it (step = s + 1). Off when `profile.start_step` < 0 or `profile.num_steps` <= 0."""
 
     def __init__(self, config, workdir: str, *, hlo_text: Callable[[], str], emit: Callable[[str], None]):
-        p = config.get("profile", None)
-        self.start = int(p.start_step) if p is not None else -1
-        self.num = int(p.num_steps) if p is not None else 0
-        self.top = int(p.get("top_ops", 12)) if p is not None else 12
+        p = config.profile
+        self.start, self.num, self.top = int(p.start_step), int(p.num_steps), int(p.top_ops)
         self.logdir = os.path.join(workdir, "profile")
         self.hlo_text, self.emit = hlo_text, emit
         self.active = False

@@ -10,7 +10,7 @@ The train state is a plain pytree (what Orbax saves):
      "opt_state": optax state,                 each moment sharded like its parameter
      "step":      int32 (completed updates),   replicated
      "rng":       uint32[2] base key data,     replicated}
-With frozen parameters (`xlgen.optim.frozen_parameters`: `finetune.freeze`, LoRA) "params" holds only the
+With frozen parameters (`xlgen.train.optim.frozen_parameters`: `finetune.freeze`, LoRA) "params" holds only the
 trainable ones (adapters, the task head, ...) and a fifth entry `"frozen": {dotted.name: array}` the rest: no
 gradient is formed for them, the optimizer state covers only "params", and checkpoints hold the two apart;
 `program.params_of(state)` is the whole model's dict.
@@ -36,9 +36,11 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xlgen import optim, registry, sharding
+from xlgen import registry, sharding
+from xlgen.models.cost import train_flops_per_step
 from xlgen.models.family import Objective
 from xlgen.models.params import concrete_rest, materialize, path_name
+from xlgen.train import optim
 
 
 @dataclasses.dataclass
@@ -331,10 +333,11 @@ def _build_program(config, mesh: Mesh) -> Program:
     trains = [n for n in train_spec.shapes if not frozen or n not in frozen]
     param_shardings = {n: all_shardings[n] for n in trains}
     meta = train_spec.meta()
+    family = registry.get(config.model.family)
     tx, schedule = optim.make_optimizer(
-        config.optimizer, int(config.total_steps), {n: meta[n] for n in trains}, family=config.model.get("family")
+        config.optimizer, int(config.total_steps), {n: meta[n] for n in trains}, layer_ids=family.layer_ids
     )
-    tx = optim.with_state_dtype(tx, config.optimizer.get("state_dtype", ""))
+    tx = optim.with_state_dtype(tx, config.optimizer.state_dtype)
 
     abstract_all = {n: jax.ShapeDtypeStruct(train_spec.shapes[n], train_spec.dtypes[n]) for n in train_spec.shapes}
     abstract_params = {n: abstract_all[n] for n in trains}
@@ -422,8 +425,6 @@ def _build_program(config, mesh: Mesh) -> Program:
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract_tree, state_shardings
     )
 
-    from xlgen import flops as flops_lib
-
     return Program(
         config=config,
         mesh=mesh,
@@ -440,7 +441,7 @@ def _build_program(config, mesh: Mesh) -> Program:
         mems_dtype=mems_dtype,
         train_step=train_step_jit,
         init_state=init_state,
-        analytic_flops_per_step=flops_lib.train_flops_per_step(config, train_spec.shapes),
+        analytic_flops_per_step=train_flops_per_step(config, family.train_flops),
         tokens_per_step=objective.tokens_per_step(config),
         param_shardings=all_shardings,
         frozen=frozen,

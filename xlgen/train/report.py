@@ -59,8 +59,8 @@ def start_block(config, program, mesh, pipeline, workdir: str, start: int) -> st
     axes = " ".join(f"{k}={v}" for k, v in mesh.shape.items())
     lines.append(
         f"  devices   {mesh.devices.size} x {dev.platform} ({jax.process_count()} process"
-        f"{'es' if jax.process_count() > 1 else ''}); mesh {axes} (rules {config.mesh.get('rules', '')}"
-        + (f"; data over {slices} slices)" if (slices := int(config.mesh.get("num_slices", 1) or 1)) > 1 else ")")
+        f"{'es' if jax.process_count() > 1 else ''}); mesh {axes} (rules {config.mesh.rules}"
+        + (f"; data over {slices} slices)" if (slices := int(config.mesh.num_slices)) > 1 else ")")
     )
     lines.append(f"  steps     {start} -> {total}" + (" (resuming)" if start else ""))
     lines.append(f"  workdir   {workdir}")
@@ -115,7 +115,7 @@ def write_summary(
     tps = int(program.tokens_per_step)
     sps = throughput.steps_per_sec()
     flops = float(program.analytic_flops_per_step or 0.0)
-    peak = float(config.get("peak_flops_per_device", 0.0) or 0.0)
+    peak = float(config.peak_flops_per_device)
     evals = [r for r in _evals(workdir) if isinstance(r.get("loss"), (int, float))]
     out = {
         "family": config.model.family,
@@ -163,7 +163,7 @@ def learning_rates(config, total_steps: int) -> Dict[str, Any]:
     own = _reporting(config).learning_rates
     if own is not None:
         return dict(own(config, int(total_steps)))
-    from xlgen import optim
+    from xlgen.train import optim
 
     return {"": optim.make_schedule(config.optimizer, int(total_steps))}
 
@@ -195,7 +195,7 @@ def extend_advice(config, step: int, train_cmd: str) -> list:
         floor = float(config.optimizer.learning_rate) * float(config.optimizer.min_lr_ratio)
         if abs(lr - floor) <= 1e-6 * lr:
             how = f"at the final learning rate {lr:.3g}"
-        elif config.optimizer.get("schedule") == "constant":
+        elif config.optimizer.schedule == "constant":
             how = f"at the constant learning rate {lr:.3g}"
         else:
             how = f"from the current learning rate {lr:.3g}, decaying to {floor:.3g}"

@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 
 import jax
 
-from xlgen.checkpointing import CheckpointCorrupt, CheckpointMismatch, short_error
+from xlgen.train.checkpointing import CheckpointCorrupt, CheckpointMismatch, short_error
 from xlgen.train.workdir import Restored, Workdir
 
 log = logging.getLogger("xlgen")
@@ -30,11 +30,10 @@ log = logging.getLogger("xlgen")
 def local_checkpointer(config, wd: Workdir):
     """The local tier's Checkpointer, or None when `checkpoint.local_dir` / `local_every_steps` is not set."""
     c = config.checkpoint
-    local_dir = str(c.get("local_dir", "") or "")
-    every = int(c.get("local_every_steps", 0) or 0)
+    local_dir, every = str(c.local_dir), int(c.local_every_steps)
     if not local_dir or every <= 0:
         return None
-    from xlgen.checkpointing import Checkpointer
+    from xlgen.train.checkpointing import Checkpointer
 
     return Checkpointer(local_dir, keep=int(c.keep), async_save=bool(c.async_save))
 

@@ -36,20 +36,12 @@ from typing import Dict, Optional
 from data_pipelines import paths
 
 HANG_EXIT_CODE = 3
-DEFAULTS = {
-    "timeout_s": 0.0,
-    "factor": 10.0,
-    "min_timeout_s": 300.0,
-    "phase_timeout_s": 3600.0,
-    "straggler_factor": 3.0,
-}
 LONG_PHASES = ("eval", "checkpoint")
 
 
 def settings(config) -> Dict[str, float]:
-    """`config.watchdog` with defaults for keys a stored config.json lacks."""
-    w = config.get("watchdog") or {}
-    return {k: float(w.get(k, v) if w.get(k, v) is not None else v) for k, v in DEFAULTS.items()}
+    """`config.watchdog` as floats (timeout_s, factor, min_timeout_s, phase_timeout_s, straggler_factor)."""
+    return {k: float(v) for k, v in config.watchdog.items()}
 
 
 class Watchdog:
@@ -185,7 +177,7 @@ def exit_orphaned(error: BaseException, workdir: str, process_index: int) -> Non
     """A multi-process run whose collective failed (a peer died: gloo / the coordination service raise instead of
     hanging): print every thread's stack, write the marker, and exit with status 3 after one line naming the reason,
     without running jax.distributed's exit barrier (it would abort waiting for the dead peer)."""
-    from xlgen.checkpointing import short_error
+    from xlgen.train.checkpointing import short_error
 
     reason = f"a collective failed in process {process_index} (a peer process died?): {short_error(error, 300)}"
     try:

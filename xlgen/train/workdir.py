@@ -159,8 +159,8 @@ class Workdir:
             ckpt.close()
 
     def checkpointer(self, sub: str = "checkpoints", *, keep: int = 0, async_save: bool = False, **options):
-        """The Orbax-backed `Checkpointer` of `DIR/<sub>` (options: see `xlgen.checkpointing.Checkpointer`)."""
-        from xlgen.checkpointing import Checkpointer
+        """The Orbax-backed `Checkpointer` of `DIR/<sub>` (options: see `xlgen.train.checkpointing.Checkpointer`)."""
+        from xlgen.train.checkpointing import Checkpointer
 
         return Checkpointer(self.checkpoint_dir(sub), keep=keep, async_save=async_save, **options)
 

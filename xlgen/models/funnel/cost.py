@@ -28,15 +28,15 @@ LayerNorm, softmax and other elementwise work are not counted):
 
 Hidden sizes (thesis §3.4/§3.6): each F-TFM is compared with the baseline of its own width — B10-10-10 and
 B8-8-8 are H1024 against L24H1024; B6-6-6, B6-3x2-3x2, B4-4-4 are H768 against L12H768; B3-4-4 is H768 against
-L6H768; d_head = 64, d_inner = 4d. With this rule the published ratios come out as (paper -> rule):
-FLOPs 0.88 -> 0.875, 0.58 -> 0.583, 0.73 -> 0.729, 0.58 -> 0.583, 1.00 -> 1.000; with a 2-layer decoder
-1.04 -> 1.042, 0.75 -> 0.750, 0.81 -> 0.813; params 1.39 -> 1.392, 1.22 -> 1.227, 1.53 -> 1.537, 1.00 -> 1.000.
+L6H768; d_head = 64, d_inner = 4d. With this rule the published ratios come out as (paper vs rule):
+FLOPs 0.88 vs 0.875, 0.58 vs 0.583, 0.73 vs 0.729, 0.58 vs 0.583, 1.00 vs 1.000; with a 2-layer decoder
+1.04 vs 1.042, 0.75 vs 0.750, 0.81 vs 0.813; params 1.39 vs 1.392, 1.22 vs 1.227, 1.53 vs 1.537, 1.00 vs 1.000.
 (Our exact Funnel layer has 13d² + 17d parameters — W_r, no q bias, u/v/b_s biases, segment embeddings — which
 moves the parameter ratios by < 0.02; see `ratio_table`.) The exact FLOPs (T = 512, rel_shift form) of every
 F-TFM/baseline pair come out at or below the linear-rule ratio: halving the length saves quadratically on the
 attention term (thesis T:L1851), which outweighs the pooling layer's full-length keys/values.
 
-`python -m xlgen.models.funnel_cost` prints the table.
+`python -m xlgen.models.funnel.cost` prints the table.
 """
 
 from __future__ import annotations
@@ -168,10 +168,10 @@ def forward_flops_per_sequence(
 
 
 def train_flops_per_step(config) -> float:
-    """3 x forward FLOPs of one global batch for a training config (used by `xlgen.flops` / `xlgen plan`)."""
+    """3 x forward FLOPs of one global batch for a training config (used by `xlgen.models.cost` / `xlgen plan`)."""
     cfg = config_from_model_section(config.model)
     objective = str(config.get("objective") or "funnel_mlm")
-    width = float((config.get("objective_options") or {}).get("generator_width", 0.25))
+    width = float(config.objective_options.generator_width)
     fwd = forward_flops_per_sequence(cfg, int(config.data.seq_len), objective, width)
     return 3.0 * fwd * int(config.data.batch_size)
 
@@ -214,7 +214,7 @@ def train_flops(config) -> float:
     if str(config.get("objective") or "funnel_mlm") == "funnel_electra":
         from xlgen.models.funnel.heads import generator_config
 
-        width = float((config.get("objective_options") or {}).get("generator_width", 0.25))
+        width = float(config.objective_options.generator_width)
         nets.append(generator_config(cfg, width))
     batch, seq_len = int(config.data.batch_size), int(config.data.seq_len)
     # the MLM model (or ELECTRA's generator) runs its last decoder layer's queries, FFN and softmax at the k

@@ -206,7 +206,7 @@ def predictions_per_row(config) -> Optional[int]:
     pipeline's count is unknown."""
     import data_pipelines
 
-    k = int((config.get("objective_options") or {}).get("max_predictions", 0) or 0)
+    k = int(config.objective_options.max_predictions)
     if k > 0:
         return k
     if k < 0:

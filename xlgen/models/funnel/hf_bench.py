@@ -8,20 +8,20 @@ from typing import Any, Dict
 
 import numpy as np
 
-from xlgen.models.family import HFBench
+from xlgen.models.family import HFBench, model_config
 
 
 def train_model(config):
     import transformers
 
-    from xlgen import registry
     from xlgen.models.funnel.hf_export import hf_config
+    from xlgen.models.funnel.model import FunnelConfig
 
     if config.get("objective") not in ("", None, "funnel_mlm"):
         raise ValueError(
             f"objective={config.objective!r} has no Hugging Face counterpart in the bench (funnel_mlm has)"
         )
-    cfg = registry.model_config(config)
+    cfg = model_config(FunnelConfig, config.model)
     return transformers.FunnelForMaskedLM(transformers.FunnelConfig(**hf_config(cfg, "FunnelForMaskedLM")))
 
 

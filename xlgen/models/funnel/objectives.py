@@ -66,16 +66,14 @@ def _funnel_electra_loss(model, batch, mems, rng, config):
         batch,
         jax.random.fold_in(rng, 0x5A3),
         max_predictions=predictions_per_row(config),
-        disc_target=config.objective_options.get("disc_target", "original"),
+        disc_target=config.objective_options.disc_target,
     )
     return loss, parts, None
 
 
 def _funnel_electra_eval(model, batch, mems, config):
     """ELECTRA eval: the batch-mean objective (fixed sampling key), averaged over batches."""
-    loss, _ = electra_loss(
-        model, batch, jax.random.key(0), disc_target=config.objective_options.get("disc_target", "original")
-    )
+    loss, _ = electra_loss(model, batch, jax.random.key(0), disc_target=config.objective_options.disc_target)
     return loss, jnp.ones((), jnp.float32), None
 
 

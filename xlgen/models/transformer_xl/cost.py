@@ -1,4 +1,4 @@
-"""Analytic model FLOPs of a Transformer-XL training step (the accounting is stated in `xlgen.flops`): R = k
+"""Analytic model FLOPs of a Transformer-XL training step (the accounting is stated in `xlgen.models.cost`): R = k
 relative positions, the position keys projected once per batch, the (adaptive) softmax LM head and adaptive input."""
 
 from __future__ import annotations

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import os
 
-from xlgen.models.family import HFBench
+from xlgen.models.family import HFBench, model_config
 
 
 def memory_lm(config, root: str) -> str:
     import torch
     import transformers
 
-    from xlgen import registry
     from xlgen.models.transformer_xl.hf_export import hf_config
+    from xlgen.models.transformer_xl.model import TransformerXLConfig
 
     torch.manual_seed(0)
-    hcfg = {**hf_config(registry.model_config(config)), "dropout": 0.0, "dropatt": 0.0}
+    hcfg = {**hf_config(model_config(TransformerXLConfig, config.model)), "dropout": 0.0, "dropatt": 0.0}
     model = transformers.TransfoXLLMHeadModel(transformers.TransfoXLConfig(**hcfg))
     path = os.path.join(root, "hf_txl")
     model.save_pretrained(path, safe_serialization=True)

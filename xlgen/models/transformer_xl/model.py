@@ -474,9 +474,9 @@ class TransformerXLLM(nnx.Module):
         apply = rematerialize(_apply_block, c.remat)
         layer_cache = None if cache is None else {"position_keys": None, "kv_mem": None, **cache}
         if c.scan_layers:
-            # the memory enters the loop whole and layer i reads its own rows: scanned over, it was saved again as
-            # a stacked residual (the input of the memory's key and value projections, for their weight gradients),
-            # and XLA:TPU copied that whole stack in every iteration
+            # the memory enters the loop whole and layer i reads its own rows: scanned over, it would be saved again
+            # as a stacked residual (the input of the memory's key and value projections, for their weight
+            # gradients), which XLA:TPU copies whole in every iteration
             @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None, None, 0), out_axes=(nnx.Carry, 0))
             def body(h, block, i, pos_emb, mask, shared, lc):
                 mem = jax.lax.dynamic_index_in_dim(mems, i, keepdims=False)

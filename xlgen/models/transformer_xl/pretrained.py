@@ -69,8 +69,8 @@ class TransfoXLPretrained:
     heads they had as the segment). Anything else passed as `mems` is projected as usual. Results agree with
     `cache=False` to float rounding. Keys/values stay in the products' `[b, n, d, k]` layout, one array per layer,
     and an HF-layout memory is returned layer by layer from its input, so a segment copies only its own rows:
-    with batch 1, 64-token segments, 4 layers, 189 -> 162 XLA:CPU thunks at l = 512 and 0.88x / 0.97x / 0.96x the
-    time at l = 512 / 256 / 128 (docs/performance.md, session 8).
+    with batch 1, 64-token segments and 4 layers, 162 XLA:CPU thunks at l = 512 against 189 for a copy of the whole
+    memory, and 0.88x / 0.97x / 0.96x its time at l = 512 / 256 / 128 (docs/performance.md).
     """
 
     def __init__(self, module: TransformerXLLM, *, has_head: bool = True, cache: bool = True):
@@ -127,7 +127,7 @@ class TransfoXLPretrained:
         if layout == "hf" and new_mems.shape[2] == mlen >= qlen:
             # HF layout in and out, same length: layer n's new memory is its input from row qlen on, then the
             # segment's states (the last qlen rows of new_mems). Formed per layer from the inputs, each returned
-            # array is one fusion; slicing the stacked new_mems cost XLA:CPU a copy of every array.
+            # array is one fusion; slicing the stacked new_mems costs XLA:CPU a copy of every array.
             out["mems"] = [
                 jnp.concatenate([in_mems[n][qlen:].astype(new_mems.dtype), jnp.swapaxes(new_mems[n, :, -qlen:], 0, 1)])
                 for n in range(new_mems.shape[0])

@@ -1,4 +1,4 @@
-"""Analytic model FLOPs of an XLNet training step (the accounting is stated in `xlgen.flops`): R = k + q relative
+"""Analytic model FLOPs of an XLNet training step (the accounting is stated in `xlgen.models.cost`): R = k + q relative
 positions, the position keys projected once per batch and direction, the query stream, the last content stream not
 counted."""
 

@@ -8,16 +8,16 @@ from typing import Any, Dict
 
 import numpy as np
 
-from xlgen.models.family import HFBench
+from xlgen.models.family import HFBench, model_config
 
 
 def train_model(config):
     import transformers
 
-    from xlgen import registry
     from xlgen.models.xlnet.hf_export import hf_config
+    from xlgen.models.xlnet.model import XLNetConfig
 
-    cfg = registry.model_config(config)
+    cfg = model_config(XLNetConfig, config.model)
     # the bench trains with the memory carried (export writes an inference config) and the biases as configured
     hcfg = {**hf_config(cfg, "XLNetLMHeadModel"), "use_mems_train": True, "untie_r": bool(cfg.untie_r)}
     return transformers.XLNetLMHeadModel(transformers.XLNetConfig(**hcfg))

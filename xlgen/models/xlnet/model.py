@@ -291,7 +291,7 @@ class XLNetLayer(nnx.Module):
             pair = two_stream_attention(attn, h, g, k_head, v_head, k_head_r, klen, offset, mask_h, ctx, shared_biases)
         if pair is not None:
             h_out, g_out = pair
-        else:  # (the same call order as before: attention h, attention g, FFN g, FFN h; dropout keys follow it)
+        else:  # call order: attention h, attention g, FFN g, FFN h (the dropout keys are drawn in this order)
             h_out, g_out = None, None
             if content:
                 h_out = attn.attend(
@@ -550,9 +550,9 @@ class XLNetModel(nnx.Module):
                 if mems is None:
                     scan = nnx.scan(lambda c, l: body(c, l, None), in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
                     return scan((h, g), layers)
-                # the memory enters the loop whole and layer i reads its own rows: scanned over, it was saved again
-                # as a stacked residual (the input of the memory's key and value projections, for their weight
-                # gradients), and XLA:TPU copied that whole stack in every iteration
+                # the memory enters the loop whole and layer i reads its own rows: scanned over, it would be saved
+                # again as a stacked residual (the input of the memory's key and value projections, for their
+                # weight gradients), which XLA:TPU copies whole in every iteration
                 read = lambda c, l, i: body(c, l, jax.lax.dynamic_index_in_dim(mems, i, keepdims=False))
                 scan = nnx.scan(read, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))
                 return scan((h, g), layers, jnp.arange(mems.shape[0]))

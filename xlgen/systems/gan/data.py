@@ -266,24 +266,24 @@ class Dataset:
 def load(data_config, seed: int) -> Dataset:
     """The Dataset for `config.data` (name, dir, num_labeled, label_seed) and the run seed."""
     name = str(data_config.name)
-    label_seed = int(data_config.get("label_seed", -1))
+    label_seed = int(data_config.label_seed)
     label_seed = seed if label_seed < 0 else label_seed
-    num_labeled = int(data_config.get("num_labeled", 0))
+    num_labeled = int(data_config.num_labeled)
     if name in SYNTHETIC:
         x, mix = SYNTHETIC[name]()
         return Dataset(name, x, mixture=mix)
     if name in ("four_spins", "two_circles"):
         fn = four_spins if name == "four_spins" else two_circles
-        x, y = fn(int(data_config.get("num_points", 2000)), 0)
-        tx, ty = fn(int(data_config.get("num_points", 2000)), 1)
+        x, y = fn(int(data_config.num_points), 0)
+        tx, ty = fn(int(data_config.num_points), 1)
         k = int(y.max()) + 1
         ds = Dataset(name, x, y, tx, ty, num_classes=k)
     elif name in ("digits", "idx"):
         if name == "idx":
-            if not data_config.get("dir"):
+            if not data_config.dir:
                 raise ValueError("data.name=idx needs --config.data.dir=DIR (the four *-idx?-ubyte files)")
             a = load_idx_dir(str(data_config.dir))
-            digit = int(data_config.get("digit", -1))
+            digit = int(data_config.digit)
             if digit >= 0:  # §B.5.2: train on one digit
                 a = {
                     "train_x": a["train_x"][a["train_y"] == digit],

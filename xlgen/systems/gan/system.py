@@ -48,9 +48,9 @@ BADGAN_VARIANTS = ("supervised", "fm", "badgan")
 def _tx(opt_config, total_steps: int):
     """Adam with a linear decay to `decay_to` x the rate over the last `decay_fraction` of training."""
     lr = float(opt_config.learning_rate)
-    frac = float(opt_config.get("decay_fraction", 0.0))
+    frac = float(opt_config.decay_fraction)
     start = int(total_steps * (1 - frac))
-    end_lr = lr * float(opt_config.get("decay_to", 1.0))
+    end_lr = lr * float(opt_config.decay_to)
     sched = optax.join_schedules(
         [optax.constant_schedule(lr), optax.linear_schedule(lr, end_lr, max(total_steps - start, 1))], [start]
     )
@@ -404,38 +404,38 @@ def _plot_case_study(config, program, state, ds, path):
 class CeganConfig:
     """`config.model` of configs/gan/cegan.py (minus `family`)."""
 
-    variant: str = "egan_ent_nn"
+    variant: str = "egan_ent_nn"  # gan | egan_const | egan_ent_nn | egan_ent_vi
     noise_dim: int = 4
     hidden: int = 128
-    width: float = 1.0
-    margin: float = 0.0
-    gap_bounds: Tuple[float, float] = (-10.0, 0.1)
-    knn_k: int = 20
-    knn_alpha: float = 0.5
-    vi_weight: float = 1.0
-    vi_noise: float = 0.0
+    width: float = 1.0  # images: channel multiplier of the DCGAN networks
+    margin: float = 0.0  # EGAN discriminator: max(E_data c - c(x~), -margin); 0 = none
+    gap_bounds: Tuple[float, float] = (-10.0, 0.1)  # EGAN: disc updates while gap > [0], gen while gap < [1]
+    knn_k: int = 20  # EGAN-Ent-NN: neighbours (eq. B.10)
+    knn_alpha: float = 0.5  # EGAN-Ent-NN: alpha (eq. B.11)
+    vi_weight: float = 1.0  # EGAN-Ent-VI: weight of U(q)
+    vi_noise: float = 0.0  # EGAN-Ent-VI: std of p_gen(x|z) = N(G(z), s² I) (eq. B.13); 0: q sees G(z) itself
 
 
 @dataclasses.dataclass(frozen=True)
 class BadganConfig:
     """`config.model` of configs/gan/badgan.py (minus `family`)."""
 
-    variant: str = "badgan"
-    generator: str = "learned"
+    variant: str = "badgan"  # supervised | fm | badgan
+    generator: str = "learned"  # learned | complement (2-D sets: uniform in the box minus the manifold)
     noise_dim: int = 100
     disc_hidden: Tuple[int, ...] = (500, 250, 250)
     gen_hidden: Tuple[int, ...] = (500, 500)
     input_noise: float = 0.3
     hidden_noise: float = 0.5
-    ent_weight: float = 0.1
-    pt_weight: float = 0.8
-    ld_weight: float = 1e-3
-    ld_start: int = 500
-    ld_quantile: float = 0.1
-    vi_weight: float = 0.0
+    ent_weight: float = 0.1  # conditional entropy (eq. C.5)
+    pt_weight: float = 0.8  # pull-away term
+    ld_weight: float = 1e-3  # low-density term (eq. C.3)
+    ld_start: int = 500  # LD from this step on (the density model trains from step 0)
+    ld_quantile: float = 0.1  # epsilon = this quantile of log p over the unlabeled batch
+    vi_weight: float = 0.0  # VI entropy (encoder player) if > 0
     vi_max_std: float = 1.0
     density_hidden: int = 256
-    dequantize: float = 1.0 / 16
+    dequantize: float = 1.0 / 16  # density model: uniform noise added to the pixels it learns on
 
 
 @functools.lru_cache(maxsize=4)
@@ -479,7 +479,7 @@ class Pipeline:
 def labeled_batch_size(data_config, ds: gdata.Dataset) -> int:
     if ds.labeled is None:
         return 0
-    return min(int(data_config.get("labeled_batch_size", 0)) or len(ds.labeled), len(ds.labeled))
+    return min(int(data_config.labeled_batch_size) or len(ds.labeled), len(ds.labeled))
 
 
 def _objective(name: str, make_game, evaluate) -> Objective:

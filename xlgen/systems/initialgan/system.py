@@ -52,12 +52,12 @@ PLAYERS = ("aligner", "discriminator", "generator")
 class InitialGANConfig:
     """`config.model` of configs/textgan/initialgan.py (minus `family`; widths of Appendix C by default)."""
 
-    d_embed: int = 512
-    d_noise: int = 128
-    d_rep: int = 512
-    cell: str = "fn"
+    d_embed: int = 512  # generator input embedding E
+    d_noise: int = 128  # ε of dropout sampling
+    d_rep: int = 512  # representation width (aligner μ, σ; generator output; discriminator input)
+    cell: str = "fn"  # fn (fully normalised, eq. 3) | ln (LayerNorm LSTM) | plain
     dropout_sampling: bool = True
-    sampling_rate: float = 0.75
+    sampling_rate: float = 0.75  # ρ
     aligner: Any = None
     generator: Any = None
     discriminator: Any = None

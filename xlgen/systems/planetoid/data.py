@@ -253,7 +253,7 @@ def load(data_config) -> Graph:
     raise DataError(f"config.data.format={c['format']!r}: expected 'planetoid' or 'edgelist'")
 
 
-# -- local stand-ins (the real Citeseer / Cora / Pubmed files are not on this machine) ----------------------------
+# -- local stand-ins (for when the real Citeseer / Cora / Pubmed files are not at hand) ---------------------------
 
 
 def digits_knn_graph(k: int = 10, labels_per_class: int = 20, num_test: int = 1000, seed: int = 0) -> Graph:
