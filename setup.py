@@ -47,9 +47,11 @@ setup(
             "vulture==2.16",  # make lint: dead code
             "gcsfs==2026.8.2",
             "gcp-storage-emulator==2026.7.19",
+            "onnx==1.23.2",  # the --to-onnx tests run the graphs with onnxruntime
+            "onnxruntime==1.31.1",
         ],
         "parity": ["torch==2.13.0", "transformers==4.34.1"],
-        # xlgen export --to-onnx (its graph is checked by onnxruntime before it is written; torch from `parity`)
+        # xlgen export --to-onnx (the graph is written with onnx and checked by onnxruntime before it is written)
         "deploy": ["onnx==1.23.2", "onnxruntime==1.31.1"],
         "tpu": ["libtpu==0.0.42.1"],
         # xlgen convert --from-tf reads checkpoints without TensorFlow; the extra brings the crc32c check and the

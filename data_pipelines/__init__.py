@@ -163,7 +163,7 @@ def mlm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1
 
 
 # `data.pipeline` -> constructor (resolved data config, split, process_index, process_count) -> pipeline. Objectives
-# name the stream they read (`xlgen.models.family.Objective.pipeline`); `config.data.pipeline` follows it.
+# name the stream they read (`xlgen.registry.Objective.pipeline`); `config.data.pipeline` follows it.
 PIPELINES = {"lm": lm_pipeline, "xlnet": xlnet_pipeline, "mlm": mlm_pipeline, "electra": mlm_pipeline}
 
 

@@ -148,7 +148,7 @@ class Tokenizer:
     kind: str
     vocab_size: int
     special_ids: dict
-    # finetuning's input layout, `Family.input_style` of the model it feeds ("cls_last" | "cls_first"); set by
+    # finetuning's input layout, `Finetuning.input_style` of the model it feeds ("cls_last" | "cls_first"); set by
     # `xlgen.finetune.data.load_tokenizer`, read by the task readers
     style: Optional[str] = None
 

@@ -1,10 +1,12 @@
 """`xlgen export --to-stablehlo / --to-onnx` (xlgen/deploy/__init__.py): the deployed functions equal xlgen's.
 
-* StableHLO: every finetuning head of XLNet and Funnel (classification, regression, multiple choice, token
-  classification, SQuAD 1.1 / 2.0 with answerability) and the Transformer-XL / XLNet language models with memory,
-  tiny random models built here, serialized by `jax.export`, deserialized and called in a fresh Python process
-  that cannot import xlgen, on a batch size (and, where the length axis is symbolic, a length) never used at
-  export time, the language models over three segments with the memory carried: equal to xlgen's within 1e-5.
+Every finetuning head of XLNet and Funnel (classification, regression, multiple choice, token classification,
+SQuAD 1.1 / 2.0 with answerability) and the Transformer-XL / XLNet language models with memory, tiny random models
+built here once, exported with batch and length symbolic (no size is used at export time), run on batch 3 and
+length 11, the language models over three segments with the memory carried, against xlgen's function (`jax.jit`):
+* StableHLO: serialized by `jax.export`, deserialized and called in a fresh Python process that cannot import xlgen:
+  equal within 1e-5.
+* ONNX: the jaxpr translated (`xlgen.deploy.onnx_graph`), run by onnxruntime: equal within 1e-4.
 * A pretraining-only (Funnel MLM) or GAN workdir is refused in one line naming what can be exported (exit 2),
   and nothing is written.
 """
@@ -87,9 +89,15 @@ def cases():
     return out
 
 
-def new_sizes(axes):
-    """A batch size never used at export time, and a new length where the length axis is symbolic."""
-    return {"batch": 3, "length": 11 if axes["length"] == "symbolic" else axes["length"]}
+def new_sizes(axes, served):
+    """A batch size and length never used at export time (the length only where its axis is symbolic)."""
+    return {"batch": 3, "length": max(11, served.min_length) if axes["length"] == "symbolic" else axes["length"]}
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Every case's deployed function, built once."""
+    return {name: build() for name, build in cases().items()}
 
 
 def xlgen_outputs(served, arrays, segments):
@@ -142,13 +150,12 @@ print("ran", len(os.listdir(root)))
 
 
 @pytest.fixture(scope="module")
-def stablehlo_runs(tmp_path_factory):
+def stablehlo_runs(tmp_path_factory, built):
     """Every case exported to StableHLO, its new-size inputs saved, xlgen's outputs computed, then one fresh process
     (no xlgen on its path) runs every artefact."""
     root = tmp_path_factory.mktemp("stablehlo")
     expected, axes_of = {}, {}
-    for name, build in cases().items():
-        served = build()
+    for name, served in built.items():
         exported, axes = deploy.export_stablehlo(served)
         axes_of[name] = axes
         d = root / name
@@ -156,7 +163,7 @@ def stablehlo_runs(tmp_path_factory):
         (d / "model.stablehlo").write_bytes(bytes(exported.serialize()))
         shapes = [(a.shape, np.dtype(a.dtype).name) for a in exported.out_avals]
         deploy.write_json(str(d / "io.json"), deploy.io_description(served, "stablehlo", axes, shapes, []))
-        sizes = new_sizes(axes)
+        sizes = new_sizes(axes, served)
         arrays = served.example(sizes, seed=7)
         segments = 3 if served.kind == "language_model" else 1
         expected[name] = xlgen_outputs(served, arrays, segments)
@@ -175,7 +182,7 @@ def stablehlo_runs(tmp_path_factory):
 def test_stablehlo_in_a_process_without_xlgen_equals_xlgen(stablehlo_runs, name):
     root, expected, axes_of = stablehlo_runs
     io = json.loads((root / name / "io.json").read_text())
-    assert axes_of[name]["batch"] == "symbolic"
+    assert axes_of[name] == {"batch": "symbolic", "length": "symbolic"}
     assert io["inputs"][0]["shape"][0] == "batch"
     got = np.load(root / name / "outputs.npz")
     errs = []
@@ -214,40 +221,96 @@ def test_pretraining_only_and_gan_workdirs_are_refused_writing_nothing(tmp_path,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# ONNX (finetuned heads, through the Hugging Face export and torch.onnx; onnxruntime checks)
+# ONNX (the jaxpr translated; onnxruntime runs it)
 # ----------------------------------------------------------------------------------------------------------------
 
-ONNX_CASES = [n for n in cases() if not n.endswith("-lm")]
-# heads whose transformers graph keeps its shapes symbolic under torch.onnx; the others' graphs hold the traced
-# length (Funnel's pooling, XLNet's beam search) or have no HF class (Funnel's answerability head): refused
-ONNX_EXACT = {"xlnet-classification", "xlnet-regression", "xlnet-multiple_choice", "xlnet-token_classification"}
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_onnx_graph_equals_xlgen_at_new_shapes(stablehlo_runs, built, name):
+    """The ONNX graph of every case (traced with symbolic batch and length) run by onnxruntime at batch 3, length 11,
+    the language models over three segments with `new_mems` / `new_mem_valid` fed back: xlgen's outputs within
+    1e-4; inputs, outputs and their symbolic axes as io.json describes them."""
+    ort = pytest.importorskip("onnxruntime")
+    from xlgen.deploy import onnx_graph
+
+    _, expected, axes_of = stablehlo_runs
+    served = built[name]
+    payload, axes, shapes = onnx_graph.export_onnx(served, verify=False)
+    assert axes == {"batch": "symbolic", "length": "symbolic"}
+    session = ort.InferenceSession(payload, providers=["CPUExecutionProvider"])
+    out_names = onnx_graph.output_names(served)
+    assert [i.name for i in session.get_inputs()] == [s.name for s in served.inputs]
+    assert [o.name for o in session.get_outputs()] == out_names
+    assert [list(i.shape) for i in session.get_inputs()] == [list(s.shape) for s in served.inputs]
+    io = deploy.io_description(served, "onnx", axes, shapes, [])
+    assert [o["shape"] for o in io["outputs"]] == [list(o.shape) for o in session.get_outputs()]
+    arrays = served.example(new_sizes(axes, served), seed=7)
+    feed = {s.name: a for s, a in zip(served.inputs, arrays)}
+    errs, got = [], []
+    for seg, want in enumerate(expected[name]):
+        if seg:  # the next segment with the memory the graph returned
+            ids = served.example({"batch": 3, "length": arrays[0].shape[1]}, seed=seg)[0]
+            feed = {"input_ids": ids, "mems": got[1], "mem_valid": got[2]}
+        got = session.run(None, feed)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            errs.append(0.0 if w.dtype.kind in "iub" and np.array_equal(g, w) else float(np.max(np.abs(g - w))))
+    print(
+        f"{name}: min_length {served.min_length}, {len(expected[name])} segment(s), max |onnxruntime - xlgen| = {max(errs):.1e}"
+    )
+    assert max(errs) <= onnx_graph.TOLERANCE
 
 
-@pytest.mark.parametrize("name", ONNX_CASES)
-def test_onnx_head_equals_xlgen_at_new_shapes_or_is_refused(name):
-    """An exported graph equals xlgen's function within 1e-4 at a batch size and length used neither to trace it
-    (2 x 8) nor by the export's own check (3 x 11); a graph that would not is refused in one line, never written."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+def test_onnx_rules_beyond_the_models_equal_jax():
+    """Rules the model cases do not reach (a scan, unrolled; reverse, cumulative sum, argmax / argmin, dynamic slice
+    and update, negative padding, clamp, integer power, integer division and remainder, an integer `select_n`,
+    boolean reductions, split / unstack, ...), traced with symbolic batch and length: onnxruntime equals `jax.jit`
+    at two new shapes."""
     ort = pytest.importorskip("onnxruntime")
     import jax
+    import jax.numpy as jnp
 
-    from xlgen.deploy import onnx_graph as deploy_onnx
+    from xlgen.deploy import onnx_graph
 
-    served = cases()[name]()
-    if name not in ONNX_EXACT:
-        with pytest.raises(ValueError, match=r"^--to-onnx: .*--to-stablehlo exports this model$") as e:
-            deploy_onnx.export_onnx(served)
-        print(f"{name}: refused: {e.value}")
-        return
-    payload, axes, shapes, used = deploy_onnx.export_onnx(served)
+    def fn(x, n):
+        def body(carry, xs):
+            return carry * 0.5 + xs, xs.sum(-1)
+
+        carry, ys = jax.lax.scan(body, jnp.zeros_like(x), jnp.stack([x, 2 * x, x * x]))
+        first = jnp.argmax(x, axis=1).astype(jnp.int32)
+        window = jax.lax.dynamic_slice_in_dim(x, first[0], 2, axis=1)
+        padded = jax.lax.pad(x, 0.0, ((0, 0, 0), (2, -1, 0)))
+        ints = (n // 3) * 7 + jax.lax.rem(n, 4) - (n[:, ::-1] % 5) + jnp.argmin(x, axis=1)[:, None]
+        updated = jax.lax.dynamic_update_slice_in_dim(x, jnp.ones_like(x[:, :2]), first[-1], axis=1)
+        picked = jax.lax.select_n(jnp.abs(n) % 3, x, jnp.exp2(x), jnp.expm1(x)) * jnp.sign(x) + jnp.log1p(x * x)
+        flags = jnp.any(x > 1, axis=1) ^ jnp.isfinite(x).all(axis=1)
+        a, b = jnp.unstack(jnp.stack([x, 2 * x]), axis=0)
+        parts = jnp.split(jnp.concatenate([a, b, a * b], axis=0), 3, axis=0)
+        rest = (parts[2] - parts[1], jnp.prod(jnp.clip(x, 0.5, 1.5), axis=1))
+        outs = (carry, ys, jnp.cumsum(x[:, ::-1], axis=1), first, window, padded, jnp.clip(x, -0.5, 0.5) ** 3, ints)
+        return outs + (updated, picked, flags) + rest
+
+    served = deploy.Served(
+        kind="test",
+        fn=fn,
+        inputs=[
+            deploy.TensorSpec("x", ("batch", "length"), "float32"),
+            deploy.TensorSpec("n", ("batch", "length"), "int32"),
+        ],
+        outputs=["carry", "ys", "cumsum", "first", "window", "padded", "clipped", "ints", "updated", "picked", "flags"]
+        + ["split", "prod"],
+        trained={"batch": 2, "length": 8},
+        family="none",
+    )
+    payload, axes, _ = onnx_graph.export_onnx(served, verify=False)
+    assert axes == {"batch": "symbolic", "length": "symbolic"}
     session = ort.InferenceSession(payload, providers=["CPUExecutionProvider"])
-    assert [i.name for i in session.get_inputs()] == used == [s.name for s in served.inputs if s.name in used]
-    assert [o.name for o in session.get_outputs()] == served.outputs
-    assert [i.shape[0] for i in session.get_inputs()] == ["batch"] * len(used) and axes["length"] == "symbolic"
-    arrays = served.example({"batch": 4, "length": 13}, seed=3)  # neither traced (2 x 8) nor checked (3 x 11)
-    got = session.run(None, {s.name: a for s, a in zip(served.inputs, arrays) if s.name in used})
-    want = [np.asarray(x) for x in jax.jit(served.fn)(*arrays)]
-    err = max(float(np.max(np.abs(g.astype(np.float64) - w))) for g, w in zip(got, want))
-    print(f"{name}: max |onnxruntime - xlgen| at batch 4, length 13 = {err:.1e}")
-    assert err <= deploy_onnx.TOLERANCE
+    rng = np.random.default_rng(0)
+    for b, length in ((3, 5), (1, 12)):
+        x = rng.normal(size=(b, length)).astype(np.float32)
+        n = rng.integers(-20, 20, (b, length)).astype(np.int32)
+        want = [np.asarray(o) for o in jax.jit(fn)(x, n)]
+        got = session.run(None, {"x": x, "n": n})
+        for name, g, w in zip(served.outputs, got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype, name
+            assert np.allclose(g, w, atol=1e-5, rtol=0), (name, g, w)

@@ -146,7 +146,7 @@ def test_systems_report_what_they_use(path, capsys):
     assert "learn nothing" not in note, note
     assert report.unit(config) == "examples"
     objective = registry.objective(config)
-    if objective.game is None:  # Planetoid: SGD on config.optimizer, N1 nodes + N2 context pairs a step
+    if objective.build_program is None:  # Planetoid: SGD on config.optimizer, N1 nodes + N2 context pairs a step
         assert objective.tokens_per_step(config) == 400
         assert "continue at the constant learning rate 0.1" in end
         hidden = ("objective_options.",)

@@ -78,6 +78,47 @@ def test_finetune_workdir_is_complete(data, tmp_path, capsys):
     )
     assert code == 0, err
     assert "unused: 2 (logits_proj.bias, logits_proj.kernel)" in out, out
+    _check_onnx_export(str(tmp_path / "mnli"), str(tmp_path / "onnx"), capsys)
+
+
+def _check_onnx_export(run: str, out: str, capsys):
+    """`xlgen export --to-onnx` of a finetuned workdir (issue 52): model.onnx with io.json, labels.txt and the
+    tokenizer beside it; onnxruntime on a tokenized text at a new batch size and length equals the workdir's
+    deployed function within 1e-4."""
+    import jax
+    import numpy as np
+    import onnxruntime as ort
+
+    from data_pipelines.vocab import load_tokenizer_file
+    from xlgen import deploy
+    from xlgen.interop import export
+    from xlgen.train.workdir_model import restore_params
+
+    assert export.main(["--workdir", run, "--to-onnx", out]) == 0, capsys.readouterr().err
+    assert {"model.onnx", "io.json", "labels.txt", "spiece.model", ".xlgen-export"} <= set(os.listdir(out))
+    io = json.load(open(os.path.join(out, "io.json")))
+    assert io["format"] == "onnx" and io["axes"] == {"batch": "symbolic", "length": "symbolic"}
+    assert [i["name"] for i in io["inputs"]] == ["input_ids", "token_type_ids", "attention_mask"]
+    assert io["inputs"][0]["shape"] == ["batch", "length"] and io["outputs"][0]["shape"] == ["batch", 3]
+    assert io["label_names"] == open(os.path.join(out, "labels.txt")).read().split() and len(io["label_names"]) == 3
+    tok = load_tokenizer_file(os.path.join(out, "spiece.model"))
+    texts = ["a small cue word", "filler words among filler words and more", "cue"]
+    length = max(len(tok.encode(t)) for t in texts) + 1
+    ids = np.zeros((3, length), np.int32)  # left padding, <cls> last (XLNet)
+    mask = np.zeros((3, length), np.int32)
+    for r, t in enumerate(texts):
+        row = list(tok.encode(t))[: length - 1] + [3]  # any id in place of <cls>: outputs are compared
+        ids[r, length - len(row) :], mask[r, length - len(row) :] = row, 1
+    arrays = [ids, np.zeros_like(ids), mask]
+    (got,) = ort.InferenceSession(os.path.join(out, "model.onnx")).run(
+        None, dict(zip(["input_ids", "token_type_ids", "attention_mask"], arrays))
+    )
+    config, program, params, _ = restore_params(run)
+    want = np.asarray(jax.jit(deploy.served(config, program, params, kind_of_run="finetune").fn)(*arrays)[0])
+    print(
+        f"--to-onnx (finetuned MNLI workdir, batch 3, length {length}): max|onnxruntime - xlgen| = {np.abs(got - want).max():.1e}"
+    )
+    assert np.abs(got - want).max() <= 1e-4
 
 
 def test_finetuning_a_family_without_heads_is_one_line(data, tmp_path, capsys):

@@ -15,12 +15,15 @@ reads them) goes to the importer's own layer or one below it, and the top of `xl
     scripts     xlgen.reproductions                      experiment scripts that drive the command line
 
 What a lower layer needs from a higher one it receives from its caller (the optimizer gets the family's
-`layer_ids`, the FLOP count the family's `train_flops`); the registry reaches the systems by module path, imported
-when a run names one, not by an import statement.
+`layer_ids`, the FLOP count the family's `FlopCount`); the registry reaches the systems by module path, imported
+when a run names one, not by an import statement. A system's record module (the module the registry's `SYSTEMS`
+names, e.g. `xlgen.models.xlnet.family`) is an application whichever package holds it: nothing imports it, and it
+names the optional records the applications define (`Finetuning`, `Interop`, `Stream`, ...).
 """
 
 from __future__ import annotations
 
+import ast
 import os
 
 from test_import_graph import PACKAGES, ROOT, _modules, import_graph
@@ -51,8 +54,23 @@ LAYERS = (
 MAX_TOP_LEVEL_MODULES = 10  # modules directly in xlgen/ (.py files besides the package's __init__.py)
 
 
+def record_modules() -> frozenset:
+    """The system record modules named in the `SYSTEMS` literal of xlgen/registry.py (read as text)."""
+    tree = ast.parse(open(os.path.join(ROOT, "xlgen", "registry.py"), encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "SYSTEMS":
+            return frozenset(ref.split(":")[0] for ref in ast.literal_eval(node.value).values())
+    raise AssertionError("xlgen/registry.py: no SYSTEMS literal")
+
+
+RECORD_MODULES = record_modules()
+
+
 def layer_of(module: str) -> int:
-    """Index in LAYERS of the longest listed prefix of `module` (a package covers its submodules)."""
+    """Index in LAYERS of the longest listed prefix of `module` (a package covers its submodules); a system's
+    record module is in the applications layer."""
+    if module in RECORD_MODULES:
+        return [name for name, _ in LAYERS].index("apps")
     best, index = "", None
     for i, (_, members) in enumerate(LAYERS):
         for m in members:
@@ -85,6 +103,7 @@ def test_layer_order_is_checked():
     facade reached from below are upward; the trainer importing a model is not."""
     assert layer_of("xlgen.models.xlnet.model") < layer_of("xlgen.train.loop") < layer_of("xlgen.cli")
     assert layer_of("xlgen.registry") > layer_of("xlgen.models.family")
+    assert layer_of("xlgen.models.xlnet.family") == layer_of("xlgen.finetune.record") > layer_of("xlgen.models.xlnet")
     assert upward_imports({"xlgen.models.layers": {"xlgen.train.program"}}) == [
         ("xlgen.models.layers", "xlgen.train.program")
     ]

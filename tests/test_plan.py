@@ -363,9 +363,9 @@ CLOSE = {
 def _model_flops(config):
     """The analytic model FLOPs of a config, as the trainer and `xlgen plan` count them (the family's count)."""
     from xlgen import registry
-    from xlgen.models.cost import train_flops_per_step
+    from xlgen.models.cost import FlopCount, train_flops_per_step
 
-    return train_flops_per_step(config, registry.get(config.model.family).train_flops)
+    return train_flops_per_step(config, registry.get(config.model.family).record(FlopCount))
 
 
 def _model_and_traced(name, overrides):
@@ -489,7 +489,7 @@ def _load(name, *overrides):
 
 @pytest.mark.parametrize("name", PAPER_CONFIGS)
 def test_paper_configs_load_and_validate(name):
-    from xlgen.registry import model_config
+    from xlgen.models.family import model_config
 
     c = _load(name)
     model_config(c)  # every model key is a field of the family's config, values validated

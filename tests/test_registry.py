@@ -11,7 +11,11 @@ import pytest
 from flax import nnx
 
 from xlgen import registry
+from xlgen.bench.hf import HFBench
+from xlgen.finetune.record import Finetuning, head
+from xlgen.models.cost import FlopCount
 from xlgen.models.params import flat_params, materialize, stack_layers
+from xlgen.pretrained import Interop, by_hf_model_type
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,18 +30,20 @@ def test_every_family_is_complete_and_found_by_name_hf_type_and_module():
     assert {"transformer_xl", "xlnet", "funnel"} <= set(registry.names())
     for name in ("transformer_xl", "xlnet", "funnel"):  # the families with Hugging Face counterparts
         fam = registry.get(name)
-        assert registry.by_hf_model_type(fam.hf_model_type) is fam
+        interop = fam.record(Interop)
+        assert by_hf_model_type(interop.hf_model_type) is fam
         cfg = fam.model_config({"family": name, **TINY[name]})
         assert isinstance(cfg, fam.config_class)
         role, ctor = next(iter(fam.models.items()))  # the pretraining model
         module = nnx.eval_shape(lambda: ctor(cfg, rngs=nnx.Rngs(0)))
         assert registry.family_of(module) is fam, (name, role)
-        for fn in (fam.from_hf, fam.wrap, fam.layer_ids, fam.train_flops, fam.to_hf):
+        for fn in (interop.from_hf, interop.wrap, fam.layer_ids, interop.to_hf):
             assert callable(fn)
+        assert callable(fam.record(FlopCount).train_step) and fam.record(HFBench) is not None
     with pytest.raises(ValueError, match="model.family='bert'.*expected one of"):
         registry.get("bert")
     with pytest.raises(ValueError, match="model_type='bert' is not supported"):
-        registry.by_hf_model_type("bert")
+        by_hf_model_type("bert")
     with pytest.raises(ValueError, match=r"config.model.n_layers: not a field of XLNetConfig"):
         registry.get("xlnet").model_config({"n_layers": 3})
 
@@ -47,17 +53,19 @@ def test_finetuning_heads_per_family():
     kinds = {"classification", "regression", "multiple_choice", "squad", "token_classification"}
     for name in ("xlnet", "funnel"):
         fam = registry.get(name)
-        assert set(fam.heads) == kinds and fam.squad_outputs is not None
-        assert fam.input_style == {"xlnet": "cls_last", "funnel": "cls_first"}[name]
-        cfg = fam.model_config(TINY[name], **fam.finetune_overrides(3))
-        head = nnx.eval_shape(lambda: fam.head("squad", cfg, num_labels=3, answerability=False, rngs=nnx.Rngs(0)))
-        assert registry.family_of(head) is fam
+        ft = fam.record(Finetuning)
+        assert set(ft.heads) == kinds and ft.squad_outputs is not None
+        assert ft.input_style == {"xlnet": "cls_last", "funnel": "cls_first"}[name]
+        cfg = fam.model_config(TINY[name], **ft.overrides(3))
+        qa = nnx.eval_shape(lambda: head(fam, "squad", cfg, num_labels=3, answerability=False, rngs=nnx.Rngs(0)))
+        assert registry.family_of(qa) is fam
         # from_pretrained(finetune workdir) calls the head with its own HF class (was: the LM's, wrong for QA)
-        wrapped = fam.wrap(head, {})
-        assert getattr(wrapped, "head", getattr(wrapped, "architecture", None)) == type(head).__name__
+        wrapped = fam.record(Interop).wrap(qa, {})
+        assert getattr(wrapped, "head", getattr(wrapped, "architecture", None)) == type(qa).__name__
     txl = registry.get("transformer_xl")
+    assert txl.record(Finetuning) is None and {f.name for f in registry.having(Finetuning)} >= {"xlnet", "funnel"}
     with pytest.raises(ValueError, match="no finetuning head"):
-        txl.head("classification", None, num_labels=2, answerability=False, rngs=None)
+        head(txl, "classification", None, num_labels=2, answerability=False, rngs=None)
 
 
 def test_materialize_and_flat_params_round_trip_with_scanned_layers():

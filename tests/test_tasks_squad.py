@@ -17,7 +17,7 @@ def data(tmp_path_factory):
     ex = read_squad(str(d / "train-v2.0.json"), version="v2.0", require_answers=True)
     texts = [e.context for e in ex] + [e.question for e in ex]
     tok = SentencePieceTokenizer(model_proto=synthetic.train_sentencepiece(texts, vocab_size=120))
-    tok.style = "cls_last"  # XLNet's layout (`Family.input_style`)
+    tok.style = "cls_last"  # XLNet's layout (`Finetuning.input_style`)
     return ex, tok
 
 

@@ -305,8 +305,10 @@ def end_block(summary, config) -> str:
                 f"--logdir {shlex.quote(wd + '/tensorboard')}"
             )
     from xlgen import registry
+    from xlgen.pretrained import Interop
 
-    if registry.get(config.model.family).wrap is not None:  # systems with an HF-convention wrapper
+    interop = registry.get(config.model.family).record(Interop)
+    if interop is not None and interop.wrap is not None:  # systems with an HF-convention wrapper
         code = f"import xlgen; m = xlgen.from_pretrained({json.dumps(wd)}); print(type(m).__name__)"
         lines.append(f"  Python:      {python} -c {shlex.quote(code)}")
     return "\n".join(lines)

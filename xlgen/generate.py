@@ -3,7 +3,7 @@
     xlgen generate (--workdir=DIR | --model=HF_DIR) --prompt=TEXT [--max_new_tokens=200 --top_k=40 --top_p=1.0
                    --temperature=1.0 --seed=0 --num_samples=1 --mem_len=M --prefix=TEXT]
     xlgen generate --workdir=DIR [--num_samples=N --seed=S]     a system that samples unconditionally (a text GAN,
-                   `Family.sample`): N sentences, one per line, the same for the same seed
+                   a `Sampling` record): N sentences, one per line, the same for the same seed
 
 Decoding follows Transformer-XL's recurrence (Dai thesis §3.2, the original PyTorch repository's evaluation with
 memory): the prompt runs as one segment against an empty memory, then every new token is one segment of length 1.
@@ -34,7 +34,7 @@ import functools
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -321,9 +321,21 @@ def load_for_generation(workdir: Optional[str] = None, model: Optional[str] = No
     return module, tokenizer
 
 
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """The record of a system that generates text unconditionally (a text GAN), in `Family.records`
+    (`xlgen.registry`): `xlgen generate --workdir=W` calls `sample` instead of the language-model decoders.
+
+    sample  (config, program, state, workdir, num_samples, seed) -> [sentence]: from the workdir's restored state,
+            the same sentences for the same seed
+    """
+
+    sample: Callable[..., List[str]]
+
+
 def _system_sampler(workdir: Optional[str]):
-    """(num_samples, seed) -> sentences when `workdir` is a run of a system whose registry record samples by itself
-    (`Family.sample`, e.g. InitialGAN), else None (the language-model path)."""
+    """(num_samples, seed) -> sentences when `workdir` is a run of a system with a `Sampling` record (e.g.
+    InitialGAN), else None (the language-model path)."""
     if workdir is None:
         return None
     from xlgen import config as config_lib
@@ -331,12 +343,13 @@ def _system_sampler(workdir: Optional[str]):
 
     config = config_lib.read_workdir_config(workdir)
     family = config.model.get("family") if config is not None else None
-    if family not in registry.names() or registry.get(family).sample is None:
+    if family not in registry.names() or registry.get(family).record(Sampling) is None:
         return None
     from xlgen.train.workdir import Workdir
 
     config, program, restored = Workdir(workdir).open()
-    return lambda num, seed: registry.get(family).sample(config, program, restored.state, workdir, num, seed)
+    sample = registry.get(family).record(Sampling).sample
+    return lambda num, seed: sample(config, program, restored.state, workdir, num, seed)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -3,13 +3,12 @@
     from xlgen import registry
     fam = registry.get(config.model.family)          # the system's record (`xlgen.models.family.Family`)
     obj = registry.objective(config)                 # its `Objective` for `config.objective` (or its default)
-    fam = registry.by_hf_model_type(hf_config["model_type"])
+    ft = fam.record(Finetuning)                      # one of its optional records, or None
+    [f for f in registry.having(Finetuning)]         # the systems that have one
 
-A system is one package that defines its record (`Family`: models, objectives with their data pipelines, optional
-Hugging Face hooks and finetuning heads) and one line in `SYSTEMS` below; it is imported only when a run asks for
-it. Objectives shared by every family with finetuning heads (the finetuning losses) are named in
-`SHARED_OBJECTIVES`. Nothing outside a system's package branches on its name. docs/architecture.md, "Adding a
-system", is the recipe.
+A system is one package that defines its record and one line in `SYSTEMS` below; it is imported only when a run
+asks for it. Objectives shared by every family with finetuning heads (the finetuning losses) are named in
+`SHARED_OBJECTIVES`. Nothing outside a system's package branches on its name. docs/architecture.md, "Adding a system", is the recipe.
 """
 
 from __future__ import annotations
@@ -107,21 +106,9 @@ def objective(config) -> Objective:
     )
 
 
-def _with_hf() -> Tuple[Family, ...]:
-    return tuple(f for f in (get(n) for n in _systems()) if f.hf_model_type is not None)
-
-
-def by_hf_model_type(model_type: str) -> Family:
-    """The family loading Hugging Face `config.json` files with this `model_type`."""
-    for family in _with_hf():
-        if family.hf_model_type == model_type:
-            return family
-    supported = sorted(f.hf_model_type for f in _with_hf())
-    raise ValueError(f"model_type={model_type!r} is not supported; supported: {supported}")
-
-
-def hf_model_types() -> Tuple[str, ...]:
-    return tuple(f.hf_model_type for f in _with_hf())
+def having(kind: type) -> Tuple[Family, ...]:
+    """The registered systems that have a record of type `kind`."""
+    return tuple(f for f in (get(n) for n in _systems()) if f.record(kind) is not None)
 
 
 def family_of(module) -> Family:

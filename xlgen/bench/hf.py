@@ -6,9 +6,10 @@ Sides have the interface of `xlgen.bench.xlgen_side`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 from xlgen.bench import measure
 from xlgen.bench.xlgen_side import PROMPT_TOKENS, prompt, stream
@@ -26,6 +27,30 @@ def require_torch():
 _NEEDS = {"train_model": "training", "memory_lm": "--eval / --generate", "load_memory_lm": "--eval / --generate"}
 
 
+@dataclasses.dataclass(frozen=True)
+class HFBench:
+    """The Hugging Face PyTorch counterpart that `xlgen bench --compare-hf` measures against a family's model, a
+    record in `Family.records` (`xlgen.registry`; in the family's own `hf_bench.py`). The functions import
+    torch/transformers when called (a family's record never needs them); every field is optional.
+
+        train_model     config -> a randomly initialised HF model (transformers 4.34.1) doing the training work of
+                        `config.objective` on the same dimensions: `model(**inputs)` returns `.loss` (and `.mems`);
+                        ValueError when that objective has no HF counterpart
+        train_inputs    (the objective pipeline's batch, config) -> {HF keyword: NumPy array} of one training step
+        carries_mems    the step's `out.mems` (detached) are fed back as `mems=` to the next step
+        memory_lm       (config, directory) -> path of a random-weight HF language model with a segment-level memory
+                        written there, loadable by `xlgen.from_pretrained(path, mem_len=M)` (`--eval`,
+                        `--generate`)
+        load_memory_lm  (path, mem_len) -> that model in transformers, in eval mode, with memory length mem_len
+    """
+
+    train_model: Optional[Callable[[Any], Any]] = None
+    train_inputs: Optional[Callable[[Dict[str, Any], Any], Dict[str, Any]]] = None
+    carries_mems: bool = False
+    memory_lm: Optional[Callable[[Any, str], str]] = None
+    load_memory_lm: Optional[Callable[[str, int], Any]] = None
+
+
 class Unsupported(ValueError):
     """What the bench was asked cannot be measured for this config (no counterpart, bad sizes)."""
 
@@ -34,9 +59,9 @@ def hooks(config, need: str):
     """The family's `HFBench` with field `need` set; `Unsupported` naming the families that have it otherwise."""
     from xlgen import registry
 
-    hb = registry.get(config.model.family).hf_bench
+    hb = registry.get(config.model.family).record(HFBench)
     if hb is None or getattr(hb, need) is None:
-        have = [n for n in registry.names() if getattr(registry.get(n).hf_bench, need, None) is not None]
+        have = [n for n in registry.names() if getattr(registry.get(n).record(HFBench), need, None) is not None]
         raise Unsupported(
             f"model.family={config.model.family!r} has no Hugging Face counterpart for {_NEEDS[need]} in the bench "
             f"(families that have one: {have})"

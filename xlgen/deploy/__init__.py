@@ -10,7 +10,7 @@ What a workdir deploys (`served`):
                                                (`xlgen.finetune.objective.forward`, train=False): `logits`, or
                                                SQuAD start/end logits (+ `cls_logits`, answerability) / XLNet's
                                                beam arrays
-    language model (`Family.stream`)   inputs  input_ids `[batch, length]` int32, mems `[n_layer, batch, M, d]`
+    language model (a `Stream` record) inputs  input_ids `[batch, length]` int32, mems `[n_layer, batch, M, d]`
                                                float32, mem_valid `[batch]` int32 (real rows at the end of mems;
                                                0 = empty memory: start of a text)
                                        outputs log_probs / logits `[batch, length, V]`, mems, mem_valid
@@ -40,6 +40,25 @@ class NotExportable(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Stream:
+    """The record of a pretrained language model served segment by segment with its memory, in `Family.records`
+    (`xlgen.registry`): what `--to-onnx` / `--to-stablehlo` export of a pretraining workdir.
+
+    scores   the name of the per-position output ("log_probs" | "logits"), `[b, l, V]` float32
+    step     (module, input_ids `[b, l]`, mems `[n_layer, b, M, d]` | None, mem_valid `[b]` int | None) ->
+             (scores, new_mems `[n_layer, b, M, d]`): a fixed-length memory buffer of M = mem_len rows whose
+             last `mem_valid` rows are real (0 = empty: the first segment sees no memory)
+    memory   module -> (n_layer, mem_len, d_model): the memory's shape; mem_len 0 = no memory
+    prepare  module -> module in its inference settings (e.g. pretraining-only batch layouts off)
+    """
+
+    scores: str
+    step: Callable[..., Tuple[Any, Any]]
+    memory: Callable[[Any], Tuple[int, int, int]]
+    prepare: Callable[[Any], Any] = lambda module: module
+
+
+@dataclasses.dataclass(frozen=True)
 class TensorSpec:
     name: str
     shape: Tuple[Dim, ...]  # ints, or "batch" / "length" (symbolic axes)
@@ -61,10 +80,11 @@ class Served:
     family: str
     task: Optional[str] = None
     label_names: Optional[Sequence[str]] = None
-    input_style: Optional[str] = None  # "cls_last" (left padding, <cls> last) | "cls_first" (`Family.input_style`)
+    input_style: Optional[str] = None  # "cls_last" (left padding, <cls> last) | "cls_first" (`Finetuning.input_style`)
     module: Any = None  # the eval-mode module (for the ONNX route)
     config: Any = None
     notes: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    min_length: int = 1  # the shortest length the symbolic program holds for (`symbolic_args`)
 
     def example(self, sizes: Optional[Dict[str, int]] = None, seed: int = 0) -> List[np.ndarray]:
         """Valid random inputs of the given axis sizes (default: the trained ones)."""
@@ -82,13 +102,14 @@ HEAD_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_i
 def exportable_summary() -> str:
     """What `--to-onnx` / `--to-stablehlo` export, from the registry (one line)."""
     from xlgen import registry
+    from xlgen.finetune.record import Finetuning
 
     heads, lms = [], []
     for name in registry.names():
         fam = registry.get(name)
-        if fam.heads:
+        if fam.record(Finetuning) is not None:
             heads.append(name)
-        if fam.stream is not None:
+        if fam.record(Stream) is not None:
             lms.append(name)
     return (
         f"finetuned heads of {', '.join(heads)} (xlgen finetune workdirs) and the language models of "
@@ -119,12 +140,12 @@ def served_module(config, module, *, kind_of_run: str) -> Served:
         module.eval()
         return _served_head(config, family, module)
     objective = registry.objective(config)
-    if family.stream is None or objective.game is not None:
+    if family.record(Stream) is None or objective.build_program is not None:
         raise NotExportable(
             f"model.family={family.name!r} objective={objective.name!r} (a pretraining run) has no deployable "
             f"function; exportable: {exportable_summary()}"
         )
-    module = family.stream.prepare(module)
+    module = family.record(Stream).prepare(module)
     module.eval()
     graphdef, state = nnx.split(module)
     return _served_stream(config, family, graphdef, state, module)
@@ -143,6 +164,7 @@ def _served_head(config, family, module) -> Served:
     from flax import nnx
 
     from xlgen.finetune import objective as ft
+    from xlgen.finetune.record import input_style
     from xlgen.finetune.tasks import get_task
 
     task = get_task(config.task)
@@ -166,7 +188,7 @@ def _served_head(config, family, module) -> Served:
         family=family.name,
         task=task.name,
         label_names=task.label_names,
-        input_style=family.input_style,
+        input_style=input_style(family),
         module=module,
         config=config,
     )
@@ -199,7 +221,7 @@ def _served_stream(config, family, graphdef, state, module) -> Served:
     from xlgen import registry
     from xlgen.models.relative_attention import advance_memory_validity
 
-    stream = family.stream
+    stream = family.record(Stream)
     n_layer, mem_len, d_model = stream.memory(module)
     spec = registry.objective(config).batch_shapes(config, "eval")
     ids_shape = spec["input_ids"][0] if "input_ids" in spec else next(s for s, _ in spec.values() if len(s) == 2)
@@ -280,25 +302,55 @@ def _vocab_size(served_: Served) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def export_stablehlo(served_: Served):
-    """`jax.export.Exported` of `served_.fn`: batch and length symbolic where the model's shapes allow it, else
-    batch symbolic and the trained length, else the trained shapes. Returns (exported, {axis: "symbolic" | size})."""
+MIN_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _symbolic(served_: Served, symbolic: Sequence[str], min_length: int):
+    """`jax.ShapeDtypeStruct`s of the inputs with the axes `symbolic` as `jax.export` dimension variables (length
+    >= min_length; length^2 >= length lets the decision procedure order the quadratic sizes of a flattened
+    relative shift)."""
     import jax
     from jax import export
 
+    syms = {}
+    if symbolic:
+        constraints = [f"length >= {min_length}", "length^2 >= length"] if "length" in symbolic else []
+        syms = dict(zip(symbolic, export.symbolic_shape(", ".join(symbolic), constraints=constraints)))
+    sizes = {**served_.trained, **syms}
+    return [jax.ShapeDtypeStruct(s.concrete(sizes), np.dtype(s.dtype)) for s in served_.inputs], syms
+
+
+def symbolic_args(served_: Served, trace: Optional[Callable] = None):
+    """The most symbolic input shapes `served_.fn` traces with: batch and length symbolic with the smallest
+    `MIN_LENGTHS` entry whose constraint decides every comparison of sizes (set as `served_.min_length`), else batch
+    symbolic and the trained length, else the trained shapes. `trace(args)` is the tracing (default
+    `jax.make_jaxpr`). Returns (args, {axis: "symbolic" | size}, trace's result)."""
+    import jax
+
+    trace = trace or (lambda args: jax.make_jaxpr(served_.fn)(*args))
     errors = []
-    for symbolic in (SYMBOLIC, ("batch",), ()):
-        syms = dict(zip(symbolic, export.symbolic_shape(", ".join(symbolic)))) if symbolic else {}
-        sizes = {**served_.trained, **syms}
-        args = [jax.ShapeDtypeStruct(s.concrete(sizes), np.dtype(s.dtype)) for s in served_.inputs]
+    choices = [(SYMBOLIC, m) for m in MIN_LENGTHS] + [(("batch",), 1), ((), 1)]
+    for symbolic, min_length in choices:
+        args, syms = _symbolic(served_, symbolic, min_length)
         try:
-            exported = export.export(jax.jit(served_.fn))(*args)
-        except Exception as e:  # shape polymorphism refused: fix the axis to its trained size
-            errors.append(f"{'/'.join(symbolic) or 'fixed'}: {type(e).__name__}")
+            result = trace(args)
+        except Exception as e:  # shape polymorphism refused: a longer minimum, or fix the axis
+            errors.append(f"{'/'.join(symbolic) or 'fixed'}>={min_length}: {type(e).__name__}")
             continue
+        served_.min_length = min_length if "length" in syms else served_.trained["length"]
         axes = {a: ("symbolic" if a in syms else served_.trained[a]) for a in SYMBOLIC}
-        return exported, axes
-    raise ValueError(f"jax.export failed for every shape choice: {'; '.join(errors)}")  # pragma: no cover
+        return args, axes, result
+    raise ValueError(f"tracing failed for every shape choice: {'; '.join(errors)}")  # pragma: no cover
+
+
+def export_stablehlo(served_: Served):
+    """`jax.export.Exported` of `served_.fn` with the input shapes of `symbolic_args`. Returns (exported,
+    {axis: "symbolic" | size})."""
+    import jax
+    from jax import export
+
+    _, axes, exported = symbolic_args(served_, lambda args: export.export(jax.jit(served_.fn))(*args))
+    return exported, axes
 
 
 def _dims(shape) -> List[Dim]:
@@ -322,6 +374,7 @@ def io_description(
         "axes": axes,
         "inputs": [{"name": s.name, "shape": shape(s), "dtype": s.dtype} for s in served_.inputs],
         "outputs": [{"name": n, "shape": _dims(sh), "dtype": dt} for n, (sh, dt) in zip(served_.outputs, out_shapes)],
+        "min_length": served_.min_length,
         "label_names": list(served_.label_names) if served_.label_names else None,
         "files": sorted(files),
     }
@@ -357,7 +410,7 @@ def run_kind(workdir: str) -> str:
         raise FileNotFoundError(f"--workdir={workdir}: no config.json (not an xlgen workdir)")
     family = registry.get(config.model.family)
     objective = registry.objective(config)
-    if family.stream is None or objective.game is not None:
+    if family.record(Stream) is None or objective.build_program is not None:
         raise NotExportable(
             f"--workdir={workdir}: a {family.name} {objective.name} pretraining run has no deployable function; "
             f"exportable: {exportable_summary()}"
@@ -376,6 +429,7 @@ def export_workdir(
     (`tokenizer_files(config, directory, hf_model_type) -> names`, `xlgen.interop.export`); returns (out path, io
     description)."""
     from xlgen import registry
+    from xlgen.pretrained import hf_model_type
     from xlgen.train import outdir
     from xlgen.train.workdir_model import restore_params
 
@@ -391,8 +445,8 @@ def export_workdir(
     else:
         from xlgen.deploy import onnx_graph as deploy_onnx
 
-        payload, axes, out_shapes, used = deploy_onnx.export_onnx(served_)
-        served_ = dataclasses.replace(served_, inputs=[s for s in served_.inputs if s.name in used])
+        payload, axes, out_shapes = deploy_onnx.export_onnx(served_)
+        served_ = dataclasses.replace(served_, outputs=deploy_onnx.output_names(served_))
     desc = {}
 
     def fill(tmp: str) -> None:
@@ -400,7 +454,7 @@ def export_workdir(
             f.write(payload)
         files = [FORMATS[fmt], "io.json"]
         if tokenizer_files is not None:
-            files += tokenizer_files(config, tmp, registry.get(served_.family).hf_model_type or "")
+            files += tokenizer_files(config, tmp, hf_model_type(registry.get(served_.family)) or "")
         if served_.label_names:
             with open(os.path.join(tmp, "labels.txt"), "w", encoding="utf-8") as f:
                 f.write("".join(f"{n}\n" for n in served_.label_names))

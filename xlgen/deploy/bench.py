@@ -5,7 +5,7 @@
 
 The model: an XLNet sequence classifier (6 layers, d_model 256, 4 heads, d_inner 1024, vocabulary 32,000,
 2 labels), random weights from a fixed seed, inputs of length 128. xlgen runs the deployed function jitted
-(`xlgen.deploy.Served.fn`), onnxruntime the `--to-onnx` graph, torch the same weights in transformers 4.34.1
+(`xlgen.deploy.Served.fn`), onnxruntime the `--to-onnx` graph (the same function translated), torch the same weights in transformers 4.34.1
 (`torch.no_grad`). Figure: the median wall time of one call after warm-up.
 """
 
@@ -35,7 +35,7 @@ def served():
     from xlgen.finetune.objective import FINETUNE
     from xlgen.models.params import materialize
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     overrides = ["task=glue/sst2", f"data.max_seq_length={LENGTH}", "data.eval_batch_size=1"]
     overrides += [f"model.{k}={v}" for k, v in MODEL.items()]
     config = load_config(os.path.join(repo, "configs/finetune/tiny.py"), [f"--config.{o}" for o in overrides])
@@ -74,17 +74,33 @@ def measure(runtime: str, batch: int, out_dir: str) -> float:
         return timed(lambda: session.run(None, feed), batch)
     import torch
 
-    from xlgen.deploy import onnx_graph as deploy_onnx
-
-    model, hf_config = deploy_onnx._hf_model(s.module)
-    wrapper = deploy_onnx._wrapper(s, model, hf_config)
-    tensors = [torch.from_numpy(a) for a in arrays]
+    model = hf_model(s.module)
+    names = [spec.name for spec in s.inputs]
+    tensors = {
+        n: torch.from_numpy(a.astype(np.int64 if n != "attention_mask" else np.float32)) for n, a in zip(names, arrays)
+    }
 
     def call():
         with torch.no_grad():
-            wrapper(*tensors)
+            model(**tensors)
 
     return timed(call, batch)
+
+
+def hf_model(module):
+    """The transformers model equal to an xlgen module (`xlgen.interop.export.to_hf`), in eval mode."""
+    import torch
+    import transformers
+
+    from xlgen import registry
+    from xlgen.pretrained import Interop
+
+    hf_config, state_dict = registry.family_of(module).record(Interop).to_hf(module)
+    cfg_class = transformers.AutoConfig.for_model(hf_config["model_type"]).__class__
+    cfg = cfg_class.from_dict({k: v for k, v in hf_config.items() if k != "model_type"})
+    model = getattr(transformers, hf_config["architectures"][0])(cfg).eval()
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state_dict.items()}, strict=True)
+    return model
 
 
 def main(argv=None) -> int:

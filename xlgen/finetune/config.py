@@ -19,15 +19,17 @@ def pretrained_model_section(init_from: str) -> Dict[str, Any]:
         import dataclasses
 
         from xlgen import registry
+        from xlgen.finetune.record import Finetuning
+        from xlgen.pretrained import Interop, by_hf_model_type
 
         mt = hf["model_type"]
-        finetunable = [f.hf_model_type for f in map(registry.get, registry.names()) if f.heads]
+        finetunable = [f.record(Interop).hf_model_type for f in registry.having(Finetuning) if f.record(Interop)]
         if mt not in finetunable:
             raise ValueError(
                 f"{init_from}/config.json: model_type={mt!r} cannot be finetuned here (supported: "
                 f"{', '.join(finetunable)})"
             )
-        family = registry.by_hf_model_type(mt)
+        family = by_hf_model_type(mt)
         cfg = family.config_class.from_hf(hf)
         d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
         return {"family": family.name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}}
@@ -42,11 +44,12 @@ def check_finetunable(family: str, init_from: str) -> None:
     naming the families that have."""
     from xlgen import config as config_lib
     from xlgen import registry
+    from xlgen.finetune.record import Finetuning
 
     if family not in registry.names():
         return  # reported where the model is built, with the registered names
-    if not registry.get(family).heads:
-        with_heads = [n for n in registry.names() if registry.get(n).heads]
+    if registry.get(family).record(Finetuning) is None:
+        with_heads = [f.name for f in registry.having(Finetuning)]
         raise config_lib.ConfigError(
             f"init_from={init_from} holds a {family} model, which has no finetuning heads; finetune a run of "
             f"{' or '.join(with_heads)} (model.family)"

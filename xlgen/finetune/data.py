@@ -41,6 +41,7 @@ def load_tokenizer(config):
     framing inputs in the model family's layout."""
     from data_pipelines.vocab import load_tokenizer_file
     from xlgen import registry
+    from xlgen.finetune.record import input_style
 
     path = config.tokenizer or (config.init_from if config.init_from else "")
     if config.init_from:  # an xlgen pretraining workdir carries its tokenizer (xlgen/train/tokenizer_store.py)
@@ -57,7 +58,7 @@ def load_tokenizer(config):
     tok = load_tokenizer_file(_local_tokenizer_file(path), lower=lower)
     tok.check_task_input(path)
     # The input layout follows the model: XLNet (<cls> last, left padding) or Funnel/BERT (<cls> first).
-    tok.style = registry.get(config.model.family).input_style
+    tok.style = input_style(registry.get(config.model.family))
     if tok.vocab_size > int(config.model.vocab_size):
         raise ValueError(f"tokenizer {path} has {tok.vocab_size} pieces but model.vocab_size={config.model.vocab_size}")
     return tok

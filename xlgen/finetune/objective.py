@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from xlgen import registry
+from xlgen.finetune.record import Finetuning, head
 from xlgen.finetune.tasks import get_task
 from xlgen.models.family import Objective
 
@@ -49,19 +50,24 @@ def num_labels(config) -> int:
 
 
 def model_cfg(config):
-    """The family's config dataclass for finetuning (`Family.finetune_overrides`)."""
-    family = registry.get(config.model.family)
-    return registry.model_config(config, **family.finetune_overrides(num_labels(config)))
+    """The family's config dataclass for finetuning (`Finetuning.overrides`)."""
+    record = registry.get(config.model.family).record(Finetuning)
+    return registry.model_config(config, **(record.overrides(num_labels(config)) if record is not None else {}))
 
 
 def make_model(config, rngs, train: bool):
-    """The family's head for the task's kind (`Family.heads`), with the config's LoRA adapters."""
+    """The family's head for the task's kind (`Finetuning.heads`), with the config's LoRA adapters."""
     from xlgen.finetune.peft import attach_adapters
 
     task = get_task(config.task)
     family = registry.get(config.model.family)
-    model = family.head(
-        task.kind, model_cfg(config), num_labels=num_labels(config), answerability=task.version == "v2.0", rngs=rngs
+    model = head(
+        family,
+        task.kind,
+        model_cfg(config),
+        num_labels=num_labels(config),
+        answerability=task.version == "v2.0",
+        rngs=rngs,
     )
     return attach_adapters(model, config, rngs)
 
@@ -75,10 +81,12 @@ def max_segments(config) -> int:
     if n:
         kind = get_task(config.task).kind
         family = registry.get(config.model.family)
-        if kind not in family.segment_heads:
+        record = family.record(Finetuning)
+        segment_heads = record.segment_heads if record is not None else ()
+        if kind not in segment_heads:
             raise ValueError(
                 f"config.max_segments={n}: task {config.task} ({kind}) on model.family={family.name!r} has no "
-                f"segment-recurrent head (supported: {list(family.segment_heads) or 'none, no memory'})"
+                f"segment-recurrent head (supported: {list(segment_heads) or 'none, no memory'})"
             )
     return n
 
@@ -162,10 +170,10 @@ def forward(model, batch, config, *, train: bool) -> Dict[str, jax.Array]:
         out = model(batch["input_ids"], **common, **packed, **segment_kwargs(config))
         logits = out[0] if isinstance(out, tuple) else out.logits  # XLNet: (logits, mems); Funnel: FunnelOutput
         return {"logits": logits.astype(jnp.float32)}
-    family = registry.get(fam)
-    if family.squad_outputs is None:
+    record = registry.get(fam).record(Finetuning)
+    if record is None or record.squad_outputs is None:
         raise ValueError(f"model.family={fam!r}: no SQuAD head")
-    return family.squad_outputs(model, batch, train=train)
+    return record.squad_outputs(model, batch, train=train)
 
 
 def _masked_log_softmax(logits, p_mask):

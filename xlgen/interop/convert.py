@@ -2,9 +2,9 @@
 TensorFlow release (XLNet, Funnel-Transformer, Transformer-XL) as a model directory that `xlgen.from_pretrained(DIR)`
 loads (and transformers 4.34.1 too: DIR is a Hugging Face directory, `config.json` + `model.safetensors`).
 
-The checkpoint is read without TensorFlow (`xlgen.interop.tf_checkpoint`); the family's name map (`Family.from_tf`, in
+The checkpoint is read without TensorFlow (`xlgen.interop.tf_checkpoint`); the family's name map (`Interop.from_tf`, in
 `xlgen/models/<family>/tf_import.py`) puts each original variable into the xlgen module, and the family's Hugging
-Face writer (`Family.to_hf`) writes DIR. `--config` gives the architecture: a Hugging Face `config.json` (with
+Face writer (`Interop.to_hf`) writes DIR. `--config` gives the architecture: a Hugging Face `config.json` (with
 `model_type`), an xlgen config file (`configs/pretrain/xlnet_large.py`, its `model` section), or the release's own
 JSON where the family reads one (XLNet `xlnet_config.json`, Funnel `net_config.json`). The tokenizer files of the
 release (`spiece.model`, `vocab.txt`) are not touched: copy them next to the weights.
@@ -18,6 +18,7 @@ import sys
 from typing import List, Optional
 
 from xlgen import registry
+from xlgen.pretrained import Interop
 
 
 def family_config(family, path: str):
@@ -35,16 +36,18 @@ def family_config(family, path: str):
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: line {e.lineno}: not JSON ({e.msg})") from None
     if "model_type" in data:
-        if data["model_type"] != family.hf_model_type:
-            raise ValueError(f"{path}: model_type={data['model_type']!r}, expected {family.hf_model_type!r}")
+        if data["model_type"] != family.record(Interop).hf_model_type:
+            raise ValueError(
+                f"{path}: model_type={data['model_type']!r}, expected {family.record(Interop).hf_model_type!r}"
+            )
         return family.config_class.from_hf(data)
-    if family.from_tf.original_config is None:
+    if family.record(Interop).from_tf.original_config is None:
         raise ValueError(
             f"{path}: no model_type (not a Hugging Face config.json); family {family.name!r} has no config file "
             "of its own: pass a Hugging Face config.json or an xlgen config file"
         )
     try:
-        return family.from_tf.original_config(data)
+        return family.record(Interop).from_tf.original_config(data)
     except KeyError as e:
         raise ValueError(f"{path}: missing key {e.args[0]!r}") from None
 
@@ -55,12 +58,13 @@ def convert(ckpt_prefix: str, family_name: str, config_path: str, out_dir: str):
     from xlgen.interop.tf_checkpoint import TFCheckpoint
 
     family = registry.get(family_name)
-    if family.from_tf is None or family.to_hf is None:
+    interop = family.record(Interop)
+    if interop is None or interop.from_tf is None or interop.to_hf is None:
         raise ValueError(f"--family={family_name}: no TensorFlow importer")
     config = family_config(family, config_path)
     ckpt = TFCheckpoint(ckpt_prefix)
-    module = family.from_tf.load(ckpt, config)
-    hf_config, state_dict = family.to_hf(module)
+    module = interop.from_tf.load(ckpt, config)
+    hf_config, state_dict = interop.to_hf(module)
     return save_hf(out_dir, hf_config, state_dict, flag="--out"), hf_config["architectures"][0]
 
 
@@ -71,7 +75,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "directory xlgen.from_pretrained loads",
     )
     p.add_argument("--from-tf", "--from_tf", dest="from_tf", required=True, help="checkpoint prefix (or its dir)")
-    families = sorted(n for n in registry.names() if registry.get(n).from_tf is not None)
+    families = sorted(f.name for f in registry.having(Interop) if f.record(Interop).from_tf is not None)
     p.add_argument("--family", required=True, choices=families)
     p.add_argument("--config", required=True, help="HF config.json, xlgen config file, or the release's JSON")
     p.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")

@@ -33,9 +33,10 @@ import numpy as np
 
 from xlgen import registry
 from xlgen.models.params import flat_params  # noqa: F401  (re-exported: the writers' shared helper)
+from xlgen.pretrained import Interop, by_hf_model_type
 
 # ----------------------------------------------------------------------------------------------------------------
-# The module inside a loaded model, and its family's writer (`Family.to_hf`, `xlgen.models.<family>.hf_export`)
+# The module inside a loaded model, and its family's writer (`Interop.to_hf`, `xlgen.models.<family>.hf_export`)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -56,9 +57,10 @@ def to_hf(model) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config dict, HF state dict {name: float32 array}) of an xlgen model (module or from_pretrained result)."""
     module = unwrap(model)
     family = registry.family_of(module)
-    if family.to_hf is None:
+    interop = family.record(Interop)
+    if interop is None or interop.to_hf is None:
         raise ValueError(f"{type(module).__name__}: no Hugging Face writer for model.family={family.name!r}")
-    return family.to_hf(module)
+    return interop.to_hf(module)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def write_tokenizer(tokenizer, out_dir: str, model_type: str) -> List[str]:
         vocab = tokenizer.tok.get_vocab()
         with open(os.path.join(out_dir, "vocab.txt"), "w", encoding="utf-8") as f:
             f.write("".join(piece + "\n" for piece, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
-        wp = dict(registry.by_hf_model_type(model_type).hf_wordpiece) if model_type else {}
+        wp = dict(by_hf_model_type(model_type).record(Interop).hf_wordpiece) if model_type else {}
         cfg = {"tokenizer_class": wp.pop("tokenizer_class", "BertTokenizer"), "do_lower_case": bool(tokenizer.uncased)}
         cfg["strip_accents"] = None
         specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]"}

@@ -27,7 +27,7 @@ Funnel: `xlgen.models.funnel.cost` (per-block cost with pooling), with the posit
 LayerNorms at the k predicted rows per sequence (`funnel.heads.predictions_per_row`: `objective_options.
 max_predictions`, by default the mlm pipeline's own count; -1 = every position; `funnel.cost.train_flops`).
 
-The formulas live with each family (`xlgen.models.<family>.cost`, registered as `Family.train_flops`); this module
+The formulas live with each family (`xlgen.models.<family>.cost`, registered as a `FlopCount` record); this module
 holds the shared counting primitives and `train_flops_per_step`, which its caller gives the family's count.
 
 Executed vs model FLOPs. The compiled step executes at least these matmuls and, on top:
@@ -47,8 +47,9 @@ MFU = model FLOPs / (devices · peak · time).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 _EULER_GAMMA = 0.5772156649
 
@@ -97,7 +98,15 @@ def adaptive_softmax_fwd(
     return float(tokens * emb), float(tokens * (head + tails))
 
 
-def train_flops_per_step(config, train_flops: Optional[Callable]) -> float:
-    """Model FLOPs (forward + backward, no remat) of one global training batch: `train_flops(config)`, the system's
-    count (`Family.train_flops`, `xlgen.models.<family>.cost`); 0.0 for a system that counts none (no MFU)."""
-    return float(train_flops(config)) if train_flops is not None else 0.0
+@dataclasses.dataclass(frozen=True)
+class FlopCount:
+    """The record of a system whose training FLOPs are counted, in `Family.records` (`xlgen.models.family`):
+    `train_step(config)` = the analytic model FLOPs of one global training step (`xlgen.models.<family>.cost`)."""
+
+    train_step: Callable[[Any], float]
+
+
+def train_flops_per_step(config, count: Optional[FlopCount]) -> float:
+    """Model FLOPs (forward + backward, no remat) of one global training batch: the system's `FlopCount`; 0.0 for a
+    system that counts none (no MFU)."""
+    return float(count.train_step(config)) if count is not None else 0.0

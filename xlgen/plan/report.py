@@ -60,10 +60,7 @@ def plan(
     t0 = time.perf_counter()
     _log(f"building the train program for {len(devices)} {devices[0].device_kind} devices, mesh {dict(mesh.shape)}")
     program = build_program(config, mesh)
-    if hasattr(program, "abstract_args"):  # (state, batch, mems): the step's full signature
-        args = tuple(program.abstract_args())
-    else:
-        args = (program.abstract_state(), program.abstract_batch())
+    args = tuple(program.abstract_args())  # (state, batch, mems): the step's full signature
     state, batch = args[0], args[1]
     report["global_batch_size"] = _batch_size(batch)
     breakdown = state_breakdown(state)
@@ -89,7 +86,7 @@ def plan(
     report["trace_lower_time_s"] = round(time.perf_counter() - t0 - report["compile_time_s"], 2)
     report["flops_per_step"]["analytic_model"] = float(program.analytic_flops_per_step)
     report.pop("_has_while")
-    tokens = getattr(program, "tokens_per_step", None)
+    tokens = program.tokens_per_step
     if tokens:
         report["tokens_per_step"] = int(tokens)
     report["ici_bytes_per_s_per_device"] = topo.ici_bytes_per_s_per_device(t, devices)
@@ -143,7 +140,7 @@ def program_fsdp_ideal(program, config) -> Dict[str, float]:
     from xlgen.plan import comm
 
     return comm.ideal_fsdp_bytes(
-        program.train_spec.shapes,
+        program.param_shapes,
         program.param_specs,
         dict(program.mesh.shape),
         remat=_remat_on(config.model),
@@ -207,7 +204,7 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
     the topology's devices, compiles nothing), e.g. for a report without communication figures."""
     from xlgen import registry
     from xlgen.config import load_config, parse_overrides
-    from xlgen.models.cost import train_flops_per_step
+    from xlgen.models.cost import FlopCount, train_flops_per_step
 
     with open(path) as f:
         report = json.load(f)
@@ -224,7 +221,7 @@ def refresh(path: str, ideal: bool = False) -> Dict[str, Any]:
     except (ConfigError, OSError) as e:
         raise SystemExit(f"{path}: cannot reload its config {report['config']!r}: {e}") from e
     report["flops_per_step"]["analytic_model"] = train_flops_per_step(
-        config, registry.get(config.model.family).train_flops
+        config, registry.get(config.model.family).record(FlopCount)
     )
     report["flops_per_step"]["matmul_jaxpr"] = traced_matmul_flops(config, _trace_devices(report))
     report["total_steps"] = int(config.total_steps)

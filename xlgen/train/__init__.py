@@ -6,6 +6,6 @@ from xlgen.train.loop import train, evaluate
 Objectives belong to their system (`xlgen.registry.objective(config)`).
 """
 
-from xlgen.train.program import Program, build_program, make_eval_step
+from xlgen.train.program import Program, TrainProgram, build_program, make_eval_step
 
-__all__ = ["Program", "build_program", "make_eval_step"]
+__all__ = ["Program", "TrainProgram", "build_program", "make_eval_step"]

@@ -3,9 +3,10 @@ statistics, optax optimizer and loss, updated in a fixed order inside one jitted
 
     game = Game(players=(Player("disc", make_d, tx_d, sched_d), Player("gen", make_g, tx_g, sched_g)),
                 order=(("disc", d_loss), ("gen", g_loss)), batch_shapes={...}, examples_per_step=B)
-    program = build_game_program(config, mesh, game, name="cegan")
+    objective = game_objective("cegan", lambda config: game, Pipeline, evaluate)   # the system's Objective
+    program = build_program(config, mesh)            # -> objective.build_program: build_game_program(...)
     state, _ = program.init_state()
-    state, _, metrics = program.train_step(state, batch, None)       # loop.run drives it like any Program
+    state, _, metrics = program.train_step(state, batch, None)       # loop.run drives it like any TrainProgram
 
 The state is a plain pytree (what Orbax saves through xlgen/train/checkpointing.py):
     {"params":    {player: {dotted.name: array}},
@@ -32,19 +33,20 @@ consumed), as the single-player program does.
 Metrics: `loss` (the first update's loss), `<player>_loss` (the last update of each player), `<player>/<aux>`,
 `learning_rate` (the first player's) and `<player>_learning_rate`, `grad_norm` / `<player>_grad_norm`.
 
-The program reuses the single-player program's pieces: parameter shardings from the modules' logical axes
-(`xlgen.sharding`), batches sharded over the data axes, state created directly sharded by a jitted init, the step
-jitted with in/out shardings and the state donated. It duck-types `xlgen.train.program.Program` for the loop
-(`init_state`, `train_step`, `abstract_state`, `batch_shardings`, `mems_shape=None`, ...).
+The program is a `xlgen.train.program.TrainProgram` (the loop's contract) built from the same pieces as the
+one-model program: parameter shardings from the modules' logical axes (`xlgen.sharding`), batches sharded over the
+data axes, state created directly sharded by a jitted init, the step jitted with in/out shardings and the state
+donated; no recurrent memory.
 
-A system's registry entry holds a game as an `Objective` (`game_objective(name, make_game, pipeline, evaluate)`):
-`xlgen train` builds this program from `Objective.game(config)`, `Objective.evaluate` is its evaluation.
+A system's registry entry holds a game as an `Objective` (`game_objective(name, make_game, pipeline, evaluate)`,
+no loss): `xlgen train` builds this program through `Objective.build_program`, `Objective.evaluate` is its
+evaluation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +57,7 @@ from jax.sharding import Mesh, NamedSharding
 from xlgen import sharding
 from xlgen.models.family import Objective
 from xlgen.models.params import concrete_rest, path_name
+from xlgen.train.program import TrainProgram
 
 # loss_fn(models, batch, key, step, ctx) -> (loss, aux); ctx = {player: aux of its latest update in this step}
 LossFn = Callable[..., Tuple[jax.Array, Dict]]
@@ -96,10 +99,6 @@ def constant_learning_rates(config, total_steps: int) -> Dict[str, Callable[[Any
 GAME_UNUSED_KEYS = ("optimizer", "objective_options")
 
 
-def _game_only(*args, **kwargs):
-    raise ValueError("a multi-player objective trains through its game (Objective.game), not a single loss")
-
-
 def game_objective(name: str, make_game: Callable[[Any], Game], pipeline, evaluate=None) -> Objective:
     """The `Objective` of a game: `make_game(config) -> Game`, the data `pipeline` (as `Objective.pipeline`) and the
     system's `evaluate(config, program, state, out_dir, full)`."""
@@ -107,12 +106,10 @@ def game_objective(name: str, make_game: Callable[[Any], Game], pipeline, evalua
         name=name,
         make_model=lambda config, rngs, train: Players(make_game(config), rngs),
         batch_shapes=lambda config, split: make_game(config).batch_shapes,
-        loss=_game_only,
-        eval_loss=_game_only,
         pipeline=pipeline,
         tokens_per_step=lambda config: make_game(config).examples_per_step,
         eval_metrics=lambda loss, config: {},
-        game=make_game,
+        build_program=lambda config, mesh, objective: build_game_program(config, mesh, make_game(config), objective),
         evaluate=evaluate,
     )
 
@@ -147,64 +144,18 @@ class _Layout:
         return nnx.merge(self.graphdefs["train" if train else "eval"], ps, ss, concrete_rest(self.rest))
 
 
-@dataclasses.dataclass
-class _Spec:  # what xlgen.train.report reads (`parameter_count`)
-    shapes: Dict[str, Tuple[int, ...]]
+@dataclasses.dataclass(kw_only=True)
+class GameProgram(TrainProgram):
+    """A game's program: `params_of(state)` is {player: {name: array}}; `modules(state)` every player's module."""
 
-
-@dataclasses.dataclass
-class _Objective:  # what the loop and report read from `program.objective`
-    name: str
-    shapes: Dict[str, Tuple[Tuple[int, ...], Any]]
-
-    def batch_shapes(self, config, split: str = "train"):
-        return self.shapes
-
-
-@dataclasses.dataclass
-class GameProgram:
-    config: Any
-    mesh: Mesh
-    game: Game
-    objective: _Objective
     layouts: Dict[str, _Layout]
-    train_spec: _Spec
-    state_shardings: Any
-    batch_shardings: Dict[str, NamedSharding]
-    train_step: Any
-    init_state: Any
-    tokens_per_step: int
-    _abstract_state: Any
-    analytic_flops_per_step: float = 0.0
-    mems_shape: Optional[Tuple[int, ...]] = None
-    mems_dtype: Any = None
-    mems_sharding: Any = None
-
-    def abstract_state(self):
-        return self._abstract_state
-
-    def abstract_mems(self):
-        return None
-
-    def abstract_batch(self, split: str = "train"):
-        return {
-            k: jax.ShapeDtypeStruct(s, d, sharding=self.batch_shardings[k])
-            for k, (s, d) in self.game.batch_shapes.items()
-        }
-
-    def abstract_args(self):
-        return self.abstract_state(), self.abstract_batch(), None
-
-    def params_of(self, state) -> Dict[str, Dict[str, jax.Array]]:
-        """Every player's parameters, by player name (what `xlgen.train.workdir_model` restores)."""
-        return state["params"]
 
     def modules(self, state, train: bool = False) -> Dict[str, nnx.Module]:
         """Every player's module from a state (eval mode: batch norm uses the running statistics)."""
         return {n: lay.merge(state["params"][n], state["stats"][n], train) for n, lay in self.layouts.items()}
 
 
-def build_game_program(config, mesh: Mesh, game: Game, name: str) -> GameProgram:
+def build_game_program(config, mesh: Mesh, game: Game, objective: Objective) -> GameProgram:
     players = {p.name: p for p in game.players}
     for pname, _ in game.order:
         if pname not in players:
@@ -311,10 +262,9 @@ def build_game_program(config, mesh: Mesh, game: Game, name: str) -> GameProgram
     return GameProgram(
         config=config,
         mesh=mesh,
-        game=game,
-        objective=_Objective(name, dict(game.batch_shapes)),
+        objective=objective,
         layouts=layouts,
-        train_spec=_Spec(shapes),
+        param_shapes=shapes,
         state_shardings=state_shardings,
         batch_shardings=batch_shardings,
         train_step=step_jit,

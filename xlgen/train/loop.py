@@ -32,7 +32,7 @@ from xlgen import registry, sharding
 from xlgen.train import goodput, guards, outdir, report, tiers, tokenizer_store
 from xlgen.train import metrics as metrics_lib
 from xlgen.train.profile import StepProfiler
-from xlgen.train.program import Program, abstract_model, build_program, make_eval_step
+from xlgen.train.program import Program, TrainProgram, abstract_model, build_program, make_eval_step
 from xlgen.train.watchdog import Watchdog
 from xlgen.train.workdir import Workdir
 
@@ -266,7 +266,7 @@ class BestCheckpoint:
 def run(
     config,
     wd: Workdir,
-    program: Program,
+    program: TrainProgram,
     pipeline,
     *,
     evaluation: Optional[Evaluation] = None,

@@ -1,5 +1,7 @@
 """`build_program(config, mesh)`: the sharded training program, built abstractly; `train_step` and `eval_step`
-(module-level, below) are what it jits.
+(module-level, below) are what it jits. `TrainProgram` is the contract every program meets and the loop, the
+reports, `xlgen plan` and `xlgen bench` use: this module's one-model `Program`, or the program an objective builds
+itself (`Objective.build_program`: a game's players, `xlgen.train.game.GameProgram`).
 
     program = build_program(config, mesh)
     state, mems = program.init_state()                      # created directly sharded (jit with out_shardings)
@@ -37,7 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from xlgen import registry, sharding
-from xlgen.models.cost import train_flops_per_step
+from xlgen.models.cost import FlopCount, train_flops_per_step
 from xlgen.models.family import Objective
 from xlgen.models.params import concrete_rest, materialize, path_name
 from xlgen.train import optim
@@ -96,33 +98,27 @@ def seeded_rest(rest, key: jax.Array):
     return nnx.from_flat_state(out)
 
 
-@dataclasses.dataclass
-class Program:
+@dataclasses.dataclass(kw_only=True)
+class TrainProgram:
+    """What the loop, the reports, `xlgen plan` and `xlgen bench` use of a training program: one jitted, donated
+    step `train_step(state, batch, mems) -> (state, mems, metrics)` on a sharded state (a plain dict with "params",
+    "opt_state", "step", "rng"), `init_state() -> (state, mems)` creating it directly sharded, and its abstract
+    forms (Orbax restore targets, `xlgen plan`'s AOT compile)."""
+
     config: Any
     mesh: Mesh
     objective: Objective
-    train_spec: ModelSpec
-    eval_spec: ModelSpec
-    tx: optax.GradientTransformation
-    schedule: optax.Schedule
-    param_specs: Dict[str, P]
+    param_shapes: Dict[str, Tuple[int, ...]]  # every parameter by dotted name (a game's: "<player>.<name>")
     state_shardings: Any
     batch_shardings: Dict[str, NamedSharding]
-    mems_sharding: Optional[NamedSharding]
-    mems_shape: Optional[Tuple[int, ...]]
-    mems_dtype: Any
     train_step: Any  # jitted (state, batch, mems) -> (state, mems, metrics)
-    init_state: Any  # jitted () -> (state, mems)
-    analytic_flops_per_step: float
-    tokens_per_step: int
-    param_shardings: Dict[str, NamedSharding] = None  # every parameter's sharding (frozen ones included)
-    frozen: Optional[frozenset] = None  # names held in state["frozen"] (None: everything trains)
+    init_state: Any  # () -> (state, mems)
+    tokens_per_step: int  # what one step processes (`Reporting.unit`: tokens, examples)
+    analytic_flops_per_step: float = 0.0  # 0.0 = not counted (no MFU)
+    mems_shape: Optional[Tuple[int, ...]] = None  # the recurrent memory [n_layer, batch, mem_len, d]; None = none
+    mems_dtype: Any = None
+    mems_sharding: Optional[NamedSharding] = None
     _abstract_state: Any = None
-    _eval: Any = None
-
-    def __post_init__(self):
-        if self.param_shardings is None:  # nothing frozen: the state's parameters are all of them
-            self.param_shardings = self.state_shardings["params"]
 
     def abstract_state(self):
         """ShapeDtypeStructs (with shardings) of the train state, e.g. an Orbax restore target."""
@@ -143,9 +139,28 @@ class Program:
     def abstract_args(self):
         return self.abstract_state(), self.abstract_batch("train"), self.abstract_mems()
 
-    def params_of(self, state) -> Dict[str, jax.Array]:
-        """Every parameter of the model: the trainable ones and, when some are frozen, the frozen ones."""
+    def params_of(self, state) -> Dict[str, Any]:
+        """Every parameter: the model's {name: array} (the trainable ones and, when some are frozen, the frozen
+        ones), or a game's {player: {name: array}}."""
         return {**state["frozen"], **state["params"]} if "frozen" in state else state["params"]
+
+
+@dataclasses.dataclass(kw_only=True)
+class Program(TrainProgram):
+    """The one-model program: the objective's model and loss, one optimizer (`config.optimizer`)."""
+
+    train_spec: ModelSpec
+    eval_spec: ModelSpec
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    param_specs: Dict[str, P]
+    param_shardings: Dict[str, NamedSharding] = None  # every parameter's sharding (frozen ones included)
+    frozen: Optional[frozenset] = None  # names held in state["frozen"] (None: everything trains)
+    _eval: Any = None
+
+    def __post_init__(self):
+        if self.param_shardings is None:  # nothing frozen: the state's parameters are all of them
+            self.param_shardings = self.state_shardings["params"]
 
     def with_params(self, state, params: Dict[str, jax.Array]):
         """`state` with its parameters replaced by the whole-model dict `params` (split as the state splits them)."""
@@ -285,7 +300,7 @@ _NOT_PROGRAM = (
     "trackers",
     "tracking",
 )
-_PROGRAMS: Dict[Tuple, "Program"] = {}
+_PROGRAMS: Dict[Tuple, TrainProgram] = {}
 
 
 def program_key(config, mesh: Mesh) -> Tuple:
@@ -301,7 +316,7 @@ def program_key(config, mesh: Mesh) -> Tuple:
     )
 
 
-def build_program(config, mesh: Mesh) -> Program:
+def build_program(config, mesh: Mesh) -> TrainProgram:
     """The Program for (config, mesh); memoised in-process, so that re-running on the same config (resume,
     evaluation, from_pretrained) does not trace and compile again."""
     key = program_key(config, mesh)
@@ -312,12 +327,12 @@ def build_program(config, mesh: Mesh) -> Program:
     return _PROGRAMS[key]
 
 
-def _build_program(config, mesh: Mesh) -> Program:
+def _build_program(config, mesh: Mesh) -> TrainProgram:
     objective = registry.objective(config)
-    if objective.game is not None:  # several players, each with its own optimizer (xlgen/train/game.py)
-        from xlgen.train.game import build_game_program
-
-        return build_game_program(config, mesh, objective.game(config), objective.name)
+    if objective.build_program is not None:  # a program of the objective's own (a game: xlgen/train/game.py)
+        return objective.build_program(config, mesh, objective)
+    if objective.loss is None:
+        raise ValueError(f"objective={objective.name!r}: neither a loss nor a program of its own (build_program)")
     # precision policy: parameters stored in model.param_dtype, optimizer state in optimizer.state_dtype ("" = the
     # parameters'); the compute / softmax / logits dtypes are the model's own (xlgen.models.layers.PRECISION_KEYS)
     pdt = jnp.dtype(config.model.get("param_dtype", "float32"))
@@ -434,6 +449,7 @@ def _build_program(config, mesh: Mesh) -> Program:
         tx=tx,
         schedule=schedule,
         param_specs=param_specs,
+        param_shapes=train_spec.shapes,
         state_shardings=state_shardings,
         batch_shardings=batch_shardings,
         mems_sharding=mems_sharding,
@@ -441,7 +457,7 @@ def _build_program(config, mesh: Mesh) -> Program:
         mems_dtype=mems_dtype,
         train_step=train_step_jit,
         init_state=init_state,
-        analytic_flops_per_step=train_flops_per_step(config, family.train_flops),
+        analytic_flops_per_step=train_flops_per_step(config, family.record(FlopCount)),
         tokens_per_step=objective.tokens_per_step(config),
         param_shardings=all_shardings,
         frozen=frozen,

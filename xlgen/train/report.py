@@ -14,9 +14,10 @@ lost_to_restarts, idle}, "attempts", "lost_steps", plus "stragglers" (steps of t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from data_pipelines import paths
 
@@ -24,12 +25,12 @@ SUMMARY = "summary.json"
 
 
 def parameter_count(program) -> int:
-    return int(sum(math.prod(s) for s in program.train_spec.shapes.values()))
+    return int(sum(math.prod(s) for s in program.param_shapes.values()))
 
 
 def trainable_parameter_count(program) -> int:
     frozen = getattr(program, "frozen", None) or ()
-    return int(sum(math.prod(s) for n, s in program.train_spec.shapes.items() if n not in frozen))
+    return int(sum(math.prod(s) for n, s in program.param_shapes.items() if n not in frozen))
 
 
 def _dataset_tokens(pipeline) -> Optional[int]:
@@ -45,7 +46,7 @@ def start_block(config, program, mesh, pipeline, workdir: str, start: int) -> st
     total = int(config.total_steps)
     tps = int(program.tokens_per_step)
     family = config.model.family
-    objective = getattr(program.objective, "name", None) or config.get("objective") or "default"
+    objective = program.objective.name or config.get("objective") or "default"
     lines = [f"xlgen train: {family} ({objective} objective), {parameter_count(program):,} parameters"]
     if getattr(program, "frozen", None):
         lines[0] += f" ({trainable_parameter_count(program):,} trainable)"
@@ -119,7 +120,7 @@ def write_summary(
     evals = [r for r in _evals(workdir) if isinstance(r.get("loss"), (int, float))]
     out = {
         "family": config.model.family,
-        "objective": getattr(program.objective, "name", None) or config.get("objective") or "",
+        "objective": program.objective.name or config.get("objective") or "",
         "parameters": parameter_count(program),
         "trainable_parameters": trainable_parameter_count(program),
         "steps": int(step),
@@ -142,14 +143,32 @@ def write_summary(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# What a system reports (its registry record's `Reporting`): units, learning rates, extend advice, shown keys
+# What a system reports (its `Reporting` record): units, learning rates, extend advice, shown keys
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _reporting(config):
+@dataclasses.dataclass(frozen=True)
+class Reporting:
+    """How `xlgen train` / `xlgen config show` report a system's runs, a record in `Family.records`
+    (`xlgen.registry`); a system without one reports as a language model does (these defaults).
+
+        unit            what `Objective.tokens_per_step` counts: logs print `<unit>/step`, `<unit>/s`
+        learning_rates  (config, total_steps) -> {player: step -> learning rate}: the schedules that train the
+                        system (a game's players); None = `config.optimizer`'s schedule (xlgen/optim.py), which
+                        the end-of-run extend advice and the total_steps-change note read
+        unused_keys     config sections (dotted prefixes, e.g. "optimizer", "objective_options") the system never
+                        reads: left out of `xlgen config show`
+    """
+
+    unit: str = "tokens"
+    learning_rates: Optional[Callable[[Any, int], Dict[str, Callable[[int], float]]]] = None
+    unused_keys: Tuple[str, ...] = ()
+
+
+def _reporting(config) -> Reporting:
     from xlgen import registry
 
-    return registry.get(config.model.family).reporting
+    return registry.get(config.model.family).record(Reporting) or Reporting()
 
 
 def unit(config) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 from xlgen.finetune.readers.examples import ChoiceExample, TextExample
 
 SEG_A, SEG_B, SEG_CLS, SEG_SEP, SEG_PAD = 0, 1, 2, 3, 4
-INPUT_STYLES = ("cls_last", "cls_first")  # `Family.input_style`: XLNet's layout, BERT's (Funnel)
+INPUT_STYLES = ("cls_last", "cls_first")  # `Finetuning.input_style`: XLNet's layout, BERT's (Funnel)
 
 
 def cls_last(tokenizer) -> bool:

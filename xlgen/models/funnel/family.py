@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from xlgen.models.family import Family, TFImport
-from xlgen.models.funnel import tf_import
+from xlgen.bench.hf import HFBench
+from xlgen.finetune.record import Finetuning
+from xlgen.models.cost import FlopCount
+from xlgen.models.family import Family
+from xlgen.models.funnel import hf_bench, tf_import
 from xlgen.models.funnel.cost import train_flops
 from xlgen.models.funnel.heads import (
     FunnelElectra,
@@ -13,11 +16,11 @@ from xlgen.models.funnel.heads import (
     FunnelForTokenClassification,
 )
 from xlgen.models.funnel.hf import HF_CLASSES, HFFunnel, from_hf
-from xlgen.models.funnel.hf_bench import HF_BENCH
 from xlgen.models.funnel.hf_export import to_hf
 from xlgen.models.funnel.model import FunnelBaseModel, FunnelConfig, FunnelForMaskedLM, FunnelModel
 from xlgen.models.funnel.numbering import layer_ids
 from xlgen.models.funnel.objectives import FUNNEL_ELECTRA, FUNNEL_MLM
+from xlgen.pretrained import Interop, TFImport
 
 
 def _sequence_head(cfg, *, num_labels, answerability, rngs):
@@ -50,31 +53,39 @@ def _squad_outputs(model, batch, *, train: bool):
 
 FAMILY = Family(
     name="funnel",
-    hf_model_type="funnel",
     config_class=FunnelConfig,
     default_objective="funnel_mlm",
     objectives={FUNNEL_MLM.name: FUNNEL_MLM, FUNNEL_ELECTRA.name: FUNNEL_ELECTRA},
     models={"mlm": FunnelForMaskedLM, "electra": FunnelElectra, "base": FunnelBaseModel, "model": FunnelModel},
-    heads={
-        "classification": _sequence_head,
-        "regression": _sequence_head,
-        "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: FunnelForMultipleChoice(cfg, rngs=rngs),
-        "squad": lambda cfg, *, num_labels, answerability, rngs: FunnelForQuestionAnswering(
-            cfg, answerability=answerability, rngs=rngs
-        ),
-        "token_classification": lambda cfg, *, num_labels, answerability, rngs: FunnelForTokenClassification(
-            cfg, num_labels, rngs=rngs
-        ),
-    },
-    squad_outputs=_squad_outputs,
-    input_style="cls_first",
-    # FunnelTokenizer's own defaults are <unk>, <sep>, ...: name the vocab.txt pieces
-    hf_wordpiece={"tokenizer_class": "FunnelTokenizer", "bos_token": "[CLS]", "eos_token": "[SEP]"},
-    from_hf=from_hf,
-    to_hf=to_hf,
-    wrap=_wrap,
     layer_ids=layer_ids,
-    train_flops=train_flops,
-    hf_bench=HF_BENCH,
-    from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
+    records=(
+        Finetuning(
+            heads={
+                "classification": _sequence_head,
+                "regression": _sequence_head,
+                "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: FunnelForMultipleChoice(
+                    cfg, rngs=rngs
+                ),
+                "squad": lambda cfg, *, num_labels, answerability, rngs: FunnelForQuestionAnswering(
+                    cfg, answerability=answerability, rngs=rngs
+                ),
+                "token_classification": lambda cfg, *, num_labels, answerability, rngs: FunnelForTokenClassification(
+                    cfg, num_labels, rngs=rngs
+                ),
+            },
+            input_style="cls_first",
+            squad_outputs=_squad_outputs,
+        ),
+        Interop(
+            hf_model_type="funnel",
+            from_hf=from_hf,
+            to_hf=to_hf,
+            wrap=_wrap,
+            # FunnelTokenizer's own defaults are <unk>, <sep>, ...: name the vocab.txt pieces
+            hf_wordpiece={"tokenizer_class": "FunnelTokenizer", "bos_token": "[CLS]", "eos_token": "[SEP]"},
+            from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
+        ),
+        FlopCount(train_flops),
+        HFBench(train_model=hf_bench.train_model, train_inputs=hf_bench.train_inputs),
+    ),
 )

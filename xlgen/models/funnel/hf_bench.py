@@ -8,7 +8,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from xlgen.models.family import HFBench, model_config
+from xlgen.models.family import model_config
 
 
 def train_model(config):
@@ -34,6 +34,3 @@ def train_inputs(batch, config) -> Dict[str, Any]:
         attention_mask=np.asarray(batch["attention_mask"], np.int64),
         labels=labels,
     )
-
-
-HF_BENCH = HFBench(train_model=train_model, train_inputs=train_inputs)

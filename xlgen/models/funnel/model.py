@@ -217,6 +217,8 @@ def stride_select(x, axis: int, cfg: FunnelConfig):
     """
     mod = np if isinstance(x, np.ndarray) else jnp
     axis %= x.ndim
+    if axis == 1 and not isinstance(x.shape[1], int):  # a symbolic length: the first of each pooling window
+        return _pairs(x, cfg)[:, :, 0]
     lead = (slice(None),) * axis
     if cfg.separate_cls:
         x = mod.concatenate([x[lead + (slice(None, 1),)], x], axis=axis)
@@ -230,12 +232,7 @@ def pool_sequence(x: jax.Array, mode: str, cfg: FunnelConfig) -> jax.Array:
     With separate_cls the sequence is [cls, cls, x_1, ..., x_{T-2}] (truncate_seq drops the last token), so <cls>
     pools with itself and x_{2k-1}, x_{2k} form pair k. An odd tail is pooled alone (ceil mode).
     """
-    if cfg.separate_cls:
-        suffix = x[:, :-1] if cfg.truncate_seq else x
-        x = jnp.concatenate([x[:, :1], suffix], axis=1)
-    if x.shape[1] % 2:
-        x = jnp.concatenate([x, x[:, -1:]], axis=1)  # a window of one element: mean/max/min of itself
-    x = x.reshape(x.shape[0], x.shape[1] // 2, 2, *x.shape[2:])
+    x = _pairs(x, cfg)
     if mode == "mean":
         return x.mean(axis=2).astype(x.dtype)
     if mode == "max":
@@ -250,8 +247,11 @@ def _pairs(x: jax.Array, cfg: FunnelConfig) -> jax.Array:
     if cfg.separate_cls:
         suffix = x[:, :-1] if cfg.truncate_seq else x
         x = jnp.concatenate([x[:, :1], suffix], axis=1)
-    if x.shape[1] % 2:
-        x = jnp.concatenate([x, x[:, -1:]], axis=1)
+    t = x.shape[1]
+    if not isinstance(t, int):  # a symbolic length (`jax.export`): the odd tail's copy kept when t is odd
+        x = jnp.concatenate([x, x[:, -1:]], axis=1)[:, : 2 * (1 + (t - 1) // 2)]
+    elif t % 2:
+        x = jnp.concatenate([x, x[:, -1:]], axis=1)  # a window of one element: mean/max/min of itself
     return x.reshape(x.shape[0], x.shape[1] // 2, 2, *x.shape[2:])
 
 
@@ -284,6 +284,13 @@ def pool_positions(pos: np.ndarray, block_index: int, cfg: FunnelConfig) -> np.n
     """Absolute positions of the pooled sequence entering block `block_index` (original `rel_shift_pos_enc`):
     pooled states sit at the position of the first of their pair; <cls> is placed at 1 - 2^block_index so that
     the positions stay evenly spaced (its position terms are masked anyway)."""
+    if not isinstance(pos.shape[0], int):  # a symbolic length: evenly spaced, as long as `_pairs` makes it
+        t = pos.shape[0] + (1 if cfg.separate_cls and not cfg.truncate_seq else 0)
+        n = 1 + (t - 1) // 2
+        if cfg.separate_cls:
+            body = pos[1] + 2 * (pos[2] - pos[1]) * jnp.arange(n - 1, dtype=pos.dtype)
+            return jnp.concatenate([jnp.array([1 - 2**block_index], pos.dtype), body])
+        return pos[0] + 2 * (pos[1] - pos[0]) * jnp.arange(n, dtype=pos.dtype)
     if cfg.separate_cls:
         body = pos[1:-1] if cfg.truncate_seq else pos[1:]
         return np.concatenate([np.array([1 - 2**block_index], pos.dtype), body[::2]])
@@ -294,6 +301,11 @@ def relative_distances(q_pos: np.ndarray, k_pos: np.ndarray, k_stride: int, shif
     """Distance sequence for the strided `relative_shift` (HF `relative_pos`): from q_pos[0] - k_pos[0] +
     shift·len(q)·k_stride down to q_pos[0] - k_pos[-1] in steps of k_stride. Entry offset - shift·i + j (offset =
     shift·len(q)) then holds q_pos[i] - k_pos[j]."""
+    if not isinstance(q_pos, np.ndarray) or not isinstance(k_pos, np.ndarray):
+        # symbolic lengths (jax arrays of `jax.export` sizes): k_pos is evenly spaced by k_stride (<cls> included,
+        # `pool_positions`), so the sequence has len(k) + shift·len(q) entries
+        lq, lk = q_pos.shape[0], k_pos.shape[0]
+        return (q_pos[0] - k_pos[0]) + k_stride * (shift * lq) - k_stride * jnp.arange(lk + shift * lq)
     max_dist = q_pos[0] - k_pos[0] + shift * len(q_pos) * k_stride
     min_dist = q_pos[0] - k_pos[-1]
     return np.arange(max_dist, min_dist - 1, -k_stride)
@@ -442,7 +454,8 @@ class FunnelAttention(RelativeMultiHeadAttention):
             if ai.q_cls is not None:  # packed: each example's own <cls>
                 keep = ~(ai.q_cls[:, :, None] | ai.k_cls[:, None, :])[:, None]
             elif rows is None:
-                keep = np.pad(np.ones((qlen - 1, klen - 1), bool), ((1, 0), (1, 0)))
+                xp = np if isinstance(qlen, int) and isinstance(klen, int) else jnp  # jnp: symbolic sizes
+                keep = (xp.arange(qlen) > 0)[:, None] & (xp.arange(klen) > 0)[None, :]
             else:
                 keep = (rows > 0)[:, None, :, None] & (np.arange(klen) > 0)
             pos = jnp.where(keep, pos, 0)
@@ -538,7 +551,7 @@ class FunnelEmbeddings(nnx.Module):
 
 
 def _full_length_inputs(seq_len: int, token_type_ids, attention_mask, pack_ids=None) -> AttentionInputs:
-    pos = np.arange(seq_len)
+    pos = np.arange(seq_len) if isinstance(seq_len, int) else jnp.arange(seq_len)  # jnp: a symbolic length
     ai = AttentionInputs(pos, pos, 1, 1, token_type_ids, token_type_ids, attention_mask)
     if pack_ids is None:
         return ai

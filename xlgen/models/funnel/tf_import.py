@@ -1,5 +1,5 @@
 """Funnel-Transformer's original TensorFlow checkpoints (laiguokun/Funnel-Transformer `tensorflow/`, the released
-`B4-4-4H768-ELEC-TF` ... models) -> xlgen modules (`xlgen convert --from-tf --family=funnel`, `Family.from_tf`).
+`B4-4-4H768-ELEC-TF` ... models) -> xlgen modules (`xlgen convert --from-tf --family=funnel`, `Interop.from_tf`).
 
 Original variable (under `model/`)                             xlgen parameter
     input/word_embedding/lookup_table   [V, d]                 embeddings.word_embeddings

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from xlgen.models.family import Family, Stream, TFImport
+from xlgen.bench.hf import HFBench
+from xlgen.deploy import Stream
+from xlgen.models.cost import FlopCount
+from xlgen.models.family import Family
 from xlgen.models.numbering import layer_stack_ids
-from xlgen.models.transformer_xl import tf_import
+from xlgen.models.transformer_xl import hf_bench, tf_import
 from xlgen.models.transformer_xl.cost import train_flops
 from xlgen.models.transformer_xl.hf import from_hf
-from xlgen.models.transformer_xl.hf_bench import HF_BENCH
 from xlgen.models.transformer_xl.hf_export import to_hf
 from xlgen.models.transformer_xl.model import TransformerXLConfig, TransformerXLLM
 from xlgen.models.transformer_xl.objectives import TXL_LM
 from xlgen.models.transformer_xl.pretrained import TransfoXLPretrained
+from xlgen.pretrained import Interop, TFImport
 
 
 def _wrap(module: TransformerXLLM, kwargs) -> TransfoXLPretrained:
@@ -35,17 +38,15 @@ def _memory(module: TransformerXLLM):
 
 FAMILY = Family(
     name="transformer_xl",
-    hf_model_type="transfo-xl",
     config_class=TransformerXLConfig,
     default_objective="txl_lm",
     objectives={TXL_LM.name: TXL_LM},
     models={"lm": TransformerXLLM},
-    from_hf=from_hf,
-    to_hf=to_hf,
-    wrap=_wrap,
     layer_ids=layer_stack_ids,
-    train_flops=train_flops,
-    hf_bench=HF_BENCH,
-    from_tf=TFImport(load=tf_import.load),
-    stream=Stream(scores="log_probs", step=_stream_step, memory=_memory),
+    records=(
+        Interop(hf_model_type="transfo-xl", from_hf=from_hf, to_hf=to_hf, wrap=_wrap, from_tf=TFImport(tf_import.load)),
+        FlopCount(train_flops),
+        HFBench(memory_lm=hf_bench.memory_lm, load_memory_lm=hf_bench.load_memory_lm),
+        Stream(scores="log_probs", step=_stream_step, memory=_memory),
+    ),
 )

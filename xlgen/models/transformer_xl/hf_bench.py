@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from xlgen.models.family import HFBench, model_config
+from xlgen.models.family import model_config
 
 
 def memory_lm(config, root: str) -> str:
@@ -30,6 +30,3 @@ def load_memory_lm(path: str, mem_len: int):
     model = transformers.TransfoXLLMHeadModel.from_pretrained(path).eval()
     model.reset_memory_length(mem_len)
     return model
-
-
-HF_BENCH = HFBench(memory_lm=memory_lm, load_memory_lm=load_memory_lm)

@@ -227,14 +227,16 @@ class TransformerXLConfig:
 
 
 def attention_mask(qlen: int, mlen: int, *, same_length: bool = False, mem_len: int = 0) -> np.ndarray:
-    """Causal mask with memory `[qlen, mlen + qlen]`, True where query i may NOT attend key j.
+    """Causal mask with memory `[qlen, mlen + qlen]`, True where query i may NOT attend key j (a jax array when a
+    size is symbolic).
 
     Key j (over [memory; segment]) is blocked iff j > mlen + i. With `same_length`, also iff j <= i - s where
     s = qlen - (klen - mem_len) if klen > mem_len else qlen (original PyTorch / HF convention).
     """
     klen = mlen + qlen
-    i = np.arange(qlen)[:, None]
-    j = np.arange(klen)[None, :]
+    xp = np if isinstance(qlen, int) and isinstance(mlen, int) else jnp  # jnp: symbolic sizes (`jax.export`)
+    i = xp.arange(qlen)[:, None]
+    j = xp.arange(klen)[None, :]
     blocked = j > i + mlen
     if same_length:
         mask_len = klen - mem_len

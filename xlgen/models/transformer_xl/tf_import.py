@@ -1,6 +1,6 @@
 """Transformer-XL's original TensorFlow checkpoints (kimiyoung/transformer-xl `tf/model.py`, e.g. the released
 WT103 / enwik8 / text8 / LM1B models) -> xlgen `TransformerXLLM` (`xlgen convert --from-tf
---family=transformer_xl`, `Family.from_tf`).
+--family=transformer_xl`, `Interop.from_tf`).
 
 Original variable (under `transformer/`)                       xlgen parameter ("/"-joined, unscanned)
     r_w_bias, r_r_bias       [L, n, dh] (untie_r) / [n, dh]    layers/i/attn/r_{w,r}_bias / r_{w,r}_bias

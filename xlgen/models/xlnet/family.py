@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from xlgen.models.family import Family, Stream, TFImport
+from xlgen.bench.hf import HFBench
+from xlgen.deploy import Stream
+from xlgen.finetune.record import Finetuning
+from xlgen.models.cost import FlopCount
+from xlgen.models.family import Family
 from xlgen.models.numbering import layer_stack_ids
-from xlgen.models.xlnet import tf_import
+from xlgen.models.xlnet import hf_bench, tf_import
 from xlgen.models.xlnet.cost import train_flops
 from xlgen.models.xlnet.heads import (
     XLNetForMultipleChoice,
@@ -13,14 +17,14 @@ from xlgen.models.xlnet.heads import (
     XLNetForTokenClassification,
 )
 from xlgen.models.xlnet.hf import HF_HEADS, XLNetFromHF, from_hf
-from xlgen.models.xlnet.hf_bench import HF_BENCH
 from xlgen.models.xlnet.hf_export import to_hf
 from xlgen.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, XLNetModel
 from xlgen.models.xlnet.objectives import XLNET_PLM
+from xlgen.pretrained import Interop, TFImport
 
 
 def _sequence_head(cfg, *, num_labels, answerability, rngs):
-    return XLNetForSequenceClassification(cfg, rngs=rngs)  # num_labels is a config field (finetune_overrides)
+    return XLNetForSequenceClassification(cfg, rngs=rngs)  # num_labels is a config field (Finetuning.overrides)
 
 
 def _wrap(module, kwargs) -> XLNetFromHF:
@@ -77,31 +81,39 @@ def _memory(module: XLNetLMHeadModel):
 
 FAMILY = Family(
     name="xlnet",
-    hf_model_type="xlnet",
     config_class=XLNetConfig,
     default_objective="xlnet_plm",
     objectives={XLNET_PLM.name: XLNET_PLM},
     models={"lm": XLNetLMHeadModel, "base": XLNetModel},
-    heads={
-        "classification": _sequence_head,
-        "regression": _sequence_head,
-        "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: XLNetForMultipleChoice(cfg, rngs=rngs),
-        "squad": lambda cfg, *, num_labels, answerability, rngs: XLNetForQuestionAnswering(cfg, rngs=rngs),
-        "token_classification": lambda cfg, *, num_labels, answerability, rngs: XLNetForTokenClassification(
-            cfg, rngs=rngs
-        ),
-    },
-    squad_outputs=_squad_outputs,
-    # finetuning: one segment per example, no recurrence memory, no bidirectional pipeline
-    finetune_overrides=lambda num_labels: dict(num_labels=num_labels, mem_len=None, reuse_len=None, bi_data=False),
-    segment_heads=("classification", "regression", "multiple_choice"),
-    input_style="cls_last",
-    from_hf=from_hf,
-    to_hf=to_hf,
-    wrap=_wrap,
     layer_ids=layer_stack_ids,
-    train_flops=train_flops,
-    hf_bench=HF_BENCH,
-    from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
-    stream=Stream(scores="logits", step=_stream_step, memory=_memory, prepare=_inference),
+    records=(
+        Finetuning(
+            heads={
+                "classification": _sequence_head,
+                "regression": _sequence_head,
+                "multiple_choice": lambda cfg, *, num_labels, answerability, rngs: XLNetForMultipleChoice(
+                    cfg, rngs=rngs
+                ),
+                "squad": lambda cfg, *, num_labels, answerability, rngs: XLNetForQuestionAnswering(cfg, rngs=rngs),
+                "token_classification": lambda cfg, *, num_labels, answerability, rngs: XLNetForTokenClassification(
+                    cfg, rngs=rngs
+                ),
+            },
+            input_style="cls_last",
+            squad_outputs=_squad_outputs,
+            # one segment per example, no recurrence memory, no bidirectional pipeline
+            overrides=lambda num_labels: dict(num_labels=num_labels, mem_len=None, reuse_len=None, bi_data=False),
+            segment_heads=("classification", "regression", "multiple_choice"),
+        ),
+        Interop(
+            hf_model_type="xlnet",
+            from_hf=from_hf,
+            to_hf=to_hf,
+            wrap=_wrap,
+            from_tf=TFImport(load=tf_import.load, original_config=tf_import.original_config),
+        ),
+        FlopCount(train_flops),
+        HFBench(train_model=hf_bench.train_model, train_inputs=hf_bench.train_inputs, carries_mems=True),
+        Stream(scores="logits", step=_stream_step, memory=_memory, prepare=_inference),
+    ),
 )

@@ -8,7 +8,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from xlgen.models.family import HFBench, model_config
+from xlgen.models.family import model_config
 
 
 def train_model(config):
@@ -31,6 +31,3 @@ def train_inputs(batch, config) -> Dict[str, Any]:
         target_mapping=np.asarray(batch["target_mapping"], np.float32),
         labels=np.asarray(batch["target_ids"], np.int64),
     )
-
-
-HF_BENCH = HFBench(train_model=train_model, train_inputs=train_inputs, carries_mems=True)

@@ -1,5 +1,5 @@
 """XLNet's original TensorFlow checkpoints (zihangdai/xlnet, e.g. `xlnet_cased_L-24_H-1024_A-16/xlnet_model.ckpt`)
--> xlgen modules (`xlgen convert --from-tf --family=xlnet`, `Family.from_tf`).
+-> xlgen modules (`xlgen convert --from-tf --family=xlnet`, `Interop.from_tf`).
 
 Original variable (modeling.py, under `model/transformer/`)          xlgen parameter (`[transformer.]...`)
     word_embedding/lookup_table          [V, d]                      word_embedding

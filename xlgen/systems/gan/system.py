@@ -34,12 +34,13 @@ import numpy as np
 import optax
 
 from data_pipelines import paths
-from xlgen.models.family import Family, Objective, Reporting
+from xlgen.models.family import Family, Objective
 from xlgen.systems.gan import data as gdata
 from xlgen.systems.gan import evaluation as geval
 from xlgen.systems.gan import losses
 from xlgen.systems.gan import models as gm
 from xlgen.train.game import GAME_UNUSED_KEYS, Game, GameProgram, Player, game_objective
+from xlgen.train.report import Reporting
 
 CEGAN_VARIANTS = ("gan", "egan_const", "egan_ent_nn", "egan_ent_vi")
 BADGAN_VARIANTS = ("supervised", "fm", "badgan")
@@ -498,7 +499,7 @@ CEGAN = Family(
     default_objective="cegan",
     models={"disc": gm.MLP, "gen": gm.FCGenerator, "dc_disc": gm.DCDiscriminator, "dc_gen": gm.DCGenerator},
     objectives={"cegan": _objective("cegan", cegan_game, cegan_evaluate)},
-    reporting=REPORTING,
+    records=(REPORTING,),
 )
 BADGAN = Family(
     name="badgan",
@@ -506,5 +507,5 @@ BADGAN = Family(
     default_objective="badgan",
     models={"disc": gm.MLP, "gen": gm.FCGenerator, "density": gm.PixelDensity, "enc": gm.Encoder},
     objectives={"badgan": _objective("badgan", badgan_game, badgan_evaluate)},
-    reporting=REPORTING,
+    records=(REPORTING,),
 )

@@ -25,6 +25,7 @@ import numpy as np
 from xlgen import registry
 from xlgen.finetune.objective import answer_log_prob
 from xlgen.finetune.readers.squad import SEG_CLS, SEG_P, SEG_PAD, SEG_Q
+from xlgen.finetune.record import Finetuning, head
 from xlgen.finetune.squad_decode import logits_to_beam
 from xlgen.systems.gdan import text as T
 
@@ -33,19 +34,28 @@ def family(model_config):
     return registry.get(model_config.reader_family)
 
 
+def finetuning(model_config) -> Finetuning:
+    """The reader family's `Finetuning` record; ValueError when it has no SQuAD head."""
+    fam = family(model_config)
+    record = fam.record(Finetuning)
+    if record is None or record.squad_outputs is None:
+        raise ValueError(f"config.model.reader_family={fam.name!r}: no SQuAD head (expected xlnet or funnel)")
+    return record
+
+
 def config(model_config, vocab_size: int):
     """The reader family's config dataclass: `config.model.reader` + the data's vocabulary + finetuning overrides."""
     fam = family(model_config)
     section = model_config.reader or {}
     section = dict(section.to_dict() if hasattr(section, "to_dict") else section)
-    return fam.model_config(section, vocab_size=vocab_size, **fam.finetune_overrides(1))
+    record = fam.record(Finetuning)
+    return fam.model_config(section, vocab_size=vocab_size, **(record.overrides(1) if record is not None else {}))
 
 
 def make(model_config, vocab_size: int, rngs):
-    fam = family(model_config)
-    if fam.squad_outputs is None:
-        raise ValueError(f"config.model.reader_family={fam.name!r}: no SQuAD head (expected xlnet or funnel)")
-    return fam.head("squad", config(model_config, vocab_size), num_labels=1, answerability=False, rngs=rngs)
+    finetuning(model_config)
+    cfg = config(model_config, vocab_size)
+    return head(family(model_config), "squad", cfg, num_labels=1, answerability=False, rngs=rngs)
 
 
 def assemble(style: str, p, plen, q, qlen, tag) -> Dict[str, jax.Array]:
@@ -102,20 +112,20 @@ def assemble(style: str, p, plen, q, qlen, tag) -> Dict[str, jax.Array]:
 
 def log_prob(model, model_config, p, plen, q, qlen, tag, start, end) -> jax.Array:
     """log P_D,tag(a | p, q) [B] for answer word spans [start, end] of the windows p."""
-    fam = family(model_config)
-    batch = assemble(fam.input_style, p, plen, q, qlen, tag)
+    record = finetuning(model_config)
+    batch = assemble(record.input_style, p, plen, q, qlen, tag)
     batch["start_positions"] = batch["p_off"] + start
     batch["end_positions"] = batch["p_off"] + end
-    return answer_log_prob(fam.squad_outputs(model, batch, train=True), batch)
+    return answer_log_prob(record.squad_outputs(model, batch, train=True), batch)
 
 
 def predict_fn(model_config):
     """(model, p, plen, q, qlen) -> (beam arrays, p_off) with the d_true tag: XLNet's beam, or Funnel's logits."""
-    fam = family(model_config)
+    record = finetuning(model_config)
 
     def f(model, p, plen, q, qlen):
-        batch = assemble(fam.input_style, p, plen, q, qlen, jnp.full((p.shape[0],), T.D_TRUE))
-        out = fam.squad_outputs(model, batch, train=False)
+        batch = assemble(record.input_style, p, plen, q, qlen, jnp.full((p.shape[0],), T.D_TRUE))
+        out = record.squad_outputs(model, batch, train=False)
         out["p_mask"] = batch["p_mask"]
         return out, batch["p_off"]
 

@@ -47,12 +47,13 @@ from flax import nnx
 
 from data_pipelines import paths
 from xlgen.finetune import squad_decode, squad_eval
-from xlgen.models.family import Family, Reporting
+from xlgen.models.family import Family
 from xlgen.systems.gdan import data as gdata
 from xlgen.systems.gdan import reader
 from xlgen.systems.gdan import text as T
 from xlgen.systems.gdan.generator import Generator, GeneratorConfig, reader_question
 from xlgen.train.game import GAME_UNUSED_KEYS, Game, GameProgram, Player, constant_learning_rates, game_objective
+from xlgen.train.report import Reporting
 
 # method -> (source of the unlabeled questions, domain tags, adversarial G)
 METHODS: Dict[str, Tuple[Any, bool, bool]] = {
@@ -289,5 +290,5 @@ FAMILY = Family(
     default_objective="gdan",
     models={"generator": Generator},
     objectives={"gdan": game_objective("gdan", _game, gdata.Pipeline, evaluate)},
-    reporting=Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS),
+    records=(Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS),),
 )

@@ -38,12 +38,14 @@ import ml_collections
 import numpy as np
 import optax
 
-from xlgen.models.family import Family, Reporting
+from xlgen.generate import Sampling
+from xlgen.models.family import Family
 from xlgen.systems.initialgan import data as data_lib
 from xlgen.systems.initialgan.aligner import Aligner, aligner_loss
 from xlgen.systems.initialgan.gan import Discriminator, Generator, critic_loss, generator_batch, generator_loss
 from xlgen.systems.initialgan.lstm import LSTMStack
 from xlgen.train.game import GAME_UNUSED_KEYS, Game, Player, constant_learning_rates, game_objective
+from xlgen.train.report import Reporting
 
 PLAYERS = ("aligner", "discriminator", "generator")
 
@@ -286,6 +288,5 @@ FAMILY = Family(
     default_objective="initialgan",
     models={"aligner": Aligner, "generator": Generator, "discriminator": Discriminator, "lstm": LSTMStack},
     objectives={"initialgan": game_objective("initialgan", game, Pipeline, evaluate)},
-    reporting=Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS),
-    sample=sample,
+    records=(Reporting("examples", constant_learning_rates, GAME_UNUSED_KEYS), Sampling(sample)),
 )

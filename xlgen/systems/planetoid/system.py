@@ -13,9 +13,10 @@ import io
 import numpy as np
 
 from data_pipelines import paths
-from xlgen.models.family import Family, Reporting
+from xlgen.models.family import Family
 from xlgen.systems.planetoid import objective
 from xlgen.systems.planetoid.model import Planetoid, PlanetoidConfig
+from xlgen.train.report import Reporting
 
 
 def evaluate(config, program, state, out_dir: str, full: bool):
@@ -67,5 +68,5 @@ FAMILY = Family(
     models={"planetoid": Planetoid},
     objectives={"planetoid": dataclasses.replace(objective.OBJECTIVE, evaluate=evaluate)},
     # a step: N1 labeled nodes + N2 context pairs; SGD with config.optimizer; no language-model objective options
-    reporting=Reporting(unit="examples", unused_keys=("objective_options",)),
+    records=(Reporting(unit="examples", unused_keys=("objective_options",)),),
 )
