@@ -6,7 +6,7 @@ from a `scan`); the compiled programs (tests/test_plan.py) check the same counts
 
 import pytest
 
-from xlgen.plan import roofline, topology
+from xlgen.plan import comm, measure, roofline, topology
 
 BF16_TILE = "{1,0:T(8,128)(2,1)}"
 HLO = f"""HloModule jit_step, is_scheduled=true
@@ -289,3 +289,68 @@ ENTRY %main (p0: bf16[256,128], p1: bf16[256,128]) -> bf16[256,128] {{
         text = kernel.replace("{CONFIG}", config.format(f=flops, b=moved))
         (op,) = roofline.module_ops(text, 1.0, 1.0)[0]
         assert (op.opcode, op.flops, op.bytes) == ("custom-call", flops, nbytes)
+
+
+# a conditional whose costliest branch depends on the chip: 8 trips of a [128,128] f32 matmul (33.6 MFLOP, 1.6 MB)
+# or a 4 MiB copy (8.4 MB): at unit figures (max(FLOPs, bytes)) the loop, at a v4's (229 FLOP per byte) the copy
+COND_HLO = """HloModule jit_cond, is_scheduled=true
+
+%dot_body (p.1: (s32[], f32[128,128])) -> (s32[], f32[128,128]) {
+  %p.1 = (s32[], f32[128,128]{1,0}) parameter(0)
+  %i.1 = s32[] get-tuple-element((s32[], f32[128,128]{1,0}) %p.1), index=0
+  %x.1 = f32[128,128]{1,0} get-tuple-element((s32[], f32[128,128]{1,0}) %p.1), index=1
+  %y.1 = f32[128,128]{1,0} dot(f32[128,128]{1,0} %x.1, f32[128,128]{1,0} %x.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %one.1 = s32[] constant(1)
+  %next.1 = s32[] add(s32[] %i.1, s32[] %one.1)
+  ROOT %t.1 = (s32[], f32[128,128]{1,0}) tuple(s32[] %next.1, f32[128,128]{1,0} %y.1)
+}
+
+%dot_cond (p.2: (s32[], f32[128,128])) -> pred[] {
+  %p.2 = (s32[], f32[128,128]{1,0}) parameter(0)
+  %i.2 = s32[] get-tuple-element((s32[], f32[128,128]{1,0}) %p.2), index=0
+  %n.2 = s32[] constant(8)
+  ROOT %lt.2 = pred[] compare(s32[] %i.2, s32[] %n.2), direction=LT
+}
+
+%matmuls (a.3: f32[128,128]) -> f32[128,128] {
+  %a.3 = f32[128,128]{1,0} parameter(0)
+  %zero.3 = s32[] constant(0)
+  %init.3 = (s32[], f32[128,128]{1,0}) tuple(s32[] %zero.3, f32[128,128]{1,0} %a.3)
+  %loop.3 = (s32[], f32[128,128]{1,0}) while((s32[], f32[128,128]{1,0}) %init.3), condition=%dot_cond, body=%dot_body
+  ROOT %r.3 = f32[128,128]{1,0} get-tuple-element((s32[], f32[128,128]{1,0}) %loop.3), index=1
+}
+
+%copies (b.4: f32[1024,1024]) -> f32[1024,1024] {
+  %b.4 = f32[1024,1024]{1,0} parameter(0)
+  ROOT %c.4 = f32[1024,1024]{1,0} copy(f32[1024,1024]{1,0} %b.4)
+}
+
+ENTRY %main (p: pred[], a: f32[128,128], b: f32[1024,1024]) -> f32[128,128] {
+  %p = pred[] parameter(0)
+  %a = f32[128,128]{1,0} parameter(1)
+  %b = f32[1024,1024]{1,0} parameter(2)
+  ROOT %r = f32[128,128]{1,0} conditional(pred[] %p, f32[128,128]{1,0} %a, f32[1024,1024]{1,0} %b), true_computation=%matmuls, false_computation=%copies
+}
+"""
+
+
+@pytest.mark.parametrize("hlo", [HLO, COND_HLO], ids=["loop", "conditional"])
+def test_one_parse_serves_the_loop_check_and_the_roofline(hlo):
+    """`xlgen plan` reads the compiled module once (`measure.analyse_hlo`: one `roofline.parse`, walked for both):
+    every walk of it equals a fresh `module_ops`, and its results equal the separate analyses, the loop check
+    (`cost_analysis()` counts loop bodies once) at unit figures, where a conditional's branch is chosen by them."""
+    peak, bw = topology.CHIPS["v4"].peak_bf16_flops, topology.CHIPS["v4"].hbm_bytes_per_s
+    module = roofline.parse(hlo)
+    for figures in ((1.0, 1.0), (peak, bw), (1.0, 1.0)):
+        assert module.walk(*figures) == roofline.module_ops(hlo, *figures)
+    got = measure.analyse_hlo(hlo, 4, has_while=False, peak=peak, hbm_bandwidth=bw)
+    assert got["_roofline"] == roofline.analyse(hlo, peak, bw)
+    assert comm.summary(got["_collectives"]) == comm.summary(comm.collectives(hlo, 4))
+    assert got["loops"] is True  # 4 (HLO) or 8 (COND_HLO, the branch at unit figures) trips of a matmul
+    if hlo is COND_HLO:
+        (copy,), _ = roofline.module_ops(hlo, peak, bw)  # the chip's costliest branch: the copy, no loop
+        assert (copy.name, copy.bytes) == ("c.4", 2 * 1024 * 1024 * 4)
+        assert got["_roofline"]["roofline_time_s"] == pytest.approx(copy.bytes / bw)
+    no_loop = hlo.replace(" while(", " call(")  # the loop as a call: executed once, nothing hidden from XLA
+    assert measure.analyse_hlo(no_loop, 4, has_while=False, peak=peak, hbm_bandwidth=bw)["loops"] is False
+    assert measure.analyse_hlo(no_loop, 4, has_while=True, peak=peak, hbm_bandwidth=bw)["loops"] is True

@@ -132,10 +132,9 @@ def _ring_bytes(kind: str, buf: float, g: int) -> float:
     return buf
 
 
-def _only_sliced(lines: Sequence[str], name: str) -> bool:
-    """Whether every use of instruction `name` in a computation's `lines` (through get-tuple-elements) is a
-    dynamic-slice, and it has one."""
-    users: Dict[str, List[Tuple[str, str]]] = {}  # operand -> (user, its opcode)
+def _users(lines: Sequence[str]) -> Dict[str, List[Tuple[str, str]]]:
+    """{operand: [(user, its opcode)]} of a computation's instruction `lines`."""
+    users: Dict[str, List[Tuple[str, str]]] = {}
     for line in lines:
         m = _INSTR_RE.match(line)
         if m:
@@ -143,6 +142,13 @@ def _only_sliced(lines: Sequence[str], name: str) -> bool:
             op = after.split("(", 1)[0].strip()
             for operand in re.findall(r"%([\w.\-]+)", after.split(")", 1)[0]):
                 users.setdefault(operand, []).append((m[1], op))
+    return users
+
+
+def _only_sliced(lines: Sequence[str], name: str, users: Optional[Dict[str, List[Tuple[str, str]]]] = None) -> bool:
+    """Whether every use of instruction `name` in a computation's `lines` (through get-tuple-elements) is a
+    dynamic-slice, and it has one. `users`: `_users(lines)` when the caller has it."""
+    users = _users(lines) if users is None else users
     pending, seen = [name], 0
     while pending:
         for user, op in users.get(pending.pop(), []):
@@ -211,6 +217,13 @@ def collectives(hlo_text: str, num_devices: int) -> Dict[str, Any]:
         raise ValueError("no ENTRY computation in the HLO text")
     unknown = [0]
     memo: Dict[str, List[Tuple[Collective, int, bool]]] = {}
+    users: Dict[str, Dict[str, List[Tuple[str, str]]]] = {}
+
+    def users_of(comp: str) -> Dict[str, List[Tuple[str, str]]]:
+        """`_users` of a computation, built once."""
+        if comp not in users:
+            users[comp] = _users(comps.get(comp, []))
+        return users[comp]
 
     def visit(comp: str, stack: Tuple[str, ...] = ()) -> List[Tuple[Collective, int, bool]]:
         """[(collective, executions per execution of comp, inside a loop of comp's callees)]"""
@@ -241,7 +254,7 @@ def collectives(hlo_text: str, num_devices: int) -> Dict[str, Any]:
                 else:
                     buf = sum(_nbytes(a) for a in arrays)
                 g = 1 if base == "collective-permute" else _group_size(after, num_devices)
-                if base == "all-reduce" and g > 1 and _only_sliced(comps.get(comp, []), name):
+                if base == "all-reduce" and g > 1 and _only_sliced(comps.get(comp, []), name, users_of(comp)):
                     # XLA:TPU's all-reduce-scatter fusion (an all-reduce whose result each device only slices its
                     # own part of) runs as a reduce-scatter: each device receives its part, of buf / g
                     base, buf = "reduce-scatter", buf / g

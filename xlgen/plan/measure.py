@@ -130,37 +130,50 @@ def compile_and_measure(
     if isinstance(cost, (list, tuple)):  # older jax returned one dict per computation
         cost = cost[0] if cost else {}
     out["flops_per_step"]["xla_cost_analysis"] = float(cost.get("flops", 0.0)) * n
-    out["flops_per_step"]["xla_counts_loop_bodies_once"] = bool(has_while or _loops_with_matmuls(compiled))
     out["xla_optimal_seconds"] = float(cost.get("optimal_seconds", 0.0) or 0.0)
     try:
-        hlo = compiled.as_text()
+        hlo = compiled.as_text()  # seconds for a paper-sized step: read once
     except Exception:  # pragma: no cover - as_text is available for TPU and CPU executables
         hlo = None
-    if hlo:
-        from xlgen.plan import comm
-
-        out["_collectives"] = comm.collectives(hlo, n)
-        if peak > 0 and hbm_bandwidth > 0:
-            from xlgen.plan import roofline
-
-            out["_roofline"] = roofline.analyse(hlo, peak, hbm_bandwidth)
+    found = analyse_hlo(hlo or "", n, has_while=has_while, peak=peak, hbm_bandwidth=hbm_bandwidth)
+    out["flops_per_step"]["xla_counts_loop_bodies_once"] = found.pop("loops")
+    out.update(found)
     return out
 
 
-def _loops_with_matmuls(compiled) -> bool:
-    """Whether the compiled module runs matmuls in a `while` loop (which `cost_analysis()` counts once) or has a loop
-    of unknown trip count; loops of element-wise work only (e.g. XLA:TPU's scatter-add of gathered windows) leave
-    its FLOPs whole."""
-    try:
-        text = compiled.as_text()
-    except Exception:  # pragma: no cover
-        return False
-    if " while(" not in text:
-        return False
-    from xlgen.plan import roofline
+def analyse_hlo(hlo: str, num_devices: int, *, has_while: bool, peak: float, hbm_bandwidth: float) -> Dict[str, Any]:
+    """What the plan reads from the compiled module's text, the module parsed and walked once:
 
-    ops, unknown = roofline.module_ops(text)
-    return unknown > 0 or any(op.flops > 0 and op.trips > 1 for op in ops)
+    loops         whether `cost_analysis()` counts loop bodies once (`has_while`, the traced step's, or
+                  `_loops_with_matmuls`)
+    _collectives  `xlgen.plan.comm.collectives` (absent without a text)
+    _roofline     `xlgen.plan.roofline.analyse` at one device's `peak` FLOP/s and `hbm_bandwidth` bytes/s (absent
+                  without a text or figures)
+    """
+    out: Dict[str, Any] = {"loops": bool(has_while)}
+    if not hlo:
+        return out
+    from xlgen.plan import comm, roofline
+
+    costed = peak > 0 and hbm_bandwidth > 0
+    need_loops = not has_while and " while(" in hlo
+    module = roofline.parse(hlo) if costed or need_loops else None
+    walked = module.walk(peak, hbm_bandwidth) if costed else None
+    if need_loops:
+        # the chip figures choose a conditional's costliest branch; the loop check walks at unit figures
+        unit = walked if walked is not None and not module.has_conditional else module.walk()
+        out["loops"] = _loops_with_matmuls(*unit)
+    out["_collectives"] = comm.collectives(hlo, num_devices)
+    if costed:
+        out["_roofline"] = roofline.analyse(module, peak, hbm_bandwidth, walked=walked)
+    return out
+
+
+def _loops_with_matmuls(ops, unknown_trip_counts: int) -> bool:
+    """Whether the compiled module (`roofline.module_ops`: its executed instructions, loops of unknown trip count)
+    runs matmuls in a `while` loop (which `cost_analysis()` counts once) or has a loop of unknown trip count; loops
+    of element-wise work only (e.g. XLA:TPU's scatter-add of gathered windows) leave its FLOPs whole."""
+    return unknown_trip_counts > 0 or any(op.flops > 0 and op.trips > 1 for op in ops)
 
 
 def _batch_size(batch) -> int:

@@ -172,9 +172,10 @@ def _operand_text(after: str) -> Tuple[str, str]:
     return after[start + 1 :], ""
 
 
-def parse_module(hlo_text: str) -> Tuple[Dict[str, List[_Instr]], str]:
-    """{computation: [instructions]}, the entry computation's name."""
-    lines, entry = comm._parse(hlo_text)
+def parse_module(hlo_text: str, lines=None) -> Tuple[Dict[str, List[_Instr]], str]:
+    """{computation: [instructions]}, the entry computation's name. `lines`: `comm._parse(hlo_text)` when the caller
+    has it already."""
+    lines, entry = comm._parse(hlo_text) if lines is None else lines
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
     comps: Dict[str, List[_Instr]] = {}
@@ -285,15 +286,27 @@ def _model_source(chain: List[str]) -> str:
 
 
 class _Module:
+    """A parsed module (`parse`): walked for its executed instructions (`walk`) as often as needed."""
+
     def __init__(self, hlo_text: str, peak: float = 1.0, bandwidth: float = 1.0):
         self.peak, self.bandwidth = peak, bandwidth  # to pick a conditional's costliest branch
-        self.comps, self.entry = parse_module(hlo_text)
+        self.raw, entry = comm._parse(hlo_text)
+        self.comps, self.entry = parse_module(hlo_text, (self.raw, entry))
         # per computation: {instruction name: its type} (names are looked up where they are defined)
         self.types = {c: {i.name: i.type_text for i in body} for c, body in self.comps.items()}
-        self.raw, _ = comm._parse(hlo_text)
         self.frames = stack_frames(hlo_text)
+        # whether the chip figures matter to the walk: they pick a conditional's costliest branch
+        self.has_conditional = any(i.opcode == "conditional" for body in self.comps.values() for i in body)
         self.unknown_trip_counts = 0
         self._flops_memo: Dict[str, float] = {}
+
+    def walk(self, peak: float = 1.0, bandwidth: float = 1.0) -> Tuple[List[Op], int]:
+        """(every executed instruction with its trips, number of while loops of unknown trip count) for one
+        device's `peak` FLOP/s and HBM `bandwidth` (they choose a conditional's costliest branch)."""
+        self.peak, self.bandwidth = peak, bandwidth
+        self.unknown_trip_counts = 0
+        ops = self.ops(self.entry)
+        return ops, self.unknown_trip_counts
 
     # FLOPs of a fused (or called) computation, nested fusions included
     def computation_flops(self, comp: str) -> float:
@@ -522,15 +535,23 @@ def _short_path(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def module_ops(hlo_text: str, peak: float = 1.0, bandwidth: float = 1.0) -> Tuple[List[Op], int]:
-    """(every executed instruction of the module with its trips, number of while loops of unknown trip count)."""
-    m = _Module(hlo_text, peak, bandwidth)
-    ops = m.ops(m.entry)
-    return ops, m.unknown_trip_counts
+def parse(hlo_text: str) -> _Module:
+    """The module of `compiled.as_text()`, parsed once for `module_ops` / `analyse`."""
+    return _Module(hlo_text)
 
 
-def analyse(hlo_text: str, peak_flops: float, hbm_bytes_per_s: float, *, top: int = 12) -> Dict[str, Any]:
-    """The roofline of a compiled module on one device (module docstring): per step
+def module_ops(hlo, peak: float = 1.0, bandwidth: float = 1.0) -> Tuple[List[Op], int]:
+    """(every executed instruction of the module with its trips, number of while loops of unknown trip count).
+    `hlo`: the module's text or its `parse`."""
+    m = hlo if isinstance(hlo, _Module) else _Module(hlo)
+    return m.walk(peak, bandwidth)
+
+
+def analyse(
+    hlo, peak_flops: float, hbm_bytes_per_s: float, *, top: int = 12, walked: Optional[Tuple[List[Op], int]] = None
+) -> Dict[str, Any]:
+    """The roofline of a compiled module on one device (module docstring; `hlo`: its text or its `parse`;
+    `walked`: its `module_ops` at these figures when the caller has them): per step
 
     roofline_time_s   Σ trips · max(FLOPs / peak, bytes / bandwidth)
     compute_time_s    Σ trips · FLOPs / peak (the matmuls at peak: the FLOP-only bound of the same program)
@@ -538,7 +559,7 @@ def analyse(hlo_text: str, peak_flops: float, hbm_bytes_per_s: float, *, top: in
     memory_bound_time_s  the part of roofline_time_s spent in ops whose bytes take longer than their FLOPs
     flops, hbm_bytes  totals; top_ops: the `top` instructions by time; by_source: time per model source line
     """
-    ops, unknown = module_ops(hlo_text, peak_flops, hbm_bytes_per_s)
+    ops, unknown = module_ops(hlo, peak_flops, hbm_bytes_per_s) if walked is None else walked
     times = [o.time(peak_flops, hbm_bytes_per_s) for o in ops]
     bound = [o.bound(peak_flops, hbm_bytes_per_s) for o in ops]
     total = sum(times)
