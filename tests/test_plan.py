@@ -489,7 +489,7 @@ def _load(name, *overrides):
 
 @pytest.mark.parametrize("name", PAPER_CONFIGS)
 def test_paper_configs_load_and_validate(name):
-    from xlgen.models.family import model_config
+    from xlgen.registry import model_config
 
     c = _load(name)
     model_config(c)  # every model key is a field of the family's config, values validated
