@@ -32,18 +32,20 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 
 # Files by their measured cost (XLGEN_FILE_TIMES=1 prints it), most expensive first; the rest keep their order.
 HEAVIEST_FILES = (
-    "test_tpu_attention.py",
+    "test_doc_commands.py",
     "test_pod_comm.py",
-    "test_train_funnel.py",
+    "test_pod_operations.py",
     "test_remat_precision.py",
-    "test_funnel.py",
-    "test_segment_recurrence.py",
-    "test_train_resume.py",
-    "test_token_classification.py",
+    "test_plan.py",
+    "test_tpu_attention.py",
     "test_gdan.py",
     "test_gan.py",
-    "test_pod_operations.py",
-    "test_doc_commands.py",
+    "test_output_layers_train.py",
+    "test_train_resume.py",
+    "test_token_classification.py",
+    "test_user_edges.py",
+    "test_remote_paths.py",
+    "test_tpu_logsumexp.py",
 )
 
 
