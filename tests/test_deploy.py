@@ -261,6 +261,40 @@ def test_onnx_graph_equals_xlgen_at_new_shapes(stablehlo_runs, built, name):
     assert max(errs) <= onnx_graph.TOLERANCE
 
 
+@pytest.mark.parametrize(
+    "config_file, data",
+    [
+        ("configs/pretrain/txl_tiny.py", {"eval_batch_size": 2, "eval_tgt_len": 5}),
+        ("configs/pretrain/xlnet_tiny.py", {"eval_batch_size": 2}),
+    ],
+    ids=["transformer_xl", "xlnet"],
+)
+def test_a_scanned_language_model_exports_as_its_unrolled_equal(config_file, data):
+    """A model trained with `scan_layers=True` (the paper-sized configs) exports through its unrolled equal
+    (`deploy.unrolled`): the served function equals the scanned module's own (run eagerly), and traces with
+    batch and length symbolic for both formats (onnxruntime checked against xlgen inside `export_onnx`)."""
+    import jax
+
+    from xlgen import registry
+
+    overrides = [f"model.{k}={v}" for k, v in {**SMALL, "n_layer": 3, "mem_len": 6, "scan_layers": True}.items()]
+    overrides += [f"data.{k}={v}" for k, v in data.items()]
+    config = load_config(os.path.join(REPO, config_file), [f"--config.{o}" for o in overrides])
+    module = random_module(lambda: registry.objective(config).make_model(config, nnx.Rngs(5), False), 5)
+    family = registry.get(config.model.family)
+    scanned = family.record(deploy.Stream).prepare(module)
+    direct = deploy._served_stream(config, family, *nnx.split(scanned), scanned)
+    served = deploy.served_module(config, module, kind_of_run="pretrain")
+    args = served.example({"batch": 2, "length": 7}, seed=3)
+    for a, b in zip(direct.fn(*args), jax.jit(served.fn)(*args)):  # the scanned stack run eagerly
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+    _, axes = deploy.export_stablehlo(served)
+    assert axes == {"batch": "symbolic", "length": "symbolic"}
+    from xlgen.deploy import onnx_graph
+
+    onnx_graph.export_onnx(served)  # raises when onnxruntime differs from xlgen by more than 1e-4
+
+
 def test_onnx_rules_beyond_the_models_equal_jax():
     """Rules the model cases do not reach (a scan, unrolled; reverse, cumulative sum, argmax / argmin, dynamic slice
     and update, negative padding, clamp, integer power, integer division and remainder, an integer `select_n`,

@@ -146,10 +146,36 @@ def served_module(config, module, *, kind_of_run: str) -> Served:
             f"model.family={family.name!r} objective={objective.name!r} (a pretraining run) has no deployable "
             f"function; exportable: {exportable_summary()}"
         )
-    module = family.record(Stream).prepare(module)
+    module = family.record(Stream).prepare(unrolled(module))
     module.eval()
     graphdef, state = nnx.split(module)
     return _served_stream(config, family, graphdef, state, module)
+
+
+def unrolled(module):
+    """`module` with its layer stack unrolled (`config.scan_layers=False`), the same parameter values: a scanned
+    stack of NNX layers does not trace with `jax.export` dimension variables, an unrolled one computes the same
+    function. The stacked `<prefix>.rest` [n_layer, ...] becomes `<prefix>.<i>.rest`. Unscanned modules are
+    returned as they are."""
+    import re
+
+    from flax import nnx
+
+    from xlgen.models.params import flat_params, materialize
+
+    config = getattr(module, "config", None)
+    if not getattr(config, "scan_layers", False):
+        return module
+    stacked = flat_params(module, dtype=None)
+    abstract = nnx.eval_shape(lambda: type(module)(dataclasses.replace(config, scan_layers=False), rngs=nnx.Rngs(0)))
+
+    def value(name, shape):
+        if name in stacked:
+            return stacked[name]
+        m = re.fullmatch(r"(.*layers)\.(\d+)\.(.*)", name)
+        return stacked[f"{m[1]}.{m[3]}"][int(m[2])]
+
+    return materialize(abstract, value)
 
 
 def _axis_names(shape: Tuple[int, ...], length: int) -> Tuple[Dim, ...]:
