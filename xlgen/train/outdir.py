@@ -118,7 +118,7 @@ def write_export_dir(out_dir, fill: Callable[[str], None], *, flag: str = "--to-
     out = check_export_dir(out_dir, flag)
     parent = os.path.dirname(out)
     try:
-        made = _makedirs(parent)
+        made = paths.make_dirs(parent)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
     except OSError as e:
         raise OutputPathError(os_error_line(e, flag, out)) from None
@@ -130,7 +130,7 @@ def write_export_dir(out_dir, fill: Callable[[str], None], *, flag: str = "--to-
             raise OutputPathError(os_error_line(e, flag, out)) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(made)
+        paths.remove_empty(made)
     return out
 
 
@@ -192,38 +192,6 @@ def _short(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _makedirs(path: str) -> List[str]:
-    """mkdir -p `path`; the directories this call created, outermost first (each by an atomic `mkdir`: of two
-    processes creating the same directory exactly one creates it)."""
-    missing = []
-    p = os.path.abspath(path)
-    while not os.path.exists(p):
-        missing.append(p)
-        p = os.path.dirname(p)
-    made: List[str] = []
-    try:
-        for d in reversed(missing):
-            try:
-                os.mkdir(d)
-                made.append(d)
-            except FileExistsError:
-                if not os.path.isdir(d):
-                    raise
-    except BaseException:
-        _remove_empty(made)
-        raise
-    return made
-
-
-def _remove_empty(made: List[str]) -> None:
-    """Remove the directories of `made` (innermost first) that are empty: never what another process put there."""
-    for d in reversed(made):
-        try:
-            os.rmdir(d)
-        except OSError:
-            return
-
-
 def _remove_entry(p: str) -> None:
     with contextlib.suppress(OSError):  # the command's own error is the one to report
         shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
@@ -271,14 +239,14 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
     check_workdir_entries(full)
     check_not_foreign(full, flag)
     try:
-        made = _makedirs(full)
+        made = paths.make_dirs(full)
     except OSError as e:
         raise OutputPathError(os_error_line(e, flag, full)) from None
     lock = guards.WorkdirLock(full)
     try:
         lock.__enter__()
     except BaseException:
-        _remove_empty(made)
+        paths.remove_empty(made)
         raise
     marker = os.path.join(full, START_MARKER)
     try:
@@ -291,7 +259,7 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
     except BaseException:  # the marker could not be written (a full disk): leave no directory this call made
         if made and made[-1] == full and set(os.listdir(full)) <= {guards.LOCK_NAME, START_MARKER}:
             shutil.rmtree(full, ignore_errors=True)
-            _remove_empty(made[:-1])
+            paths.remove_empty(made[:-1])
         lock.__exit__(None, None, None)
         raise
     try:
@@ -300,7 +268,7 @@ def writing_workdir(path, *, enabled: bool = True, flag: str = "--workdir") -> I
         if fresh and not run_started(full):
             if made and made[-1] == full:
                 shutil.rmtree(full, ignore_errors=True)
-                _remove_empty(made[:-1])  # the parents this call made, unless another run uses them meanwhile
+                paths.remove_empty(made[:-1])  # the parents this call made, unless another run uses them meanwhile
             else:
                 for name in os.listdir(full):
                     _remove_entry(os.path.join(full, name))
