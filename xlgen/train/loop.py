@@ -71,7 +71,7 @@ def check_workdir_compatible(config, workdir: str) -> None:
         return  # no committed checkpoint: nothing of the old model to resume
     old_model, new_model = old.model.to_dict(), config.model.to_dict()
     changed = sorted(k for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
-    if old.get("objective") != config.get("objective"):
+    if old.objective != config.objective:
         changed.append("objective")
     try:
         old_shapes = _shapes(old)
