@@ -98,40 +98,35 @@ def corpus_tokenizer(data_config, split: str = "train"):
     return corpus.corpus_from_config(cfg, split, corpus_layout(cfg)).tokenizer
 
 
-def _common_args(cfg, split: str, process_index: int, process_count: int) -> dict:
-    """The arguments every pipeline takes: its split's corpus, global batch size and this process's place."""
+def _example_args(cfg, split: str, process_index: int, process_count: int) -> dict:
+    """The arguments the example pipelines (XLNet, MLM / ELECTRA) share: the split's corpus, the global batch size,
+    seq_len, this process's place; evaluation draws with seed + 1 and reads `eval_steps` batches (0 = the split)."""
     from data_pipelines import corpus
 
     train = split == "train"
     return dict(
         corpus=corpus.corpus_from_config(cfg, split, corpus_layout(cfg)),
         global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
-        process_index=process_index,
-        process_count=process_count,
-    )
-
-
-def _example_args(cfg, split: str, process_index: int, process_count: int) -> dict:
-    """`_common_args` of the example pipelines (XLNet, MLM / ELECTRA): evaluation draws with seed + 1 and reads
-    `eval_steps` batches (0 = the whole split)."""
-    train = split == "train"
-    return dict(
-        **_common_args(cfg, split, process_index, process_count),
         seq_len=cfg.seq_len,
         seed=cfg.seed if train else cfg.seed + 1,
+        process_index=process_index,
+        process_count=process_count,
         num_steps=None if train else (cfg.eval_steps or None),
     )
 
 
 def lm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
     """Transformer-XL's stream (`data_pipelines.lm`): contiguous token segments per row, resumed across steps."""
-    from data_pipelines import lm
+    from data_pipelines import corpus, lm
 
     train = split == "train"
     return lm.LMStreamPipeline(
-        **_common_args(cfg, split, process_index, process_count),
+        corpus.corpus_from_config(cfg, split, corpus_layout(cfg)),
+        global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
         tgt_len=cfg.tgt_len if train else cfg.eval_tgt_len,
         seed=cfg.seed,
+        process_index=process_index,
+        process_count=process_count,
         rotate_passes=cfg.rotate_passes and train,
         finite=not train,
     )
