@@ -3,7 +3,7 @@
 * The goodput ledger's arithmetic on hand-made ledgers (in-process): a resume moves the productive seconds after the
   restored checkpoint's save to `lost_to_restarts`, the gap to the restart to `idle`; the categories sum to the wall.
 * A preemption storm, as an operator would cause it: one `xlgen train --max_restarts` run of a tiny config whose
-  training child is SIGKILLed six times at random moments (half of them while a checkpoint is being written) plus
+  training child is SIGKILLed ten times at random moments (half of them while a checkpoint is being written) plus
   one injected hang (the data for a step never arrives: the watchdog exits 3). The run reaches total_steps on its
   own, its final parameters equal an uninterrupted run's bit for bit, and the goodput ledger's lost steps are the
   steps recomputed (each failed attempt's last logged step minus the checkpoint the next one resumed from), its time
@@ -139,19 +139,19 @@ def test_plot_draws_where_the_wall_time_went(tmp_path):
 
 # The uninterrupted run the storm and the local-tier test compare with, bit for bit. The checkpoint settings (how
 # often, which tier) change what is saved, not the training: one run serves both.
-TOTAL = 48
+TOTAL = 80
 REFERENCE = {"total_steps": TOTAL, "checkpoint.every_steps": TOTAL, "mesh.data": 1}
 
 STORM = {
-    "total_steps": TOTAL,  # a killed attempt gets 1-4 steps (+ 2 waiting for a save) past its checkpoint: 6 x 7 + 3
+    "total_steps": TOTAL,  # a killed attempt gets 1-4 steps (+ 2 waiting for a save) past its checkpoint: 10 x 7 + 3
     "checkpoint.every_steps": 2,
     "checkpoint.keep": 3,
     "mesh.data": 1,
     "watchdog.min_timeout_s": 4,
     "watchdog.factor": 10,
 }
-KILLS = 6  # every other one while a checkpoint is being written
-HANG_ATTEMPT = 4
+KILLS = 10  # every other one while a checkpoint is being written
+HANG_ATTEMPT = 6
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +275,7 @@ def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache, refer
     text = "".join(out)
     assert sup.returncode == 0, text[-6000:]
 
-    # six kills, three while a checkpoint was being written, one hang, then the end
+    # ten kills, five while a checkpoint was being written, one hang, then the end
     assert kills == KILLS and len(attempts) >= KILLS + 2, text[-4000:]
     assert sum(a.get("during_save", False) for a in attempts if a["killed"]) >= KILLS // 2
     assert f"supervisor: attempt {HANG_ATTEMPT} hung (watchdog, status 3)" in text, text[-6000:]
