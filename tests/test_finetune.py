@@ -44,6 +44,7 @@ def glue_run(data, tmp_path_factory):
             "eval_every_steps": 0,
             "optimizer.learning_rate": 3e-3,
             "optimizer.warmup_steps": 10,
+            "mesh.num_devices": 1,
         },
         wd,
     )
@@ -83,7 +84,13 @@ def test_partial_restore_from_xlgen_workdir(glue_run, data, tmp_path):
 
     _, src_wd, _ = glue_run
     cfg = _config(
-        {"task": "glue/mnli", "data_dir": data / "mnli", "tokenizer": data / "spiece.model", "init_from": src_wd},
+        {
+            "task": "glue/mnli",
+            "data_dir": data / "mnli",
+            "tokenizer": data / "spiece.model",
+            "init_from": src_wd,
+            "mesh.num_devices": 1,
+        },
         str(tmp_path),
     )
     assert cfg.model.family == "xlnet" and cfg.model.d_model == 32  # architecture read from the workdir
@@ -116,6 +123,7 @@ def test_squad_xlnet_and_race_funnel_write_official_outputs(data, tmp_path):
             "data.max_query_length": 8,
             "total_steps": 3,
             "eval_every_steps": 0,
+            "mesh.num_devices": 1,
         },
         sq,
     )
@@ -144,6 +152,7 @@ def test_squad_xlnet_and_race_funnel_write_official_outputs(data, tmp_path):
             "data.eval_batch_size": 8,
             "total_steps": 2,
             "eval_every_steps": 0,
+            "mesh.num_devices": 1,
         },
         rc,
         config=FUNNEL,
@@ -182,7 +191,14 @@ def test_init_from_hugging_face_directory(data, tmp_path):
     transformers.XLNetLMHeadModel(hf_cfg).save_pretrained(str(hf_dir), safe_serialization=True)
     (hf_dir / "spiece.model").write_bytes((data / "spiece.model").read_bytes())
     cfg = _config(
-        {"task": "glue/sst2", "data_dir": data / "sst2", "init_from": hf_dir, "model.dropout": 0.0}, str(tmp_path)
+        {
+            "task": "glue/sst2",
+            "data_dir": data / "sst2",
+            "init_from": hf_dir,
+            "model.dropout": 0.0,
+            "mesh.num_devices": 1,
+        },
+        str(tmp_path),
     )
     assert (cfg.model.family, cfg.model.n_layer, cfg.model.d_inner, cfg.model.dropout) == ("xlnet", 2, 64, 0.0)
     assert ft.load_tokenizer(cfg).cls_id == 3  # spiece.model found inside init_from

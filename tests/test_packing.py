@@ -102,9 +102,18 @@ def test_packed_logits_equal_unpacked(model_name, kind, tmp_path):
     assert len(rows) < len(feats["labels"]) and max(map(len, rows)) >= 2  # several examples per row
     packed = packer.build(rows)
     keys = ("input_ids", "token_type_ids", "attention_mask", "labels", "label_mask")
-    alone = objective.forward(model, {k: feats[k] for k in keys if k in feats}, config, train=False)["logits"]
-    together = objective.forward(model, packed, config, train=False)["logits"]
-    alone, together = np.asarray(jax.device_get(alone)), np.asarray(jax.device_get(together))
+    unpacked = {k: feats[k] for k in keys if k in feats}
+
+    @nnx.jit
+    def logits_and_losses(model, unpacked, packed):  # one compiled program per case: both layouts, both losses
+        alone = objective.forward(model, unpacked, config, train=False)["logits"]
+        together = objective.forward(model, packed, config, train=False)["logits"]
+        loss = objective._loss(model, packed, None, None, config)[0]
+        ref = objective._loss(model, unpacked, None, None, config)[0]
+        return alone, together, loss, ref
+
+    alone, together, loss, ref = jax.device_get(logits_and_losses(model, unpacked, packed))
+    alone, together = np.asarray(alone), np.asarray(together)
     checked = 0
     for r, members in enumerate(rows):
         o = 0
@@ -119,8 +128,6 @@ def test_packed_logits_equal_unpacked(model_name, kind, tmp_path):
             o += int(packer.slots[i])
     assert checked == len(feats["labels"])
     # the training loss over packed rows is the mean over the real examples
-    loss, _, _ = objective._loss(model, packed, None, None, config)
-    ref, _, _ = objective._loss(model, {k: feats[k] for k in keys if k in feats}, None, None, config)
     if kind != "token_classification":
         np.testing.assert_allclose(float(loss), float(ref), rtol=1e-5)
 

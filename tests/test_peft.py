@@ -42,6 +42,7 @@ def _config(data, workdir, **over):
         "eval_every_steps": 0,
         "optimizer.learning_rate": 3e-3,
         "checkpoint.every_steps": 1000,
+        "mesh.num_devices": 1,
         **over,
     }
     return ft.load_finetune_config(XLNET, {k: str(v) for k, v in over.items()}, workdir)

@@ -3,7 +3,8 @@
 A `gcp-storage-emulator` server runs in a subprocess on a free localhost port. gcsfs (etils.epath's gs:// backend)
 and tensorboardX/google-cloud-storage reach it through STORAGE_EMULATOR_HOST, Orbax's array data (TensorStore's own
 GCS driver) through TENSORSTORE_GCS_HTTP_URL with GOOGLE_AUTH_TOKEN_FOR_TESTING (TensorStore skips credential
-discovery). The real `xlgen prepare`, `xlgen train` and `xlgen eval` CLIs run in subprocesses:
+discovery). The real `xlgen prepare`, `xlgen train`, `xlgen eval` and `xlgen finetune` CLI entry points run in this
+process (the fixture's environment reaches gcsfs and TensorStore; the paths, not a process boundary, are the point):
 
 * a corpus prepared straight into gs://test-bucket/corpus holds byte-identical shards to a local preparation;
 * a run on gs://test-bucket/run (data from the bucket) interrupted by --stop_at_step and resumed with the same
@@ -24,7 +25,7 @@ import time
 
 import numpy as np
 import pytest
-from test_train_utils import REPO, compile_cache, run_train, train_cmd, train_losses, xlgen_env  # noqa: F401
+from test_train_utils import REPO, compile_cache, train_cmd, train_losses  # noqa: F401
 
 pytest.importorskip("gcsfs", reason="gs:// needs gcsfs: pip install -e '.[gcs,test]'")
 pytest.importorskip("gcp_storage_emulator", reason="the GCS emulator test needs gcp-storage-emulator (.[test])")
@@ -103,14 +104,29 @@ def gcs(tmp_path_factory):
         log.close()
 
 
-def _env(gcs, cache):
-    return {**xlgen_env(cache), **gcs}
+@pytest.fixture
+def cli(monkeypatch, capsys, compile_cache):
+    """`cli(argv)`: `xlgen.cli.main(argv)` in this process, asserted to exit 0; its stdout. The CLI's runtime set-up
+    keeps the session's compilation cache."""
+    from xlgen import cli as cli_lib
+
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE", compile_cache)
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE_MIN_SECS", "0")
+
+    def run(argv):
+        capsys.readouterr()
+        code = cli_lib.main([str(a) for a in argv])
+        out = capsys.readouterr()
+        assert code == 0, f"exit {code}\n{out.out[-3000:]}\n{out.err[-5000:]}"
+        return out.out
+
+    return run
 
 
-def _run(cmd, env):
-    p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
-    return p
+def _cli_train(workdir, overrides, extra=()):
+    """The arguments of `xlgen train` for the tiny Transformer-XL (`train_cmd` without the interpreter)."""
+    cmd = train_cmd(workdir, "txl_tiny.py", overrides, extra)
+    return cmd[cmd.index("train") :]
 
 
 def _prepare(output, corpus_dir):
@@ -176,11 +192,10 @@ def _losses(text: str) -> dict:
 
 
 @pytest.mark.slow
-def test_train_resume_eval_on_gcs_equals_local(tmp_path, compile_cache, gcs):
+def test_train_resume_eval_on_gcs_equals_local(tmp_path, gcs, cli):
     text = open(os.path.join(REPO, "data_pipelines", "assets", "tinyshakespeare.txt"), encoding="utf-8").read()
     (tmp_path / "train.txt").write_text(text[:-20000], encoding="utf-8")
     (tmp_path / "valid.txt").write_text(text[-20000:], encoding="utf-8")
-    env = _env(gcs, compile_cache)
 
     # The same corpus prepared locally and straight into the bucket: byte-identical shards and vocabulary.
     _prepare(tmp_path / "corpus", tmp_path)
@@ -195,15 +210,15 @@ def test_train_resume_eval_on_gcs_equals_local(tmp_path, compile_cache, gcs):
 
     over = {"total_steps": 2 * K, "checkpoint.every_steps": K, "mesh.num_devices": 1}
     local = str(tmp_path / "local")
-    run_train(local, compile_cache, "txl_tiny.py", {**over, "data.source": str(tmp_path / "corpus")})
+    cli(_cli_train(local, {**over, "data.source": str(tmp_path / "corpus")}))
 
     run = f"gs://{BUCKET}/run"
     remote_over = {**over, "data.source": f"gs://{BUCKET}/corpus", "tensorboard": True}
-    _run(train_cmd(run, "txl_tiny.py", remote_over, extra=[f"--stop_at_step={K}"]), env)
+    cli(_cli_train(run, remote_over, extra=[f"--stop_at_step={K}"]))
     assert sorted(_losses(_gs("run/metrics.jsonl").read_text())) == list(range(1, K + 1))
     assert _gs(f"run/checkpoints/{K}").is_dir()
-    out = _run(train_cmd(run, "txl_tiny.py", remote_over), env)  # the same command resumes
-    assert f"resumed from {run}/checkpoints/{K}" in out.stdout
+    out = cli(_cli_train(run, remote_over))  # the same command resumes
+    assert f"resumed from {run}/checkpoints/{K}" in out
 
     a, b = train_losses(local), _losses(_gs("run/metrics.jsonl").read_text())
     assert sorted(b) == list(range(1, 2 * K + 1))
@@ -213,9 +228,7 @@ def test_train_resume_eval_on_gcs_equals_local(tmp_path, compile_cache, gcs):
     assert any("tfevents" in p.name for p in _gs("run/tensorboard").iterdir())
 
     # `xlgen eval` on the bucket workdir appends its record to the bucket's metrics.jsonl.
-    cmd = train_cmd(run, "txl_tiny.py", dict(remote_over, **{"eval.steps": 2}))
-    cmd[3] = "eval"
-    _run(cmd, env)
+    cli(["eval", *_cli_train(run, dict(remote_over, **{"eval.steps": 2}))[1:]])
     ev = [json.loads(line) for line in _gs("run/metrics.jsonl").read_text().splitlines() if '"split"' in line][-1]
     assert ev["step"] == 2 * K and ev["split"] == "valid" and np.isfinite(ev["loss"])
 
@@ -270,7 +283,7 @@ def test_metrics_truncate_and_cache_on_gcs(gcs, tmp_path):
 
 
 @pytest.mark.slow
-def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, compile_cache):
+def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, cli):
     """`xlgen finetune` with data_dir, tokenizer and workdir on gs:// gives exactly the local run's losses, dev
     results and prediction files; `--config.init_from=gs://...` starts a new run from the bucket workdir's tensors."""
     from data_pipelines import paths
@@ -284,7 +297,6 @@ def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, c
         if f.is_file():
             paths.atomic_write_bytes(f"gs://{BUCKET}/glue/sst2/{f.relative_to(data)}", f.read_bytes())
     paths.atomic_write_bytes(f"gs://{BUCKET}/glue/spiece.model", (tmp_path / "spiece.model").read_bytes())
-    env = _env(gcs, compile_cache)
 
     def finetune(workdir, **over):
         over = {
@@ -293,19 +305,12 @@ def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, c
             "eval_every_steps": 0,
             "log_every_steps": 1,
             "checkpoint.every_steps": 4,
+            "mesh.num_devices": 1,
             **over,
         }
-        return _run(
-            [
-                sys.executable,
-                "-m",
-                "xlgen.cli",
-                "finetune",
-                f"--config={REPO}/configs/finetune/tiny.py",
-                f"--workdir={workdir}",
-            ]
-            + [f"--config.{k}={v}" for k, v in over.items()],
-            env,
+        return cli(
+            ["finetune", f"--config={REPO}/configs/finetune/tiny.py", f"--workdir={workdir}"]
+            + [f"--config.{k}={v}" for k, v in over.items()]
         )
 
     local, remote = str(tmp_path / "ft"), f"gs://{BUCKET}/ft"
@@ -329,7 +334,7 @@ def test_finetune_with_gcs_data_tokenizer_workdir_and_init_from(gcs, tmp_path, c
         total_steps=1,
         **{"checkpoint.every_steps": 1},
     )
-    assert f"init_from {remote}: {len(a)} tensors loaded; fresh: none" in out.stdout
+    assert f"init_from {remote}: {len(a)} tensors loaded; fresh: none" in out
     assert json.loads(_gs("ft2/config.json").read_text())["init_from"] == remote
 
 

@@ -105,11 +105,12 @@ def test_synthetic_conll_learns_to_high_entity_f1(tmp_path, config):
         "task": "conll2003",
         "data_dir": str(d),
         "tokenizer": str(tmp_path / "spiece.model"),
-        "total_steps": "300",
+        "total_steps": "200",
         "eval_every_steps": "0",
         "optimizer.learning_rate": "3e-3",
         "optimizer.warmup_steps": "10",
         "data.max_seq_length": "48",
+        "mesh.num_devices": "1",
     }
     cfg = ft.load_finetune_config(os.path.join(ROOT, config), over, wd)
     best = ft.finetune(cfg, wd)
