@@ -225,6 +225,18 @@ def _compile_cheap(f, *args):
     return jax.jit(f).lower(*args).compile(compiler_options=opts)(*args)
 
 
+def _numpy_init(make, std=0.05, seed=0):
+    """`make()`'s module with N(0, std) NumPy parameters (LayerNorm scales around 1), no initialiser run: a random
+    init compiles one threefry kernel per parameter (inside a test's program: most of its compile time)."""
+    from flax import nnx
+
+    from xlgen.models.params import materialize
+
+    rng = np.random.RandomState(seed)
+    value = lambda name, shape: (name.endswith("scale") + std * rng.randn(*shape)).astype(np.float32)  # noqa: E731
+    return materialize(nnx.eval_shape(make), value, seed=seed)
+
+
 TINY_FUNNEL = {
     "model.d_model": 16,
     "model.n_head": 2,
@@ -266,14 +278,14 @@ def test_funnel_pretraining_rows_are_segment_pairs_and_train_both_seg_embed_slot
     assert all(np.array_equal(batch[k], again[k]) for k in batch)  # a pure function of (seed, step, row)
     obj = registry.objective(config)
 
-    def seg_embed_grads(batch):  # init + gradient in one compiled program (eager init is slow)
-        model = obj.make_model(config, nnx.Rngs(0), True)
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(_numpy_init(lambda: obj.make_model(config, nnx.Rngs(0), True)), nnx.Param, ...)
+
+    def seg_embed_grads(params, rest, batch):
         loss = lambda p: obj.loss(nnx.merge(graphdef, p, rest), batch, None, jax.random.key(0), config)[0]  # noqa: E731
         flat = nnx.to_flat_state(jax.grad(loss)(params))
         return {".".join(map(str, k)): v.value for k, v in flat if k[-1] == "seg_embed"}
 
-    seg = _compile_cheap(seg_embed_grads, {k: jax.numpy.asarray(v) for k, v in batch.items()})
+    seg = _compile_cheap(seg_embed_grads, params, rest, {k: jax.numpy.asarray(v) for k, v in batch.items()})
     assert seg
     for name, g in seg.items():  # [2 = (different, same), heads, d_head]
         per_slot = np.abs(g).reshape(2, -1).sum(1)
@@ -311,7 +323,8 @@ def _qa_random_label_accuracy(answer_class_start: str, steps: int = 80) -> float
         answer_class_start=answer_class_start,
     )  # fmt: skip
     b, L = 32, 10
-    graphdef, params, rest = nnx.split(XLNetForQuestionAnswering(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    model = _numpy_init(lambda: XLNetForQuestionAnswering(cfg, rngs=nnx.Rngs(0)), std=cfg.initializer_range)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = optax.adam(3e-3)
 
     def data(key):
@@ -356,15 +369,18 @@ def test_squad_answer_class_sees_the_same_input_in_training_and_inference():
     rng = np.random.RandomState(0)
     ids = jnp.asarray(rng.randint(9, 32, (4, 10)))
 
-    def both_paths(ids):
-        model = XLNetForQuestionAnswering(cfg, rngs=nnx.Rngs(0))
-        model.eval()
+    model = _numpy_init(lambda: XLNetForQuestionAnswering(cfg, rngs=nnx.Rngs(0)))
+    model.eval()
+    graphdef, state = nnx.split(model)
+
+    def both_paths(state, ids):
+        model = nnx.merge(graphdef, state)
         kw = dict(p_mask=jnp.zeros((4, 10)).at[:, 3].set(1.0), cls_index=jnp.full((4,), 9))
         train_path, _ = model(ids, start_positions=jnp.array([9, 9, 2, 5]), **kw)
         infer_path, _ = model(ids, **kw)
         return train_path["cls_logits"], infer_path["cls_logits"]
 
-    train_cls, infer_cls = _compile_cheap(both_paths, ids)
+    train_cls, infer_cls = _compile_cheap(both_paths, state, ids)
     np.testing.assert_allclose(train_cls, infer_cls, rtol=1e-6, atol=1e-6)
 
 

@@ -47,11 +47,14 @@ def test_position_scores_match_naive(kind, qlen, mlen, clamp):
     q = rng.normal(size=(b, qlen, n, dh)).astype(np.float32)
     w_r = rng.normal(size=(d, n, dh)).astype(np.float32)
     v_bias = rng.normal(size=(n, dh)).astype(np.float32)
-    pos_seq = ra.relative_position_sequence(qlen, klen, kind, clamp)
-    k_r = jnp.einsum("rd,dnh->rnh", ra.sinusoid_embedding(pos_seq, d), w_r)
-    got = np.asarray(
-        ra.position_scores(jnp.asarray(q), k_r, jnp.asarray(v_bias), klen=klen, offset=ra.shift_offset(qlen, kind))
-    )
+
+    @jax.jit  # one program (op-by-op dispatch compiles each primitive for this case's shapes)
+    def position_scores(q, w_r, v_bias):
+        pos_seq = ra.relative_position_sequence(qlen, klen, kind, clamp)
+        k_r = jnp.einsum("rd,dnh->rnh", ra.sinusoid_embedding(pos_seq, d), w_r)
+        return ra.position_scores(q, k_r, v_bias, klen=klen, offset=ra.shift_offset(qlen, kind))
+
+    got = np.asarray(position_scores(q, w_r, v_bias))
     want = _naive_position_scores(q, w_r, v_bias, qlen, mlen, d, clamp)
     valid = np.ones((qlen, klen), bool)
     if kind in ("txl", "uni"):  # causal kinds only define distances >= 0
@@ -340,10 +343,15 @@ def test_position_scores_at_rows_are_windows_of_the_raw_scores():
         return jnp.take_along_axis(raw, jnp.broadcast_to(idx, raw.shape[:-1] + (klen,)), axis=-1)
 
     ours = lambda qh, keys: ra.position_scores_at(qh, keys, v, start=start, klen=klen)
-    np.testing.assert_allclose(np.asarray(ours(qh, keys)), np.asarray(reference(qh, keys)), rtol=1e-6, atol=1e-6)
     w = jnp.asarray(rng.normal(size=(b, n, q, klen)), jnp.float32)
-    g_ours = jax.grad(lambda *a: jnp.sum(ours(*a) * w), argnums=(0, 1))(qh, keys)
-    g_ref = jax.grad(lambda *a: jnp.sum(reference(*a) * w), argnums=(0, 1))(qh, keys)
+
+    @jax.jit  # values and gradients of both in one program (not op by op)
+    def values_and_grads(qh, keys):
+        grad = lambda f: jax.grad(lambda *a: jnp.sum(f(*a) * w), argnums=(0, 1))(qh, keys)  # noqa: E731
+        return ours(qh, keys), reference(qh, keys), grad(ours), grad(reference)
+
+    y_ours, y_ref, g_ours, g_ref = values_and_grads(qh, keys)
+    np.testing.assert_allclose(np.asarray(y_ours), np.asarray(y_ref), rtol=1e-6, atol=1e-6)
     for a, r in zip(g_ours, g_ref):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-5, atol=1e-5)
 
@@ -366,21 +374,22 @@ def test_rotated_factorized_position_scores_equal_the_original():
         q_enc = (phi * keep[0] / 0.7, pi * keep[1] / 0.7)
         rows = [jnp.broadcast_to(x, (b, qlen, d_model)) for x in q_enc]
 
-        def loss(form, q_head, w_r, bias, q_enc=q_enc, k_enc=k_enc):
-            return jnp.sum(jnp.sin(form(q_head, w_r, bias, q_enc, k_enc)))
+        @jax.jit  # both forms, the reference and the gradients in one program (not op by op)
+        def forms_and_grads(q_head, w_r, bias, q_enc, k_enc, rows):
+            def loss(form, q_head, w_r, bias):
+                return jnp.sum(jnp.sin(form(q_head, w_r, bias, q_enc, k_enc)))
 
-        for form in (ra.factorized_position_scores, ra.rotated_factorized_position_scores):
-            np.testing.assert_allclose(
-                np.asarray(form(q_head, w_r, bias, q_enc, k_enc)),
-                np.asarray(jnp.einsum("bind,Dnd,biD,jD->bnij", q_head + bias, w_r, rows[0], k_enc[0]))
-                + np.asarray(jnp.einsum("bind,Dnd,biD,jD->bnij", q_head + bias, w_r, rows[1], k_enc[1])),
-                rtol=1e-5,
-                atol=1e-4,
+            forms = (ra.factorized_position_scores, ra.rotated_factorized_position_scores)
+            want = jnp.einsum("bind,Dnd,biD,jD->bnij", q_head + bias, w_r, rows[0], k_enc[0]) + jnp.einsum(
+                "bind,Dnd,biD,jD->bnij", q_head + bias, w_r, rows[1], k_enc[1]
             )
-        grads = [
-            jax.grad(functools.partial(loss, form), argnums=(0, 1, 2))(q_head, w_r, bias)
-            for form in (ra.factorized_position_scores, ra.rotated_factorized_position_scores)
-        ]
+            values = [form(q_head, w_r, bias, q_enc, k_enc) for form in forms]
+            grads = [jax.grad(functools.partial(loss, form), argnums=(0, 1, 2))(q_head, w_r, bias) for form in forms]
+            return want, values, grads
+
+        want, values, grads = forms_and_grads(q_head, w_r, bias, q_enc, k_enc, rows)
+        for value in values:
+            np.testing.assert_allclose(np.asarray(value), np.asarray(want), rtol=1e-5, atol=1e-4)
         for a, c in zip(*grads):
             np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-4)
 
