@@ -325,7 +325,7 @@ README = [
     (
         "lm",
         "xlgen analyze recl --workdir=A --workdir=B",
-        "--delta=16 --max_context=48 --max_tokens=256 --segment=16",
+        "--delta=16 --max_context=32 --max_tokens=256 --segment=16",
         {"=A ": "=workdirs/demo ", "=B": "=workdirs/txl_tiny"},
         wrote("workdirs/demo/recl.json", "workdirs/demo/recl.png"),
     ),
