@@ -12,7 +12,7 @@ The program's names are imported on first use (PEP 562): the modules that need n
 __all__ = ["Program", "TrainProgram", "build_program", "make_eval_step"]
 
 
-def __getattr__(name):
+def __getattr__(name):  # noqa: V103  (PEP 562: called by the import system)
     if name in __all__:
         from xlgen.train import program
 
