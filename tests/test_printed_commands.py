@@ -20,6 +20,7 @@ from test_train_utils import REPO, TINY, compile_cache, xlgen_env  # noqa: F401 
 
 RUN = {
     **TINY,
+    "model.n_layer": 1,  # the commands' effects do not depend on depth (each unrolled layer is compiled)
     "log_every_steps": 2,
     "total_steps": 8,
     "checkpoint.every_steps": 4,
@@ -189,7 +190,7 @@ def test_changing_total_steps_mid_run_decays_from_the_current_value():
     assert continue_schedule(opt, h1, 210, 400, 60) == h1
 
 
-def test_a_failed_train_leaves_no_half_made_workdir(tmp_path, compile_cache):  # noqa: F811
+def test_a_failed_train_leaves_no_half_made_workdir(tmp_path, compile_cache, monkeypatch, capsys):  # noqa: F811
     """A run that fails before its first checkpoint (here: a vocabulary the data does not fit) removes the workdir it created (it left
     config.json and the lock file behind); `xlgen train --workdir=DIR` without a config.json says what to pass."""
     env = xlgen_env(compile_cache, devices=1)
@@ -203,10 +204,13 @@ def test_a_failed_train_leaves_no_half_made_workdir(tmp_path, compile_cache):  #
     )
     assert p.returncode == 2 and p.stderr.startswith("xlgen train: error: ") and "vocab_size=10" in p.stderr, p.stderr
     assert os.listdir(tmp_path) == []
-    p = subprocess.run(["bash", "-c", f"{base} --workdir=w"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    # the usage error comes before anything is imported or set up: xlgen.cli.main in this process, from tmp_path
+    from xlgen.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--workdir=w"]) == 2
     assert (
-        p.returncode == 2
-        and p.stderr
+        capsys.readouterr().err
         == "xlgen train: error: w: no config.json (not an xlgen workdir); pass --config=PATH to start a run\n"
-    ), p.stderr
+    )
     assert os.listdir(tmp_path) == []

@@ -42,6 +42,8 @@ def _xlgen(args, cache, env=None, expect=0):
 
 
 RUN = {"total_steps": 4, "checkpoint.every_steps": 2, "eval.steps": 2, "mesh.data": 1}
+# One layer where the property does not depend on depth and no other test compiles the same program.
+RUN1 = {**RUN, "model.n_layer": 1}
 
 
 def printed_commands(stdout: str) -> dict:
@@ -132,6 +134,7 @@ def test_finetune_platform_cpu_is_quiet(tmp_path, compile_cache):
         f"--config.data_dir={data}",
         f"--config.tokenizer={data / 'spiece.model'}",
         "--config.total_steps=2",
+        "--config.model.n_layer=1",
         "--config.eval_every_steps=0",
         "--config.checkpoint.every_steps=2",
         "--platform=cpu",
@@ -148,7 +151,7 @@ def test_corrupt_checkpoint_reported_quietly_and_moved_only_by_train(tmp_path, c
     and leaves it in place (a reader changes nothing); `xlgen train` moves it to checkpoints/corrupt-4, resumes from
     2, and `keep` counts only real checkpoints; later loads are silent."""
     wd = str(tmp_path / "wd")
-    run_train(wd, compile_cache, overrides=RUN, devices=1)
+    run_train(wd, compile_cache, overrides=RUN, devices=1)  # the train/eval programs of the test above
     ck = os.path.join(wd, "checkpoints")
     assert sorted(os.listdir(ck)) == ["2", "4"]
     for root, _, files in os.walk(os.path.join(ck, "4", "state")):
@@ -187,7 +190,7 @@ def test_second_run_on_a_live_workdir_fails_at_once(tmp_path, compile_cache):  #
     wd = str(tmp_path / "wd")
     env = xlgen_env(compile_cache, devices=1)
     first = subprocess.Popen(
-        train_cmd(wd, overrides={**RUN, "total_steps": 100000}),
+        train_cmd(wd, overrides={**RUN1, "total_steps": 100000}),
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -202,7 +205,7 @@ def test_second_run_on_a_live_workdir_fails_at_once(tmp_path, compile_cache):  #
         assert "compiling" in out, out
         t0 = time.time()
         second = subprocess.run(
-            train_cmd(wd, overrides=RUN), env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+            train_cmd(wd, overrides=RUN1), env=env, cwd=REPO, capture_output=True, text=True, timeout=300
         )
         assert second.returncode == 2, second.stderr[-2000:]
         assert second.stderr.startswith(
@@ -225,7 +228,7 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path, compil
     --restart."""
     wd = str(tmp_path / "wd")
     over = {
-        **RUN,
+        **RUN1,
         "total_steps": 10,
         "checkpoint.every_steps": 1,
         "checkpoint.keep": 10,

@@ -37,14 +37,25 @@ def xlgen_cli(cache, *args):
     return p
 
 
-def test_export_generate_from_workdir_and_hf_dir(workdir, tmp_path, compile_cache):  # noqa: F811
+def xlgen_in_process(monkeypatch, cache, *args):
+    """`xlgen ARGS` through `xlgen.cli.main` in this process, with the runtime set-up the test session already has
+    (its compilation cache, CPU): for a command whose output the test reads with the libraries themselves."""
+    from xlgen.cli import main
+
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE", cache)
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE_MIN_SECS", "0.1")  # tests/conftest.py's
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert main(list(args)) == 0, f"xlgen {' '.join(args)}"
+
+
+def test_export_generate_from_workdir_and_hf_dir(workdir, tmp_path, compile_cache, monkeypatch):  # noqa: F811
     """Export: HF's log-probs (memory carried over two segments) equal `xlgen.from_pretrained(workdir)`'s within
     1e-5 and the exported tokenizer encodes/decodes like the workdir's. Generate: the CLI on the workdir and the
     API on the exported HF directory give the same text for the same seed (two processes, two loaders)."""
     from xlgen.generate import TXLDecoder, load_for_generation
 
     out = tmp_path / "hf"
-    xlgen_cli(compile_cache, "export", f"--workdir={workdir}", f"--to-hf={out}")
+    xlgen_in_process(monkeypatch, compile_cache, "export", f"--workdir={workdir}", f"--to-hf={out}")
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
     hf, info = transformers.TransfoXLLMHeadModel.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
