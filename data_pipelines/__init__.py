@@ -68,8 +68,9 @@ def default_config(pipeline: str = "lm") -> ml_collections.ConfigDict:
 
 
 def _resolve(data_config) -> ml_collections.ConfigDict:
+    """`data_config` completed with its pipeline's declared defaults (`default_config`); unknown keys are errors."""
     d = dict(data_config.to_dict() if hasattr(data_config, "to_dict") else data_config)
-    pipeline = d.get("pipeline", "lm")
+    pipeline = d.get("pipeline", _COMMON["pipeline"])
     cfg = default_config(pipeline)
     unknown = sorted(set(d) - set(cfg))
     if unknown:
@@ -81,20 +82,37 @@ def _resolve(data_config) -> ml_collections.ConfigDict:
 def corpus_layout(data_config) -> str:
     """The corpus layout (`data_pipelines.corpus`) a data config's pipeline reads: "sentences" (XLNet's rows, Funnel's
     segment pairs) or "lm" (one token stream)."""
-    d = data_config.to_dict() if hasattr(data_config, "to_dict") else dict(data_config)
-    pipeline = d.get("pipeline", "lm")
-    if pipeline in ("mlm", "electra"):
-        return "sentences" if d.get("segment_pairs", _DEFAULTS["mlm"]["segment_pairs"]) else "lm"
-    return "sentences" if pipeline == "xlnet" else "lm"
+    cfg = _resolve(data_config)
+    if cfg.pipeline in ("mlm", "electra"):
+        return "sentences" if cfg.segment_pairs else "lm"
+    return "sentences" if cfg.pipeline == "xlnet" else "lm"
 
 
 def corpus_tokenizer(data_config, split: str = "train"):
     """The tokenizer a data config's pipeline encodes with (its corpus's), without building the pipeline."""
     from data_pipelines import corpus, mixture
 
-    if data_config.get("sources"):
-        data_config = _with_source(_resolve(data_config), mixture.resolve_sources(data_config.get("sources"))[0][0])
-    return corpus.corpus_from_config(data_config, split, corpus_layout(data_config)).tokenizer
+    cfg = _resolve(data_config)
+    if cfg.sources:
+        cfg = _with_source(cfg, mixture.resolve_sources(cfg.sources)[0][0])
+    return corpus.corpus_from_config(cfg, split, corpus_layout(cfg)).tokenizer
+
+
+def _example_args(cfg, split: str, process_index: int, process_count: int) -> dict:
+    """The arguments the example pipelines (XLNet, MLM / ELECTRA) share: the split's corpus, the global batch size,
+    seq_len, this process's place; evaluation draws with seed + 1 and reads `eval_steps` batches (0 = the split)."""
+    from data_pipelines import corpus
+
+    train = split == "train"
+    return dict(
+        corpus=corpus.corpus_from_config(cfg, split, corpus_layout(cfg)),
+        global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
+        seq_len=cfg.seq_len,
+        seed=cfg.seed if train else cfg.seed + 1,
+        process_index=process_index,
+        process_count=process_count,
+        num_steps=None if train else (cfg.eval_steps or None),
+    )
 
 
 def lm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
@@ -116,13 +134,10 @@ def lm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1)
 
 def xlnet_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
     """XLNet's permutation-LM rows (`data_pipelines.xlnet`)."""
-    from data_pipelines import corpus, xlnet
+    from data_pipelines import xlnet
 
-    train = split == "train"
     return xlnet.XLNetPipeline(
-        corpus.corpus_from_config(cfg, split, corpus_layout(cfg)),
-        global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
-        seq_len=cfg.seq_len,
+        **_example_args(cfg, split, process_index, process_count),
         reuse_len=cfg.reuse_len,
         perm_size=cfg.perm_size,
         num_predict=cfg.num_predict,
@@ -132,31 +147,20 @@ def xlnet_pipeline(cfg, split: str, process_index: int = 0, process_count: int =
         bi_data=cfg.bi_data,
         span_unit=cfg.span_unit,
         exact_num_predict=cfg.exact_num_predict,
-        seed=cfg.seed if train else cfg.seed + 1,
-        process_index=process_index,
-        process_count=process_count,
-        num_steps=None if train else (cfg.eval_steps or None),
-        finite=not train,
+        finite=split != "train",
     )
 
 
 def mlm_pipeline(cfg, split: str, process_index: int = 0, process_count: int = 1):
     """Funnel's MLM / ELECTRA inputs (`data_pipelines.mlm`)."""
-    from data_pipelines import corpus, mlm
+    from data_pipelines import mlm
 
-    train = split == "train"
     return mlm.MLMPipeline(
-        corpus.corpus_from_config(cfg, split, corpus_layout(cfg)),
-        global_batch_size=cfg.batch_size if train else cfg.eval_batch_size,
-        seq_len=cfg.seq_len,
+        **_example_args(cfg, split, process_index, process_count),
         mask_prob=cfg.mask_prob,
         random_prob=cfg.random_prob,
         keep_prob=cfg.keep_prob,
-        seed=cfg.seed if train else cfg.seed + 1,
-        process_index=process_index,
-        process_count=process_count,
-        shuffle=train,
-        num_steps=None if train else (cfg.eval_steps or None),
+        shuffle=split == "train",
         segment_pairs=cfg.segment_pairs,
         hide_masks_from_attention=cfg.hide_masks_from_attention,
     )
@@ -213,7 +217,7 @@ def mlm_predictions_per_row(data_config) -> Optional[int]:
     """The number of predicted positions in every row of an `mlm` / `electra` pipeline of this config (see
     `mlm.predictions_per_row`), or None for other pipelines (and other data configs, e.g. a finetuning task's)."""
     d = data_config.to_dict() if hasattr(data_config, "to_dict") else dict(data_config)
-    if d.get("pipeline", "lm") not in ("mlm", "electra"):
+    if d.get("pipeline", _COMMON["pipeline"]) not in ("mlm", "electra"):
         return None
     cfg = _resolve(d)
     from data_pipelines import mlm

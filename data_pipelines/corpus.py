@@ -402,26 +402,30 @@ def prepared_corpus(
 
 
 def corpus_from_config(cfg, split: str, layout: str) -> TokenCorpus:
-    """Resolves `data.source` (embedded name, text file or prepared directory) for a split."""
-    source = cfg.get("source", "tinyshakespeare")
+    """Resolves `data.source` (embedded name, text file or prepared directory) for a split; keys the data config
+    leaves out read their declared defaults (`data_pipelines.default_config`)."""
+    from data_pipelines import _resolve
+
+    cfg = _resolve(cfg)
+    source = cfg.source
     src = None if source in EMBEDDED or not source else paths.as_path(source)  # local or gs://
     if src is not None and paths.is_remote(src):
         source = str(src)
     if source in EMBEDDED or (src is not None and src.is_file()):
-        if cfg.get("vocab", "char") not in ("char", "byte", "word"):
+        if cfg.vocab not in ("char", "byte", "word"):
             raise ValueError(
-                f"data.vocab={cfg.get('vocab')!r}: a raw text source needs char, byte or word; "
+                f"data.vocab={cfg.vocab!r}: a raw text source needs char, byte or word; "
                 f"prepare subword corpora with `xlgen prepare corpus`"
             )
         return text_corpus(
             source,
-            cfg.get("vocab", "char"),
+            cfg.vocab,
             layout,
             split,
-            float(cfg.get("valid_fraction", 0.1)),
-            cfg.get("valid_source") or None,
-            bool(cfg.get("use_eod", True)),
-            bool(cfg.get("lower", False)),
+            float(cfg.valid_fraction),
+            cfg.valid_source or None,
+            bool(cfg.use_eod),
+            bool(cfg.lower),
         )
     if src is not None and ((src / MANIFEST).exists() or src.is_dir()):
         m = read_manifest(source)
@@ -430,8 +434,8 @@ def corpus_from_config(cfg, split: str, layout: str) -> TokenCorpus:
         return prepared_corpus(
             source,
             split,
-            expect_vocab_size=cfg.get("vocab_size") or None,
-            expect_tokenizer=cfg.get("tokenizer") or None,
+            expect_vocab_size=cfg.vocab_size or None,
+            expect_tokenizer=cfg.tokenizer or None,
         )
     raise FileNotFoundError(
         f"data.source={source!r}: not an embedded corpus ({sorted(EMBEDDED)}), a text file, "

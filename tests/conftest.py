@@ -29,6 +29,10 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_compilation_cache_dir", os.environ["XLGEN_TEST_COMPILATION_CACHE"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+# In-process `cli.main` runs (`platforms.setup_runtime`) point JAX at XLGEN_COMPILATION_CACHE: the session's, never
+# the user's ~/.cache/xlgen.
+os.environ["XLGEN_COMPILATION_CACHE"] = os.environ["XLGEN_TEST_COMPILATION_CACHE"]
+os.environ.setdefault("XLGEN_COMPILATION_CACHE_MIN_SECS", "0.1")
 
 # Files by their measured cost (XLGEN_FILE_TIMES=1 prints it), most expensive first; the rest keep their order.
 HEAVIEST_FILES = (

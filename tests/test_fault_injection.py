@@ -6,20 +6,70 @@ bad one to corrupt-<step>). An exploding learning rate on resume keeps the good 
 command that works. A config/shape mismatch is an error naming both shapes, changing no file. All checkpoints
 unreadable: no silent restart from step 0. `xlgen finetune` into a pretraining workdir leaves it byte-identical.
 
-Tiny Transformer-XL runs through the real CLI in subprocesses sharing the session's compilation cache."""
+Tiny Transformer-XL runs through the real CLI sharing the session's compilation cache: one 4-step run (`base`) is
+copied by the tests that start from a trained workdir; a command whose stderr carries a logged warning (a failed
+verification) runs in a subprocess (its stderr as an operator sees it), the others through `xlgen.cli.main` in this
+process (their messages are printed)."""
 
 import hashlib
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import types
 
 import numpy as np
-from test_train_utils import REPO, compile_cache, run_train, train_losses, xlgen_env  # noqa: F401  (fixture)
+import pytest
+from test_train_utils import (  # noqa: F401  (fixture)
+    REPO,
+    compile_cache,
+    run_train,
+    train_cmd,
+    train_losses,
+    xlgen_env,
+)
 from test_user_edges import _xlgen
 
-RUN = {"total_steps": 4, "checkpoint.every_steps": 2, "eval.steps": 2, "mesh.data": 1}
+RUN = {"total_steps": 4, "checkpoint.every_steps": 2, "eval.steps": 2, "mesh.data": 1, "mesh.num_devices": 1}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, compile_cache):  # noqa: F811
+    """A finished RUN workdir (checkpoints 2 and 4); tests take a copy (`_copy_base`)."""
+    wd = str(tmp_path_factory.mktemp("base") / "wd")
+    run_train(wd, compile_cache, overrides=RUN, devices=1)
+    return wd
+
+
+def _copy_base(base, tmp_path) -> str:
+    wd = str(tmp_path / "wd")
+    shutil.copytree(base, wd)
+    return wd
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys, compile_cache):  # noqa: F811
+    """`cli(args, expect=0)`: `xlgen.cli.main(args)` in this process with the session's compilation cache ->
+    (returncode, stdout, stderr) of the command alone."""
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE", compile_cache)
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE_MIN_SECS", "0.1")
+
+    def run(args, expect=0):
+        from xlgen.cli import main
+
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        assert code == expect, f"exit {code}\n{out[-3000:]}\n{err[-5000:]}"
+        return types.SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
+
+
+def _train_args(wd, over, extra=()):
+    return train_cmd(wd, "txl_tiny.py", over, extra)[3:]  # ["train", "--config=...", ...]
 
 
 def snapshot(root) -> dict:
@@ -47,12 +97,11 @@ def flip_byte(path, offset=None):
         f.write(data)
 
 
-def test_bit_flip_and_garbage_are_detected_and_fallen_back(tmp_path, compile_cache):  # noqa: F811
+def test_bit_flip_and_garbage_are_detected_and_fallen_back(tmp_path, compile_cache, base):  # noqa: F811
     """One flipped byte in the newest checkpoint's OCDBT data: `xlgen eval` reports step 4 and the item in one line,
     evaluates step 2 and changes no checkpoint file; `xlgen train` moves 4 to corrupt-4 and resumes from 2 with the
     reference losses bit for bit. 4 KB of garbage in a memory data file: the same, by the mems checksum."""
-    wd = str(tmp_path / "wd")
-    run_train(wd, compile_cache, overrides=RUN, devices=1)
+    wd = _copy_base(base, tmp_path)
     reference = train_losses(wd)
     ck = os.path.join(wd, "checkpoints")
     assert sorted(os.listdir(ck)) == ["2", "4"]
@@ -82,42 +131,40 @@ def test_bit_flip_and_garbage_are_detected_and_fallen_back(tmp_path, compile_cac
     assert sorted(os.listdir(ck)) == ["4", "6", "corrupt-4", "corrupt-4-2"]
 
 
-def test_exploding_learning_rate_keeps_the_good_checkpoint(tmp_path, compile_cache):  # noqa: F811
-    """Resumed at step 6 with lr=1e30: step 7 (computed on checkpoint 6) is healthy, proving 6; its update blows the
-    weights up, every later step is non-finite. Nothing is saved during the streak, 6 survives keep=2 (pinned), the
-    unproven 7 is set aside, and the printed command (the checkpoint's own learning rate) resumes from 6 and
-    finishes with finite losses."""
-    wd = str(tmp_path / "wd")
-    run_train(wd, compile_cache, overrides={**RUN, "total_steps": 6}, devices=1)
+def test_exploding_learning_rate_keeps_the_good_checkpoint(tmp_path, compile_cache, base, cli):  # noqa: F811
+    """Resumed at step 4 with lr=1e30: step 5 (computed on checkpoint 4) is healthy, proving 4; its update blows the
+    weights up, every later step is non-finite. Nothing is saved during the streak, 4 survives keep=2 (pinned), the
+    unproven 5 is set aside, and the printed command (the checkpoint's own learning rate), run as printed, resumes
+    from 4 and finishes with finite losses."""
+    wd = _copy_base(base, tmp_path)
     ck = os.path.join(wd, "checkpoints")
     over = {
         **RUN,
-        "total_steps": 12,
+        "total_steps": 10,
         "checkpoint.every_steps": 1,
         "optimizer.learning_rate": 1e30,
         "max_nonfinite_steps": 3,
     }
-    p = run_train(wd, compile_cache, overrides=over, devices=1, expect=1)
-    assert "3 consecutive steps (up to step 10) had a non-finite loss" in p.stderr, p.stderr[-3000:]
-    assert f"The newest checkpoint proven healthy is {ck}/6" in p.stderr
-    assert sorted(os.listdir(ck)) == ["6", "diverged-7"], os.listdir(ck)
+    p = cli(_train_args(wd, over), expect=1)
+    assert "3 consecutive steps (up to step 8) had a non-finite loss" in p.stderr, p.stderr[-3000:]
+    assert f"The newest checkpoint proven healthy is {ck}/4" in p.stderr
+    assert sorted(os.listdir(ck)) == ["4", "diverged-5"], os.listdir(ck)
     cmd = p.stderr.strip().splitlines()[-1].strip()
-    assert "Resume from checkpoint 6 with a lower learning rate:" in p.stderr and " train " in cmd, p.stderr
-    assert "--config.optimizer.learning_rate=0.002" in cmd  # txl_tiny's own, what checkpoint 6 was trained with
+    assert "Resume from checkpoint 4 with a lower learning rate:" in p.stderr and " train " in cmd, p.stderr
+    assert "--config.optimizer.learning_rate=0.002" in cmd  # txl_tiny's own, what checkpoint 4 was trained with
     r = subprocess.run(
         shlex.split(cmd), env=xlgen_env(compile_cache, devices=1), cwd=REPO, capture_output=True, text=True
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from {ck}/6" in r.stdout
+    assert f"resumed from {ck}/4" in r.stdout
     losses = train_losses(wd)
-    assert sorted(losses) == list(range(1, 13)) and all(np.isfinite(v) for v in losses.values())
+    assert sorted(losses) == list(range(1, 11)) and all(np.isfinite(v) for v in losses.values())
 
 
-def test_shape_mismatch_is_an_error_and_changes_nothing(tmp_path, compile_cache):  # noqa: F811
+def test_shape_mismatch_is_an_error_and_changes_nothing(tmp_path, compile_cache, base):  # noqa: F811
     """config.json edited (model.d_model 32 -> 48): `xlgen eval` is an error naming both shapes, exit 2, and no file
     of the workdir changes (before: all checkpoints moved to corrupt-*)."""
-    wd = str(tmp_path / "wd")
-    run_train(wd, compile_cache, overrides=RUN, devices=1)
+    wd = _copy_base(base, tmp_path)
     cfg = json.load(open(os.path.join(wd, "config.json")))
     cfg["model"]["d_model"] = 48
     with open(os.path.join(wd, "config.json"), "w") as f:
@@ -131,18 +178,17 @@ def test_shape_mismatch_is_an_error_and_changes_nothing(tmp_path, compile_cache)
     assert snapshot(wd) == before
 
 
-def test_all_checkpoints_unreadable_is_no_silent_restart(tmp_path, compile_cache):  # noqa: F811
+def test_all_checkpoints_unreadable_is_no_silent_restart(tmp_path, base, cli):
     """Every checkpoint corrupt: `xlgen train` sets them aside and stops (exit 2); re-running refuses to start again
     at step 0 over the earlier records; `--restart` does, and metrics.jsonl has each step once."""
-    wd = str(tmp_path / "wd")
-    run_train(wd, compile_cache, overrides=RUN, devices=1)
+    wd = _copy_base(base, tmp_path)
     ck = os.path.join(wd, "checkpoints")
     for step in ("2", "4"):
         flip_byte(largest_data_file(os.path.join(ck, step, "state")))
-    p = run_train(wd, compile_cache, overrides=RUN, devices=1, expect=2)
+    p = cli(_train_args(wd, RUN), expect=2)
     assert "no usable checkpoint among steps [2, 4]" in p.stderr, p.stderr[-3000:]
     assert sorted(os.listdir(ck)) == ["corrupt-2", "corrupt-4"]
-    p = run_train(wd, compile_cache, overrides=RUN, devices=1, expect=2)
+    p = cli(_train_args(wd, RUN), expect=2)
     assert "not restarting from step 0 silently" in p.stderr and "--restart" in p.stderr, p.stderr[-3000:]
     assert [r["step"] for r in map(json.loads, open(os.path.join(wd, "metrics.jsonl"))) if "split" not in r] == [
         1,
@@ -150,7 +196,7 @@ def test_all_checkpoints_unreadable_is_no_silent_restart(tmp_path, compile_cache
         3,
         4,
     ]
-    run_train(wd, compile_cache, overrides=RUN, devices=1, extra=["--restart"])
+    cli(_train_args(wd, RUN, ["--restart"]))
     assert [r["step"] for r in map(json.loads, open(os.path.join(wd, "metrics.jsonl"))) if "split" not in r] == [
         1,
         2,
@@ -159,16 +205,15 @@ def test_all_checkpoints_unreadable_is_no_silent_restart(tmp_path, compile_cache
     ]
 
 
-def test_finetune_into_a_pretraining_workdir_changes_nothing(tmp_path, compile_cache):  # noqa: F811
+def test_finetune_into_a_pretraining_workdir_changes_nothing(tmp_path, base, cli):
     from xlgen.finetune.readers import synthetic
 
-    wd = str(tmp_path / "wd")
-    run_train(wd, compile_cache, overrides={**RUN, "total_steps": 2}, devices=1)
+    wd = _copy_base(base, tmp_path)
     data = tmp_path / "sst2"
     synthetic.write_glue(str(data), "sst2", n_train=8, n_dev=4, n_test=2)
     synthetic.train_sentencepiece(synthetic.corpus_for(str(data)), str(data / "spiece.model"), vocab_size=60)
     before = snapshot(wd)
-    p = _xlgen(
+    p = cli(
         [
             "finetune",
             "--config=configs/finetune/tiny.py",
@@ -178,7 +223,6 @@ def test_finetune_into_a_pretraining_workdir_changes_nothing(tmp_path, compile_c
             "--config.total_steps=2",
             f"--workdir={wd}",
         ],
-        compile_cache,
         expect=2,
     )
     assert p.stderr.strip() == (
@@ -265,13 +309,13 @@ def test_metrics_partial_line_repaired_and_readers_name_the_line(tmp_path):
         metrics_lib.read_metrics(str(path))
 
 
-def test_kill_before_the_first_checkpoint_leaves_no_duplicate_steps(tmp_path, compile_cache):  # noqa: F811
+def test_kill_before_the_first_checkpoint_leaves_no_duplicate_steps(tmp_path, cli):
     """A run killed before its first checkpoint left records (and a cut last line); the next run starts at step 0
     and metrics.jsonl has each step once."""
     wd = tmp_path / "wd"
     wd.mkdir()
     (wd / "metrics.jsonl").write_text('{"step": 1, "loss": 4.0}\n{"step": 2, "loss": 3.9}\n{"step": 3, "lo')
-    p = run_train(str(wd), compile_cache, overrides=RUN, devices=1)
+    p = cli(_train_args(wd, RUN))
     assert "dropped 3 metric records of an earlier attempt" in p.stdout
     assert [r["step"] for r in map(json.loads, open(wd / "metrics.jsonl")) if "split" not in r] == [1, 2, 3, 4]
 

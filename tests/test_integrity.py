@@ -9,7 +9,7 @@ import shlex
 
 import numpy as np
 import pytest
-from test_train_utils import REPO, TINY
+from test_train_utils import REPO, TINY, compile_cache  # noqa: F401  (fixture)
 
 from data_pipelines import corpus, prepare
 
@@ -177,7 +177,7 @@ def test_item12_non_utf8_task_file_names_file_and_line(tmp_path):
 
 
 def test_items_4_and_7_a_worse_than_uniform_stretch_keeps_the_good_checkpoint_and_prints_a_runnable_command(
-    tmp_path, capsys
+    tmp_path, capsys, monkeypatch, compile_cache
 ):
     """txl_tiny (log V = 4.304) trained to step 30 (best loss 3.56), resumed with `--workdir` only at a learning
     rate that sends the loss to 4.4-12.7: above a uniform guess, mostly under 3 x the best. No checkpoint is saved
@@ -185,9 +185,11 @@ def test_items_4_and_7_a_worse_than_uniform_stretch_keeps_the_good_checkpoint_an
     (no `--config=None`: the run had no --config) runs as printed and resumes from 30."""
     from xlgen.cli import main
 
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE", compile_cache)  # the session's cache, not the user's
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE_MIN_SECS", "0.1")
     wd = str(tmp_path / "wd")
     ck = os.path.join(wd, "checkpoints")
-    over = {**TINY, "checkpoint.every_steps": 5, "total_steps": 30, "optimizer.warmup_steps": 5}
+    over = {**TINY, "checkpoint.every_steps": 5, "total_steps": 30, "optimizer.warmup_steps": 5, "mesh.num_devices": 1}
     args = [f"--config={REPO}/configs/pretrain/txl_tiny.py", f"--workdir={wd}"]
     assert main(["train", *args, *(f"--config.{k}={v}" for k, v in over.items())]) == 0
     capsys.readouterr()

@@ -1,14 +1,17 @@
 """Output layers through the real trainer: `xlgen train --config.model.output_layer=mos` trains (loss falls), resumes
 bitwise exactly, evaluates (ppl/bpc), and `xlgen analyze rank` puts the MoS workdir above the softmax bound d+2
-while a softmax workdir stays within it. Tiny d = 16 (bound 18 < the 74 characters)."""
+while a softmax workdir stays within it. Tiny d = 16 (bound 18 < the 74 characters). The commands run in-process
+(`cli.main`, the same entry point as the executable): every run is a fresh trainer restoring from its workdir, and
+the session's compilation cache serves them all."""
 
 import json
 import math
 import os
-import subprocess
-import sys
 
-from test_train_utils import REPO, compile_cache, run_train, train_losses, xlgen_env  # noqa: F401
+import pytest
+from test_train_utils import compile_cache, train_cmd, train_losses  # noqa: F401
+
+from xlgen import cli
 
 K = 4
 SMALL = {
@@ -33,12 +36,28 @@ def _rank(workdir):
     return analyze(workdir, contexts=148)
 
 
-def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path, compile_cache):
+@pytest.fixture
+def in_process_cli(compile_cache, monkeypatch):
+    """`cli.main` keeps the session's compilation cache (it reads XLGEN_COMPILATION_CACHE) instead of the default."""
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE", compile_cache)
+    monkeypatch.setenv("XLGEN_COMPILATION_CACHE_MIN_SECS", "0.1")
+
+
+def run_train(workdir, overrides, extra=()):
+    """`xlgen train` on txl_tiny with `overrides` (tests/test_train_utils.py's TINY first), in-process."""
+    assert cli.main(train_cmd(workdir, overrides=overrides, extra=extra)[3:]) == 0
+
+
+def run_cli(args):
+    assert cli.main(args) == 0
+
+
+def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path, in_process_cli):
     over = dict(SMALL, **{"model.output_layer": "mos", "model.output.n_experts": 3, "model.output.expert_dropout": 0.1})
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    run_train(full, compile_cache, overrides=over)
-    run_train(part, compile_cache, overrides=over, extra=[f"--stop_at_step={K}"])
-    run_train(part, compile_cache, overrides=over)
+    run_train(full, over)
+    run_train(part, over, extra=[f"--stop_at_step={K}"])
+    run_train(part, over)
     a, b = train_losses(full), train_losses(part)
     assert sorted(a) == list(range(1, 2 * K + 1)) and a[2 * K] < a[1]
     assert [b[s] for s in range(K + 1, 2 * K + 1)] == [a[s] for s in range(K + 1, 2 * K + 1)]
@@ -52,16 +71,15 @@ def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path, 
     assert mos["bound"] == 18 and mos["d"] == 16 and mos["rank"] > 18, mos["rank"]
 
     soft_dir = str(tmp_path / "softmax")
-    run_train(soft_dir, compile_cache, overrides=dict(SMALL, **{"model.output_layer": "softmax", "total_steps": K}))
+    run_train(soft_dir, dict(SMALL, **{"model.output_layer": "softmax", "total_steps": K}))
     # the CLI: rank JSON (contract keys rank, bound) + PNG; spectrum of both runs overlaid (singular_values, I1, I2)
     rank_json, spec_json, png = (str(tmp_path / n) for n in ("rank.json", "spectrum.json", "spectrum.png"))
-    run_cli(["analyze", "rank", f"--workdir={soft_dir}", "--contexts=148", f"--json={rank_json}"], compile_cache)
+    run_cli(["analyze", "rank", f"--workdir={soft_dir}", "--contexts=148", f"--json={rank_json}"])
     with open(rank_json) as f:
         soft = json.load(f)
     assert soft["bound"] == 18 and soft["rank"] <= 18, soft["rank"]
     run_cli(
-        ["analyze", "spectrum", f"--workdir={soft_dir}", f"--workdir={full}", f"--json={spec_json}", f"--png={png}"],
-        compile_cache,
+        ["analyze", "spectrum", f"--workdir={soft_dir}", f"--workdir={full}", f"--json={spec_json}", f"--png={png}"]
     )
     with open(spec_json) as f:
         spec = json.load(f)
@@ -71,15 +89,7 @@ def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path, 
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def run_cli(args, cache):
-    p = subprocess.run(
-        [sys.executable, "-m", "xlgen.cli", *args], env=xlgen_env(cache, 1), cwd=REPO, capture_output=True, text=True
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    return p
-
-
-def test_doc_with_a_frozen_param_group_trains_resumes_exactly_and_ranks(tmp_path, compile_cache):
+def test_doc_with_a_frozen_param_group_trains_resumes_exactly_and_ranks(tmp_path, in_process_cli):
     """DOC (`output_layer=doc`, 2 components from the top state, 1 from block 1, 1 from the embedding) through
     `xlgen train`, with `optimizer.param_groups` freezing the mixture prior and giving the lower-layer projections
     their own learning rate: the loss falls, resume is bitwise exact, the frozen prior is the initial one at every
@@ -99,9 +109,9 @@ def test_doc_with_a_frozen_param_group_trains_resumes_exactly_and_ranks(tmp_path
         },
     )
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    run_train(full, compile_cache, overrides=over)
-    run_train(part, compile_cache, overrides=over, extra=[f"--stop_at_step={K}"])
-    run_train(part, compile_cache, overrides=over)
+    run_train(full, over)
+    run_train(part, over, extra=[f"--stop_at_step={K}"])
+    run_train(part, over)
     a, b = train_losses(full), train_losses(part)
     assert a[2 * K] < a[1]
     assert [b[s] for s in range(K + 1, 2 * K + 1)] == [a[s] for s in range(K + 1, 2 * K + 1)]

@@ -3,7 +3,7 @@
 * The goodput ledger's arithmetic on hand-made ledgers (in-process): a resume moves the productive seconds after the
   restored checkpoint's save to `lost_to_restarts`, the gap to the restart to `idle`; the categories sum to the wall.
 * A preemption storm, as an operator would cause it: one `xlgen train --max_restarts` run of a tiny config whose
-  training child is SIGKILLed ten times at random moments (half of them while a checkpoint is being written) plus
+  training child is SIGKILLed six times at random moments (half of them while a checkpoint is being written) plus
   one injected hang (the data for a step never arrives: the watchdog exits 3). The run reaches total_steps on its
   own, its final parameters equal an uninterrupted run's bit for bit, and the goodput ledger's lost steps are the
   steps recomputed (each failed attempt's last logged step minus the checkpoint the next one resumed from), its time
@@ -137,16 +137,29 @@ def test_plot_draws_where_the_wall_time_went(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ the storm
 
+# The uninterrupted run the storm and the local-tier test compare with, bit for bit. The checkpoint settings (how
+# often, which tier) change what is saved, not the training: one run serves both.
+TOTAL = 48
+REFERENCE = {"total_steps": TOTAL, "checkpoint.every_steps": TOTAL, "mesh.data": 1}
+
 STORM = {
-    "total_steps": 120,
+    "total_steps": TOTAL,  # a killed attempt gets 1-4 steps (+ 2 waiting for a save) past its checkpoint: 6 x 7 + 3
     "checkpoint.every_steps": 2,
     "checkpoint.keep": 3,
     "mesh.data": 1,
     "watchdog.min_timeout_s": 4,
     "watchdog.factor": 10,
 }
-KILLS = 10
-HANG_ATTEMPT = 6
+KILLS = 6  # every other one while a checkpoint is being written
+HANG_ATTEMPT = 4
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, compile_cache):  # noqa: F811
+    ref = str(tmp_path_factory.mktemp("reference") / "ref")
+    run_train(ref, compile_cache, overrides=REFERENCE, devices=1)
+    return ref
+
 
 SITECUSTOMIZE = """
 import os
@@ -193,9 +206,8 @@ def _alive(pid):
         return False
 
 
-def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache):  # noqa: F811
-    ref = str(tmp_path / "ref")
-    run_train(ref, compile_cache, overrides=STORM, devices=1)
+def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache, reference):  # noqa: F811
+    ref = reference
 
     wd = str(tmp_path / "storm")
     ck = os.path.join(wd, "checkpoints")
@@ -232,7 +244,7 @@ def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache):  # n
                 n = int(m[1])
                 assert n == len(attempts)
                 kill_now = n != HANG_ATTEMPT and kills < KILLS
-                plan = (rng.randint(1, 4), rng.random() < 0.5, rng.uniform(0, 0.05)) if kill_now else None
+                plan = (rng.randint(1, 4), kills % 2 == 0, rng.uniform(0, 0.05)) if kill_now else None
             m = re.match(rf"resumed from {re.escape(ck)}/(\d+)", line)
             if m:
                 attempts[-1]["start"] = int(m[1])
@@ -249,6 +261,8 @@ def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache):  # n
             continue
         time.sleep(delay)
         a["during_save"] = any(".orbax-checkpoint-tmp" in d for d in os.listdir(ck))
+        if in_save and not a["during_save"]:
+            continue  # the save ended during the delay: the next one
         os.kill(a["pid"], signal.SIGKILL)
         a["killed"] = True
         kills += 1
@@ -261,9 +275,9 @@ def test_preemption_storm_reaches_the_end_bitwise(tmp_path, compile_cache):  # n
     text = "".join(out)
     assert sup.returncode == 0, text[-6000:]
 
-    # ten kills, some while a checkpoint was being written, one hang, then the end
+    # six kills, three while a checkpoint was being written, one hang, then the end
     assert kills == KILLS and len(attempts) >= KILLS + 2, text[-4000:]
-    assert sum(a.get("during_save", False) for a in attempts) >= 3
+    assert sum(a.get("during_save", False) for a in attempts if a["killed"]) >= KILLS // 2
     assert f"supervisor: attempt {HANG_ATTEMPT} hung (watchdog, status 3)" in text, text[-6000:]
     assert "xlgen train: hung: no training step completed within" in text
     marker = json.load(open(os.path.join(wd, "hang-process0.json")))
@@ -370,7 +384,7 @@ def test_a_process_whose_peer_died_exits_within_the_bound(tmp_path, compile_cach
 
 # ------------------------------------------------------------------------------------------------ the local tier
 
-TIERS = {"total_steps": 40, "checkpoint.every_steps": 20, "checkpoint.local_every_steps": 1, "checkpoint.keep": 3}
+TIERS = {"total_steps": TOTAL, "checkpoint.every_steps": 20, "checkpoint.local_every_steps": 1, "checkpoint.keep": 3}
 
 
 def _run_until(wd, cache, over, step):
@@ -385,15 +399,14 @@ def _steps(d):
     return sorted(int(x) for x in os.listdir(d) if x.isdigit()) if os.path.isdir(d) else []
 
 
-def test_local_tier_restores_newest_verified_and_falls_back_to_the_workdir(tmp_path, compile_cache):  # noqa: F811
+def test_local_tier_restores_newest_verified_and_falls_back_to_the_workdir(tmp_path, compile_cache, reference):  # noqa: F811
     """Killed before the first workdir save: the next run resumes from the local tier, skipping (and moving aside)
     its newest checkpoint, corrupted by a flipped byte; killed again after the workdir's save of step 20 with the
     local tier then deleted (a new machine): the run resumes from the workdir. The end equals an uninterrupted run
     bit for bit."""
     from test_fault_injection import flip_byte, largest_data_file
 
-    ref = str(tmp_path / "ref")
-    run_train(ref, compile_cache, overrides={**TIERS, "mesh.data": 1}, devices=1)
+    ref = reference
     wd, local = str(tmp_path / "wd"), str(tmp_path / "local")
     over = {**TIERS, "mesh.data": 1, "checkpoint.local_dir": local}
 
@@ -413,8 +426,8 @@ def test_local_tier_restores_newest_verified_and_falls_back_to_the_workdir(tmp_p
     shutil.rmtree(local)
     p = run_train(wd, compile_cache, overrides=over, devices=1)
     assert f"resumed from {wd}/checkpoints/20" in p.stdout, p.stdout[-2000:]
-    a, _ = _final_state(ref, 40)
-    b, _ = _final_state(wd, 40)
+    a, _ = _final_state(ref, TOTAL)
+    b, _ = _final_state(wd, TOTAL)
     assert all(a[k].tobytes() == b[k].tobytes() for k in a) and sorted(a) == sorted(b)
     assert train_losses(wd) == train_losses(ref)
 

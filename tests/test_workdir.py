@@ -8,6 +8,7 @@ import pytest
 
 from data_pipelines import paths
 from xlgen.config import ConfigError, load_config
+from xlgen.train import tokenizer_store
 from xlgen.train.workdir import Workdir, hf_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -15,22 +16,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_config_kind_tokenizer_and_checkpoint_paths(tmp_path):
     wd = Workdir(str(tmp_path / "run"))
-    assert wd.kind is None and wd.read_config() is None and wd.tokenizer_file() is None
+    assert wd.kind is None and wd.read_config() is None and tokenizer_store.file_path(wd.path) is None
     config = load_config(os.path.join(ROOT, "configs/pretrain/txl_tiny.py"), ["--config.seed=7"])
     wd.write_config(config, "pretrain")
     assert wd.kind == "pretrain" and wd.read_config().seed == 7 and hf_config(wd.path) is None
     # the run's tokenizer: stored in DIR/tokenizer/ by the one store, named in config.json, kept when config.json is
     # rewritten, and read back through the Workdir
     from data_pipelines import vocab as vocab_lib
-    from xlgen.train import tokenizer_store
 
     tok = vocab_lib.SymbolVocab.build("char", ["to be or not to be"])
     rec = tokenizer_store.save(wd.path, tok)
-    dest = wd.tokenizer_file()
+    dest = tokenizer_store.file_path(wd.path)
     assert rec["tokenizer"] == "tokenizer/" + os.path.basename(dest)
     assert os.path.dirname(dest) == os.path.join(wd.path, "tokenizer") and os.path.exists(dest)
     wd.write_config(config, "finetune")
-    assert wd.kind == "finetune" and wd.tokenizer_file() == dest
+    assert wd.kind == "finetune" and tokenizer_store.file_path(wd.path) == dest
     assert wd.tokenizer().encode("to be") == tok.encode("to be")
     with pytest.raises(ValueError, match="kind='other'"):
         wd.write_config(config, "other")

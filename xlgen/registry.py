@@ -95,7 +95,7 @@ def objective(config) -> Objective:
     """The `Objective` of a run: `config.objective` (empty = the system's default) among the system's own objectives
     and the shared ones; ValueError naming the valid ones otherwise."""
     fam = get(config.model.family)
-    name = config.get("objective") or fam.default_objective
+    name = config.objective or fam.default_objective
     if name in fam.objectives:
         return fam.objectives[name]
     if name in SHARED_OBJECTIVES:

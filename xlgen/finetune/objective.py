@@ -75,7 +75,7 @@ def make_model(config, rngs, train: bool):
 def max_segments(config) -> int:
     """Segments per document (`max_segments`; 0 = one truncated window). Errors name the key when the task or
     the model family has no segment-recurrent head."""
-    n = int(config.get("max_segments", 0) or 0)
+    n = int(config.get("max_segments", 0) or 0)  # a config.json predating the key: 0
     if n < 0:
         raise ValueError(f"config.max_segments={n}: must be >= 0 (0 = truncate to one window)")
     if n:
@@ -105,13 +105,13 @@ PACKED_KINDS = ("classification", "regression", "token_classification")
 def packing(config) -> bool:
     """Whether training batches are packed (`finetune.packing`, `xlgen.finetune.packing`): for the task kinds in
     PACKED_KINDS on one window (`max_segments` = 0); other tasks read one example per row."""
-    ft = config.get("finetune") or {}
+    ft = config.get("finetune") or {}  # a config.json predating the section: no packing
     return bool(ft.get("packing", False)) and get_task(config.task).kind in PACKED_KINDS and not max_segments(config)
 
 
 def pack_size(config) -> int:
     """E: the most examples one packed row holds (`finetune.pack_size`)."""
-    n = int((config.get("finetune") or {}).get("pack_size", 8))
+    n = int(config.finetune.pack_size)
     if n < 1:
         raise ValueError(f"config.finetune.pack_size={n}: must be >= 1")
     return n

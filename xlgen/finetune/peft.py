@@ -20,9 +20,7 @@ import numpy as np
 
 
 def lora_rank(config) -> int:
-    ft = config.get("finetune", None)
-    lora = ft.get("lora", None) if ft is not None else None
-    return int(lora.get("rank", 0) or 0) if lora is not None else 0
+    return int(config.finetune.lora.rank) if "finetune" in config else 0
 
 
 def lora_scale(config) -> Optional[float]:

@@ -186,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from xlgen.plan import topology as topo
 
     if args.num_slices is None:  # the run's own: the mesh `xlgen train` builds (xlgen.sharding.make_mesh)
-        args.num_slices = int(config.mesh.get("num_slices", 1) or 1)
+        args.num_slices = int(config.mesh.num_slices)
     elif "num_slices" in config.mesh:
         config.mesh.num_slices = args.num_slices
 

@@ -50,7 +50,7 @@ def plan(
         "chips": t.num_chips,
         "devices": len(devices),
         "mesh": dict(mesh.shape),
-        "mesh_rules": _plain(config.mesh.get("rules", None)),
+        "mesh_rules": _plain(config.mesh.rules),
         "hbm_per_device": hbm,
         "peak_bf16_flops_per_device": peak,
         "total_steps": int(config.total_steps) if "total_steps" in config else None,
@@ -275,7 +275,7 @@ def suggestions(config, report: Dict[str, Any]) -> List[str]:
     out.append(f"needs {_gib(total)} per device, has {_gib(hbm)} (over by {_gib(over)})")
     params_like = state["total"] - state.get("mems", 0)
     if params_like > 0.2 * total:
-        fsdp_hint = "--config.mesh.rules=fsdp" if config.mesh.get("rules") == "dp" else "--config.mesh.rules=fsdp_tp"
+        fsdp_hint = "--config.mesh.rules=fsdp" if config.mesh.rules == "dp" else "--config.mesh.rules=fsdp_tp"
         out.append(
             f"parameters + optimizer state take {_gib(params_like)} per device: shard them — raise "
             f"--config.mesh.fsdp (now {mesh['fsdp']}) and lower mesh.data, {fsdp_hint}"

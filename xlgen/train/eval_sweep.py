@@ -78,7 +78,7 @@ def run(config, workdir: str, mem_lens: List[int], json_path: Optional[str] = No
             f"eval.mem_len sweeps apply to objectives whose evaluation memory length is eval.mem_len (Transformer-XL "
             f"language models); objective {registry.objective(config).name!r} has none"
         )
-    if 0 in mem_lens and config.eval.get("same_length"):
+    if 0 in mem_lens and config.eval.same_length:
         raise ValueError(
             "eval.mem_len=0 with eval.same_length=True masks every key; use --config.eval.same_length=False"
         )
@@ -110,8 +110,8 @@ def run(config, workdir: str, mem_lens: List[int], json_path: Optional[str] = No
         "workdir": str(workdir),
         "step": step,
         "split": config.eval.split,
-        "same_length": config.eval.get("same_length"),
-        "clamp_len": config.eval.get("clamp_len"),
+        "same_length": config.eval.same_length,
+        "clamp_len": config.eval.clamp_len,
         "eval_tgt_len": int(config.data.eval_tgt_len),
         "train_mem_len": int(config.model.mem_len),
         "metric": metric,

@@ -16,6 +16,7 @@ with status 143).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -70,7 +71,7 @@ def check_workdir_compatible(config, workdir: str) -> None:
         return  # no committed checkpoint: nothing of the old model to resume
     old_model, new_model = old.model.to_dict(), config.model.to_dict()
     changed = sorted(k for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
-    if old.get("objective") != config.get("objective"):
+    if old.objective != config.objective:
         changed.append("objective")
     try:
         old_shapes = _shapes(old)
@@ -263,6 +264,46 @@ class BestCheckpoint:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class _Attempt:
+    """What one call of `run` (one attempt of a run) carries from step to step: its inputs, its outputs (checkpoint
+    managers, metrics writer, goodput ledger, progress line), the train state and memory, and the step range."""
+
+    config: Any
+    wd: Workdir
+    program: TrainProgram
+    pipeline: Any
+    evaluation: Optional[Evaluation]
+    meta: Dict[str, Any]
+    save_mems: bool
+    is_main: bool
+    total: int
+    batch_spec: Dict[str, Any]
+    rows: Optional[Tuple[int, int]]  # this process's rows of a pipeline that gives whole global batches
+    ckpt: Any
+    local_tier: Any
+    writer: metrics_lib.MetricsWriter
+    ledger: goodput.Ledger
+    summary: Dict[str, Any]
+    state: Any = None
+    mems: Any = None
+    start: int = 0
+    end: int = 0
+    restored: bool = False
+    best_loss: Optional[float] = None
+    stop: Optional[_StopFlag] = None
+    progress: Any = None
+    health: Any = None
+    throughput: Any = None
+    batches: Any = None
+    watchdog: Optional[Watchdog] = None
+    profiler: Optional[StepProfiler] = None
+    t_last: float = 0.0  # when step s_last was logged (throughput counts the steps since)
+    s_last: int = 0
+    record: Optional[Dict[str, Any]] = None  # the last logged training record
+    final_records: list = dataclasses.field(default_factory=list)  # written after the attempt's goodput record
+
+
 def run(
     config,
     wd: Workdir,
@@ -295,258 +336,347 @@ def run(
     run refuses to start again from step 0 unless `restart`. `t_begin`: when the command started (the first-step
     message counts from it). Returns {workdir, start_step, step, last (record), eval (last eval record), summary}."""
     t_begin = time.time() if t_begin is None else t_begin
-    is_main = jax.process_index() == 0
-    mesh = program.mesh
-    total = int(config.total_steps)
-    ckpt_cfg = config.checkpoint
-    save_mems = bool(save_mems) and program.mems_shape is not None
-    summary: Dict[str, Any] = {"workdir": wd.path}
-    bspec = program.objective.batch_shapes(config, "train")
-    gb = next(iter(bspec.values()))[0][0]
-    row0, row1 = sharding.addressable_batch_rows(mesh, gb)
+    a = _open_attempt(config, wd, program, pipeline, evaluation, meta, save_mems, t_begin)
+    with jax.set_mesh(program.mesh):
+        logged_step = _restore_or_initialize(a, initialize, restart)
+        _prepare_steps(a, stop_at, logged_step)
+        m = None
+        try:
+            m = _train_steps(a, t_begin)
+            _finish_steps(a, m)
+        except guards.TrainingDiverged as e:
+            _set_aside_diverged(e, a.ckpt, a.health, a.start if a.restored else None)
+            if a.local_tier is not None:  # the local tier's steps after the good one would be restored next
+                a.local_tier.set_aside(
+                    [t for t in a.local_tier.all_steps() if e.good_step is None or t > e.good_step], "diverged"
+                )
+            raise
+        finally:
+            _close_attempt(a)
+    return _summarize(a, t_begin)
+
+
+def _process_rows(config, program: TrainProgram, pipeline, spec) -> Optional[Tuple[int, int]]:
+    """(row0, row1): the rows of the global batch the mesh places on this process, when `pipeline` gives whole
+    global batches; None when it gives this process's rows already (any other row count is an error)."""
+    gb = next(iter(spec.values()))[0][0]
+    row0, row1 = sharding.addressable_batch_rows(program.mesh, gb)
     local_rows = getattr(pipeline, "local_batch_size", row1 - row0)
     if local_rows not in (row1 - row0, gb):
         raise ValueError(
             f"the data pipeline gives {local_rows} rows per process but the mesh "
             f"places {row1 - row0} rows on process {jax.process_index()}"
         )
+    return (row0, row1) if local_rows == gb and row1 - row0 != gb else None
 
-    def own_rows(b):
-        if local_rows == gb and row1 - row0 != gb:  # a pipeline of global batches: keep this process's rows
-            b = {k: v[row0:row1] for k, v in b.items()}
-        return b
 
-    ckpt = wd.checkpointer(keep=int(ckpt_cfg.keep), async_save=bool(ckpt_cfg.async_save))
-    local_tier = tiers.local_checkpointer(config, wd)  # checkpoint.local_dir: the frequent, local tier (tiers.py)
-    writer = metrics_lib.MetricsWriter(
-        wd.path,
-        enabled=is_main,
-        tensorboard=bool(config.tensorboard),
-        trackers=metrics_lib.make_trackers(config, wd.path) if is_main else (),
+def _open_attempt(config, wd, program, pipeline, evaluation, meta, save_mems, t_begin) -> _Attempt:
+    """Checks the pipeline's rows against the mesh, then opens the checkpoint managers, the metrics writer and the
+    goodput ledger (where the wall time goes; host clocks only, xlgen/train/goodput.py)."""
+    is_main = jax.process_index() == 0
+    spec = program.objective.batch_shapes(config, "train")
+    rows = _process_rows(config, program, pipeline, spec)
+    ckpt_cfg = config.checkpoint
+    return _Attempt(
+        config=config,
+        wd=wd,
+        program=program,
+        pipeline=pipeline,
+        evaluation=evaluation,
+        meta=meta or {},
+        save_mems=bool(save_mems) and program.mems_shape is not None,
+        is_main=is_main,
+        total=int(config.total_steps),
+        batch_spec=spec,
+        rows=rows,
+        ckpt=wd.checkpointer(keep=int(ckpt_cfg.keep), async_save=bool(ckpt_cfg.async_save)),
+        local_tier=tiers.local_checkpointer(config, wd),  # checkpoint.local_dir: the frequent, local tier
+        writer=metrics_lib.MetricsWriter(
+            wd.path,
+            enabled=is_main,
+            tensorboard=bool(config.tensorboard),
+            trackers=metrics_lib.make_trackers(config, wd.path) if is_main else (),
+        ),
+        ledger=goodput.Ledger(t_begin),
+        summary={"workdir": wd.path},
     )
-    best = evaluation.best if evaluation is not None else None
-    ledger = goodput.Ledger(t_begin)  # where the wall time goes (host clocks only; xlgen/train/goodput.py)
-    with jax.set_mesh(mesh):
-        with ledger.timed("checkpoint"):
-            restored, restored_from = tiers.restore(wd, program, ckpt, local_tier, mems=save_mems, quarantine=True)
-        logged_step = goodput.last_train_step(writer.path) if is_main else None  # before the records are truncated
-        best_loss = None
-        if restored is not None:
-            state, mems, restored_meta, start = restored
-            best_loss = restored_meta.get("best_loss")
-            if program.mems_shape is not None and mems is None:
-                log.warning(
-                    "checkpoint %d has no memory (checkpoint.save_mems=False): streams restart with empty memory", start
-                )
-                mems = jnp.zeros(program.mems_shape, program.mems_dtype, device=program.mems_sharding)
-            if is_main:
-                dropped = metrics_lib.truncate_after(writer.path, start)
-                print(
-                    f"resumed from {restored_from}/{start}"
-                    + (f" (dropped {dropped} metric records logged after it)" if dropped else ""),
-                    flush=True,
-                )
+
+
+def _restore_or_initialize(a: _Attempt, initialize, restart: bool) -> Optional[int]:
+    """The state and memory to start from: the newest verified checkpoint of either tier (metrics.jsonl records
+    after it are dropped), else a fresh `program.init_state()` (then `initialize(state)`). Returns the last
+    training step metrics.jsonl held before (the goodput ledger's lost-to-restarts count)."""
+    program = a.program
+    with a.ledger.timed("checkpoint"):
+        restored, restored_from = tiers.restore(a.wd, program, a.ckpt, a.local_tier, mems=a.save_mems, quarantine=True)
+    logged_step = goodput.last_train_step(a.writer.path) if a.is_main else None  # before the records are truncated
+    if restored is not None:
+        a.state, a.mems, restored_meta, a.start = restored
+        a.restored = True
+        a.best_loss = restored_meta.get("best_loss")
+        if program.mems_shape is not None and a.mems is None:
+            log.warning(
+                "checkpoint %d has no memory (checkpoint.save_mems=False): streams restart with empty memory", a.start
+            )
+            a.mems = jnp.zeros(program.mems_shape, program.mems_dtype, device=program.mems_sharding)
+        if a.is_main:
+            dropped = metrics_lib.truncate_after(a.writer.path, a.start)
+            print(
+                f"resumed from {restored_from}/{a.start}"
+                + (f" (dropped {dropped} metric records logged after it)" if dropped else ""),
+                flush=True,
+            )
+    else:
+        _check_fresh_start(a.wd, a.ckpt, a.writer.path, restart)
+        if a.is_main:
+            dropped = metrics_lib.truncate_after(a.writer.path, 0)  # a run killed before its first checkpoint
+            if dropped:
+                print(f"starting at step 0 (dropped {dropped} metric records of an earlier attempt)", flush=True)
+        a.state, a.mems = program.init_state()
+        a.start = 0
+        if initialize is not None:
+            a.state = initialize(a.state)
+    a.summary["start_step"] = a.start
+    return logged_step
+
+
+def _compiled_hlo_text(program: TrainProgram) -> str:
+    return program.train_step.lower(*program.abstract_args()).compile().as_text()
+
+
+def _prepare_steps(a: _Attempt, stop_at: Optional[int], logged_step: Optional[int]) -> None:
+    """Before the first step: the signal handler, the start-of-run block, the progress line, the health guard, the
+    batch stream (prefetched), the goodput ledger of earlier attempts, the hang watchdog and the profiler."""
+    config, program = a.config, a.program
+    a.stop = _StopFlag()
+    a.stop.install()
+    if a.is_main and a.start < a.total:
+        print(report.start_block(config, program, program.mesh, a.pipeline, a.wd.path, a.start), flush=True)
+        print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
+    a.progress = metrics_lib.Progress(a.total, a.start, enabled=a.is_main, unit=report.unit(config))
+    a.health = guards.health_guard(config, program.objective, a.best_loss)
+    if a.restored:
+        a.health.watch(a.start)
+    a.throughput = report.Throughput()
+    a.t_last, a.s_last = time.time(), a.start
+    a.end = a.total if stop_at is None else min(int(stop_at), a.total)
+    a.batches = _train_batches(a.pipeline, a.start, a.end, int(config.prefetch))
+    if a.end > a.start:  # an attempt that trains: carry the earlier attempts' ledger over, watch for hangs
+        a.ledger.resume(goodput.read_ledger(a.wd.path) if a.is_main else None, a.start, logged_step)
+        if a.is_main and a.ledger.previous_record is not None:
+            a.writer.write(a.ledger.previous_record)
+    a.watchdog = Watchdog(
+        config, a.wd.path, a.ledger, process_index=jax.process_index(), emit=a.progress.message, enabled=a.end > a.start
+    ).start()
+    a.profiler = StepProfiler(
+        config, a.wd.path, hlo_text=functools.partial(_compiled_hlo_text, program), emit=a.progress.message
+    )
+
+
+def _train_steps(a: _Attempt, t_begin: float) -> Optional[Dict[str, Any]]:
+    """Steps a.start+1 .. a.end: train, log, evaluate, checkpoint; on a signal save and raise Preempted. Returns
+    the last step's metrics (None when no step ran)."""
+    config, program = a.config, a.program
+    log_every = max(int(config.log_every_steps), 1)
+    eval_every = a.evaluation.every if a.evaluation is not None else 0
+    every, local_every = int(config.checkpoint.every_steps), int(config.checkpoint.local_every_steps)
+    m = None
+    for s, local in a.ledger.iterate(a.batches):
+        if a.rows is not None:  # a pipeline of global batches: keep this process's rows
+            local = {k: v[a.rows[0] : a.rows[1]] for k, v in local.items()}
+        batch = global_batch(local, program.batch_shardings, a.batch_spec)
+        a.profiler.before(s, a.state)
+        a.state, a.mems, m = program.train_step(a.state, batch, a.mems)
+        a.profiler.after(s + 1, m)
+        a.health.add(m.pop("nonfinite"), m.get("loss"))
+        step = s + 1
+        if step == a.start + 1:
+            _restart_clock_after_compile(a, step, m, t_begin)
+        a.ledger.step_done(step)
+        if step % log_every == 0 or step == a.total:
+            _log_step(a, step, m)
         else:
-            _check_fresh_start(wd, ckpt, writer.path, restart)
-            if is_main:
-                dropped = metrics_lib.truncate_after(writer.path, 0)  # a run killed before its first checkpoint
-                if dropped:
-                    print(f"starting at step 0 (dropped {dropped} metric records of an earlier attempt)", flush=True)
-            state, mems = program.init_state()
-            start = 0
-            if initialize is not None:
-                state = initialize(state)
-        summary["start_step"] = start
+            a.progress.update(step)
+        if eval_every > 0 and step % eval_every == 0 and step != a.total:
+            _evaluate(a, step)
+            a.t_last = time.time()
+        if a.stop.should_stop(step):
+            _save_and_exit(a, step)
+        tier = tiers.save_tier(step, every, a.end, a.local_tier, local_every)
+        if tier is not None:
+            _save_checkpoint(a, step, a.local_tier if tier == "local" else a.ckpt)
+    return m
 
-        final_records = []  # the final evaluation's record, written after the attempt's goodput record
 
-        def do_eval(step, held=None):
-            with ledger.timed("eval"):
-                res = evaluation.fn(state, step)
-            rec = {"step": step, "split": evaluation.split, **res}
-            if held is None:
-                writer.write(rec)
-            else:
-                held.append(rec)
-            progress.message(f"eval @ step {step} ({evaluation.split}): {_fmt_metrics(res)}")
-            summary["eval"] = rec
-            if best is not None:
-                best.offer(step, state, res, base_meta(step))
-
-        def base_meta(step):
-            return {
-                "step": step,
-                "mems_shape": list(program.mems_shape) if program.mems_shape else None,
-                "family": config.model.family,
-                "best_loss": health.best,
-                "learning_rate": float(config.optimizer.learning_rate),
-                "workdir": wd.path,
-                **(meta or {}),
-            }
-
-        def save(step, target=ckpt):
-            """Save `step` to `target` (the workdir's or the local tier) if the run is healthy (never over good
-            checkpoints during an unhealthy streak)."""
-            health.check(step)
-            if health.proven is not None:
-                ckpt.pin(health.proven)
-            if not health.healthy:
-                progress.message(
-                    f"step {step}: not saving a checkpoint ({health.consecutive} unhealthy steps in a row); "
-                    f"newest proven-good checkpoint: {health.proven if health.proven is not None else 'none'}"
-                )
-                return False
-            writer.flush()  # records up to `step` are durable before its checkpoint can exist (gs://: no append)
-            with ledger.timed("checkpoint"):
-                target.save(step, state, mems if save_mems else None, base_meta(step))
-            ledger.saved(step)
-            health.watch(step)
-            return True
-
-        stop = _StopFlag()
-        stop.install()
-        if is_main and start < total:
-            print(report.start_block(config, program, mesh, pipeline, wd.path, start), flush=True)
-            print("compiling… (XLA compiles the train step before the first one runs)", flush=True)
-        progress = metrics_lib.Progress(total, start, enabled=is_main, unit=report.unit(config))
-        health = guards.health_guard(config, program.objective, best_loss)
-        if restored is not None:
-            health.watch(start)
-        throughput = report.Throughput()
-        log_every = max(int(config.log_every_steps), 1)
-        every = int(ckpt_cfg.every_steps)
-        eval_every = evaluation.every if evaluation is not None else 0
-        peak = float(config.peak_flops_per_device)
-        n_dev = len(mesh.devices.flat)
-        t_last, s_last = time.time(), start
-        record = None
-        end = total if stop_at is None else min(int(stop_at), total)
-        batches = _train_batches(pipeline, start, end, int(config.prefetch))
-        if end > start:  # an attempt that trains: carry the earlier attempts' ledger over, watch for hangs
-            ledger.resume(goodput.read_ledger(wd.path) if is_main else None, start, logged_step)
-            if is_main and ledger.previous_record is not None:
-                writer.write(ledger.previous_record)
-        watchdog = Watchdog(
-            config, wd.path, ledger, process_index=jax.process_index(), emit=progress.message, enabled=end > start
-        ).start()
-        profiler = StepProfiler(
-            config,
-            wd.path,
-            hlo_text=lambda: program.train_step.lower(*program.abstract_args()).compile().as_text(),
-            emit=progress.message,
+def _restart_clock_after_compile(a: _Attempt, step: int, m, t_begin: float) -> None:
+    """After the attempt's first step (which includes compilation): throughput counts from here."""
+    jax.block_until_ready(m)
+    a.t_last, a.s_last = time.time(), step
+    a.progress.reset_clock(step)
+    if a.is_main:
+        a.progress.message(
+            f"first step done {a.t_last - t_begin:.0f}s after start (compiled; "
+            + report.step_size_text(a.config, a.program)
+            + ")"
         )
-        m = None
-        try:
-            for s, local in ledger.iterate(batches):
-                batch = global_batch(own_rows(local), program.batch_shardings, bspec)
-                profiler.before(s, state)
-                state, mems, m = program.train_step(state, batch, mems)
-                profiler.after(s + 1, m)
-                health.add(m.pop("nonfinite"), m.get("loss"))
-                step = s + 1
-                if step == start + 1:  # do not count compilation in the throughput
-                    jax.block_until_ready(m)
-                    t_last, s_last = time.time(), step
-                    progress.reset_clock(step)
-                    if is_main:
-                        progress.message(
-                            f"first step done {t_last - t_begin:.0f}s after start (compiled; "
-                            + report.step_size_text(config, program)
-                            + ")"
-                        )
-                ledger.step_done(step)
-                if step % log_every == 0 or step == total:
-                    health.check(step)
-                    vals = {k: float(v) for k, v in jax.device_get(m).items()}
-                    now = time.time()
-                    n = max(step - s_last, 0)
-                    dt = max(now - t_last, 1e-9)
-                    record = {"step": step, **vals}
-                    if hasattr(pipeline, "source_tokens"):  # a mixture: tokens/<source> read in steps [0, step)
-                        record.update(pipeline.source_tokens(step))
-                    if health.total:
-                        record["nonfinite_steps"] = health.take_window()  # updates skipped since the last record
-                    if n:
-                        throughput.add(n, dt)
-                        record["steps_per_sec"] = n / dt
-                        record["tokens_per_sec"] = n * program.tokens_per_step / dt
-                        if program.analytic_flops_per_step and peak > 0:
-                            record["mfu"] = program.analytic_flops_per_step * n / dt / (n_dev * peak)
-                    else:
-                        record["tokens_per_sec"] = 0.0
-                    writer.write(record)
-                    watchdog.logged(s_last + 1, step, dt)  # stragglers; the goodput ledger
-                    progress.update(step, record)
-                    t_last, s_last = time.time(), step
-                else:
-                    progress.update(step)
-                if eval_every > 0 and step % eval_every == 0 and step != total:
-                    do_eval(step)
-                    t_last = time.time()
-                if stop.should_stop(step):
-                    saved = save(step)
-                    with ledger.timed("checkpoint"):
-                        ckpt.wait()
-                    progress.message(
-                        f"stopped by signal: saved checkpoint {ckpt.directory}/{step}"
-                        if saved
-                        else f"stopped by signal at step {step} (not saved: unhealthy)"
-                    )
-                    writer.write(ledger.end_record(step, "preempted"))
-                    watchdog.write_ledger_end("preempted")
-                    raise Preempted(step)
-                tier = tiers.save_tier(step, every, end, local_tier, int(ckpt_cfg.local_every_steps))
-                if tier is not None:
-                    save(step, local_tier if tier == "local" else ckpt)
-            if evaluation is not None and end == total:
-                if (eval_every != 0 and end > start) or (
-                    evaluation.always_at_end and (end > start or (best is not None and best.best() is None))
-                ):
-                    do_eval(max(total, start), final_records)
-            profiler.stop(m, steps=end - profiler.start)  # the run ended inside the profiled window
-            try:
-                if end > start:
-                    with ledger.timed("checkpoint"):
-                        ckpt.wait()
-                    writer.write(ledger.end_record(end, "completed" if end == total else "stopped"))
-            finally:  # the last record with a `split` is the final evaluation (metrics.jsonl's record kinds)
-                for rec in final_records:
-                    writer.write(rec)
-        except guards.TrainingDiverged as e:
-            _set_aside_diverged(e, ckpt, health, start if restored is not None else None)
-            if local_tier is not None:  # the local tier's steps after the good one would be restored next
-                local_tier.set_aside(
-                    [t for t in local_tier.all_steps() if e.good_step is None or t > e.good_step], "diverged"
-                )
-            raise
-        finally:
-            batches.close()  # stops the prefetch worker
-            stop.restore()
-            progress.close()
-            ckpt.close()
-            if local_tier is not None:
-                local_tier.close()
-            watchdog.stop()  # last: a clean-up that waits on a dead peer is still bounded
-            writer.close()
-    summary["step"] = max(end, start)
-    summary["last"] = record
-    if end > start:
-        watchdog.write_ledger_end("completed" if end == total else "stopped")
-        summary["goodput"] = ledger.summary()
-    if is_main and end <= start:  # nothing trained (a re-run of a finished run): summary.json stays as it is
-        summary["summary"] = report.read_summary(wd.path)
-    elif is_main:
+
+
+def _log_step(a: _Attempt, step: int, m) -> None:
+    """One metrics.jsonl record: the step's metrics, per-source tokens of a mixture, skipped updates since the last
+    record, steps/s, tokens/s and MFU over the steps since the last record."""
+    program = a.program
+    a.health.check(step)
+    vals = {k: float(v) for k, v in jax.device_get(m).items()}
+    now = time.time()
+    n = max(step - a.s_last, 0)
+    dt = max(now - a.t_last, 1e-9)
+    record = {"step": step, **vals}
+    if hasattr(a.pipeline, "source_tokens"):  # a mixture: tokens/<source> read in steps [0, step)
+        record.update(a.pipeline.source_tokens(step))
+    if a.health.total:
+        record["nonfinite_steps"] = a.health.take_window()  # updates skipped since the last record
+    if n:
+        a.throughput.add(n, dt)
+        record["steps_per_sec"] = n / dt
+        record["tokens_per_sec"] = n * program.tokens_per_step / dt
+        peak = float(a.config.peak_flops_per_device)
+        if program.analytic_flops_per_step and peak > 0:
+            record["mfu"] = program.analytic_flops_per_step * n / dt / (len(program.mesh.devices.flat) * peak)
+    else:
+        record["tokens_per_sec"] = 0.0
+    a.writer.write(record)
+    a.watchdog.logged(a.s_last + 1, step, dt)  # stragglers; the goodput ledger
+    a.progress.update(step, record)
+    a.t_last, a.s_last = time.time(), step
+    a.record = record
+
+
+def _evaluate(a: _Attempt, step: int, held: Optional[list] = None) -> None:
+    """Run the evaluation hook on the current state; its record goes to metrics.jsonl (or into `held`, written
+    later) and to the best checkpoint, if the hook keeps one."""
+    evaluation = a.evaluation
+    with a.ledger.timed("eval"):
+        res = evaluation.fn(a.state, step)
+    rec = {"step": step, "split": evaluation.split, **res}
+    if held is None:
+        a.writer.write(rec)
+    else:
+        held.append(rec)
+    a.progress.message(f"eval @ step {step} ({evaluation.split}): {_fmt_metrics(res)}")
+    a.summary["eval"] = rec
+    if evaluation.best is not None:
+        evaluation.best.offer(step, a.state, res, _checkpoint_meta(a, step))
+
+
+def _checkpoint_meta(a: _Attempt, step: int) -> Dict[str, Any]:
+    program = a.program
+    return {
+        "step": step,
+        "mems_shape": list(program.mems_shape) if program.mems_shape else None,
+        "family": a.config.model.family,
+        "best_loss": a.health.best,
+        "learning_rate": float(a.config.optimizer.learning_rate),
+        "workdir": a.wd.path,
+        **a.meta,
+    }
+
+
+def _save_checkpoint(a: _Attempt, step: int, target) -> bool:
+    """Save `step` to `target` (the workdir's or the local tier) if the run is healthy (never over good
+    checkpoints during an unhealthy streak); returns whether it saved."""
+    health = a.health
+    health.check(step)
+    if health.proven is not None:
+        a.ckpt.pin(health.proven)
+    if not health.healthy:
+        a.progress.message(
+            f"step {step}: not saving a checkpoint ({health.consecutive} unhealthy steps in a row); "
+            f"newest proven-good checkpoint: {health.proven if health.proven is not None else 'none'}"
+        )
+        return False
+    a.writer.flush()  # records up to `step` are durable before its checkpoint can exist (gs://: no append)
+    with a.ledger.timed("checkpoint"):
+        target.save(step, a.state, a.mems if a.save_mems else None, _checkpoint_meta(a, step))
+    a.ledger.saved(step)
+    health.watch(step)
+    return True
+
+
+def _save_and_exit(a: _Attempt, step: int) -> None:
+    """SIGTERM/SIGINT: save `step` (if healthy), close the attempt's goodput record, raise Preempted."""
+    saved = _save_checkpoint(a, step, a.ckpt)
+    with a.ledger.timed("checkpoint"):
+        a.ckpt.wait()
+    a.progress.message(
+        f"stopped by signal: saved checkpoint {a.ckpt.directory}/{step}"
+        if saved
+        else f"stopped by signal at step {step} (not saved: unhealthy)"
+    )
+    a.writer.write(a.ledger.end_record(step, "preempted"))
+    a.watchdog.write_ledger_end("preempted")
+    raise Preempted(step)
+
+
+def _final_evaluation_due(a: _Attempt) -> bool:
+    """At the end of training: an evaluation that runs periodically or at the end (when steps ran), or one that
+    must run at the end (also for a run resumed at its end with no best checkpoint yet)."""
+    ev = a.evaluation
+    if ev is None or a.end != a.total:
+        return False
+    trained = a.end > a.start
+    no_best_yet = ev.best is not None and ev.best.best() is None
+    return (ev.every != 0 and trained) or (ev.always_at_end and (trained or no_best_yet))
+
+
+def _finish_steps(a: _Attempt, m) -> None:
+    """The final evaluation, the profiler's window, the last checkpoint's commit, the attempt's goodput record; the
+    last record with a `split` is the final evaluation (metrics.jsonl's record kinds)."""
+    if _final_evaluation_due(a):
+        _evaluate(a, max(a.total, a.start), a.final_records)
+    a.profiler.stop(m, steps=a.end - a.profiler.start)  # the run ended inside the profiled window
+    try:
+        if a.end > a.start:
+            with a.ledger.timed("checkpoint"):
+                a.ckpt.wait()
+            a.writer.write(a.ledger.end_record(a.end, "completed" if a.end == a.total else "stopped"))
+    finally:
+        for rec in a.final_records:
+            a.writer.write(rec)
+
+
+def _close_attempt(a: _Attempt) -> None:
+    a.batches.close()  # stops the prefetch worker
+    a.stop.restore()
+    a.progress.close()
+    a.ckpt.close()
+    if a.local_tier is not None:
+        a.local_tier.close()
+    a.watchdog.stop()  # last: a clean-up that waits on a dead peer is still bounded
+    a.writer.close()
+
+
+def _summarize(a: _Attempt, t_begin: float) -> Dict[str, Any]:
+    """`run`'s return value; summary.json written (main process) when steps ran, else read as it is."""
+    summary = a.summary
+    summary["step"] = max(a.end, a.start)
+    summary["last"] = a.record
+    if a.end > a.start:
+        a.watchdog.write_ledger_end("completed" if a.end == a.total else "stopped")
+        summary["goodput"] = a.ledger.summary()
+    if a.is_main and a.end <= a.start:  # nothing trained (a re-run of a finished run): summary.json stays as it is
+        summary["summary"] = report.read_summary(a.wd.path)
+    elif a.is_main:
         summary["summary"] = report.write_summary(
-            wd.path,
-            config,
-            program,
+            a.wd.path,
+            a.config,
+            a.program,
             step=summary["step"],
-            start=start,
+            start=a.start,
             wall_time_s=time.time() - t_begin,
-            throughput=throughput,
-            last_train=record,
-            n_devices=n_dev,
-            extra={**summary["goodput"], "stragglers": watchdog.stragglers},
+            throughput=a.throughput,
+            last_train=a.record,
+            n_devices=len(a.program.mesh.devices.flat),
+            extra={**summary["goodput"], "stragglers": a.watchdog.stragglers},
         )
         print(goodput.describe_summary(summary["goodput"]), flush=True)
     return summary

@@ -336,7 +336,7 @@ def make_trackers(config, workdir: str) -> list:
         if n == "wandb":
             out.append(WandbTracker(workdir, as_dict, project, name))
         else:
-            out.append(MlflowTracker(workdir, as_dict, project, name, t.get("mlflow_uri", "")))
+            out.append(MlflowTracker(workdir, as_dict, project, name, t.mlflow_uri))
     return out
 
 

@@ -333,18 +333,18 @@ def frozen_parameters(config, names: Sequence[str]) -> Optional[frozenset]:
     if ft is None:
         return None
     frozen = set()
-    regex = str(ft.get("freeze", "") or "")
+    regex = str(ft.freeze)
     if regex:
         try:
             _, mask, _ = param_group_scales(list(names), ({"pattern": regex, "frozen": True},), 1.0)
         except ValueError as e:  # the group's message, under the key the user set
             raise ValueError(f"finetune.freeze={regex!r}: {str(e).split(': ', 1)[1]}") from None
         frozen |= {n for n, f in mask.items() if f}
-    lora = ft.get("lora", None)
-    if lora is not None and int(lora.get("rank", 0) or 0) > 0:
-        from xlgen.models.lora import TRAINABLE, is_adapter
+    lora = ft.lora
+    if int(lora.rank) > 0:
+        from xlgen.models.lora import is_adapter
 
-        keep = str(lora.get("trainable", TRAINABLE) or "")
+        keep = str(lora.trainable)
         try:
             keep_re = re.compile(keep) if keep else None
         except re.error as e:

@@ -46,7 +46,7 @@ def start_block(config, program, mesh, pipeline, workdir: str, start: int) -> st
     total = int(config.total_steps)
     tps = int(program.tokens_per_step)
     family = config.model.family
-    objective = program.objective.name or config.get("objective") or "default"
+    objective = program.objective.name or config.objective or "default"
     lines = [f"xlgen train: {family} ({objective} objective), {parameter_count(program):,} parameters"]
     if getattr(program, "frozen", None):
         lines[0] += f" ({trainable_parameter_count(program):,} trainable)"
@@ -120,7 +120,7 @@ def write_summary(
     evals = [r for r in _evals(workdir) if isinstance(r.get("loss"), (int, float))]
     out = {
         "family": config.model.family,
-        "objective": program.objective.name or config.get("objective") or "",
+        "objective": program.objective.name or config.objective,
         "parameters": parameter_count(program),
         "trainable_parameters": trainable_parameter_count(program),
         "steps": int(step),

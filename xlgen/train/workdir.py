@@ -128,13 +128,6 @@ class Workdir:
         return config_lib.write_resolved_config(config, self.path, kind, kept)
 
     # -- tokenizer -------------------------------------------------------------------------------------------
-    def tokenizer_file(self) -> Optional[str]:
-        """The run's tokenizer file (`DIR/tokenizer/<file>`, named in config.json), or None. Stored and checked by
-        `xlgen.train.tokenizer_store`, the one implementation."""
-        from xlgen.train import tokenizer_store
-
-        return tokenizer_store.file_path(self.path)
-
     def tokenizer(self):
         """The run's tokenizer (a data_pipelines.vocab object with encode/decode), or None if none is stored."""
         from xlgen.train import tokenizer_store

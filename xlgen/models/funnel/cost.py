@@ -167,10 +167,17 @@ def forward_flops_per_sequence(
     return flops_per_sequence(cfg, seq_len, decoder=True, lm_head=True)["total"] + extra
 
 
+def _objective_name(config) -> str:
+    """The run's objective (`config.objective`, empty = the system's default)."""
+    from xlgen import registry
+
+    return registry.objective(config).name
+
+
 def train_flops_per_step(config) -> float:
     """3 x forward FLOPs of one global batch for a training config (used by `xlgen.models.cost` / `xlgen plan`)."""
     cfg = config_from_model_section(config.model)
-    objective = str(config.get("objective") or "funnel_mlm")
+    objective = _objective_name(config)
     width = float(config.objective_options.generator_width)
     fwd = forward_flops_per_sequence(cfg, int(config.data.seq_len), objective, width)
     return 3.0 * fwd * int(config.data.batch_size)
@@ -211,7 +218,7 @@ def train_flops(config) -> float:
     total = float(train_flops_per_step(config))
     cfg = config_from_model_section(config.model)
     nets = [cfg]
-    if str(config.get("objective") or "funnel_mlm") == "funnel_electra":
+    if _objective_name(config) == "funnel_electra":
         from xlgen.models.funnel.heads import generator_config
 
         width = float(config.objective_options.generator_width)

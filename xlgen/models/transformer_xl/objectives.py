@@ -39,7 +39,7 @@ def _lm_batch_spec(config, split):
 
 
 def _txl_mem_len(config, split):
-    if split != "train" and config.eval.get("mem_len") is not None:
+    if split != "train" and config.eval.mem_len is not None:
         return int(config.eval.mem_len)
     return int(config.model.mem_len)
 
@@ -89,15 +89,15 @@ def _txl_eval_loss(model, batch, mems, config):
 
 def _txl_uniform_loss(config):
     """log V, unless the training loss is more than the NLL (AdvSoft's margin, output-embedding regularisers)."""
-    out = config.model.get("output") or {}
-    if any(float(out.get(k, 0.0) or 0.0) > 0 for k in ("adv_eps", "cosreg")) or out.get("spectrum_control"):
+    out = config.model.output
+    if float(out.adv_eps) > 0 or float(out.cosreg) > 0 or out.spectrum_control:
         return None
     return log_vocab_size(config)
 
 
 def _lm_eval_metrics(loss, config):
     out = {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
-    if config.eval.get("metric", "ppl") == "bpc":
+    if config.eval.metric == "bpc":
         out["bpc"] = loss / math.log(2.0)
     return out
 

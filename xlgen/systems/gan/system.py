@@ -106,7 +106,7 @@ def cegan_game(config, ds: gdata.Dataset) -> Game:
     make_d, make_g, make_i = _cegan_nets(config, ds)
     bsz, dz = int(config.data.batch_size), int(m.noise_dim)
     margin, alpha, w_vi = float(m.margin), float(m.knn_alpha), float(m.vi_weight)
-    vi_noise = float(m.get("vi_noise", 0.0))
+    vi_noise = float(m.vi_noise)
     k = min(int(m.knn_k), bsz - 1)  # neighbours within the batch
     gap_lo, gap_hi = (float(v) for v in m.gap_bounds)
 
