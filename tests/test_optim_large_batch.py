@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_train_utils import _opt_cfg, compile_cache, run_train, train_losses  # noqa: F401
+from test_train_utils import REPO, TINY, _opt_cfg, train_losses
 
 from xlgen import registry
 from xlgen.train import optim
@@ -268,16 +268,24 @@ def test_plan_state_bytes_per_optimizer(state_bytes):
 @pytest.mark.parametrize(
     "name,extra", [("lamb", {}), ("adafactor", {"optimizer.adafactor.min_dim_size_to_factor": 16})]
 )
-def test_resume_is_bitwise_exact(tmp_path, compile_cache, name, extra):  # noqa: F811
-    """Train 2k steps vs k steps + resume to 2k (the `tests/test_train_resume.py` machinery): identical losses."""
+def test_resume_is_bitwise_exact(tmp_path, capsys, name, extra):
+    """Train 2k steps vs k steps + resume to 2k (the trainer `xlgen train` runs, in-process; `stop_at` is its
+    --stop_at_step): identical losses."""
+    from xlgen.config import load_config
+    from xlgen.train import loop
+
     k = 3
     over = {"total_steps": 2 * k, "checkpoint.every_steps": k, "mesh.num_devices": 1, "optimizer.name": name}
     over.update(extra)
+    config = lambda: load_config(  # noqa: E731
+        f"{REPO}/configs/pretrain/txl_tiny.py", {n: str(v) for n, v in {**TINY, **over}.items()}
+    )
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    run_train(full, compile_cache, "txl_tiny.py", over)
-    run_train(part, compile_cache, "txl_tiny.py", over, extra=[f"--stop_at_step={k}"])
-    out = run_train(part, compile_cache, "txl_tiny.py", over)
-    assert f"resumed from {part}/checkpoints/{k}" in out.stdout
+    loop.train(config(), full)
+    loop.train(config(), part, stop_at=k)
+    capsys.readouterr()
+    loop.train(config(), part)
+    assert f"resumed from {part}/checkpoints/{k}" in capsys.readouterr().out
     a, b = train_losses(full), train_losses(part)
     assert sorted(b) == list(range(1, 2 * k + 1))
     assert [b[s] for s in range(k + 1, 2 * k + 1)] == [a[s] for s in range(k + 1, 2 * k + 1)]

@@ -1,29 +1,42 @@
 """Sharded training: a (data=2, fsdp=2, tensor=2) mesh of 8 simulated CPU devices trains exactly like one device,
 parameters and optimizer moments are really sharded as the rules say, and a checkpoint saved on the (2,2,2) mesh
-restores onto one device and continues."""
+restores onto one device and continues.
+
+The runs call the trainer in-process (`xlgen.train.loop.train`: what `xlgen train` runs after parsing its flags,
+--stop_at_step is its `stop_at`); the CLI's own process boundary is covered by tests/test_train_resume.py."""
 
 import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
-from test_train_utils import REPO, compile_cache, run_train, train_losses  # noqa: F401
+from test_train_utils import REPO, TINY, train_losses
 
 MESH222 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.rules": "fsdp_tp"}
 ONE = {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "mesh.num_devices": 1}
 
 
-def test_2x2x2_mesh_matches_one_device_and_restores_onto_one_device(tmp_path, compile_cache):
+def _train(workdir, over, stop_at=None):
+    """`xlgen train --config=configs/pretrain/txl_tiny.py` with the tests' TINY sizes and `over`, in-process."""
+    from xlgen.config import load_config
+    from xlgen.train import loop
+
+    config = load_config(f"{REPO}/configs/pretrain/txl_tiny.py", {k: str(v) for k, v in {**TINY, **over}.items()})
+    return loop.train(config, workdir, stop_at=stop_at)
+
+
+def test_2x2x2_mesh_matches_one_device_and_restores_onto_one_device(tmp_path, capsys):
     over = {"total_steps": 10, "checkpoint.every_steps": 5}
     one, sharded, moved = (str(tmp_path / n) for n in ("one", "sharded", "moved"))
-    run_train(one, compile_cache, overrides=dict(over, **ONE))
-    run_train(sharded, compile_cache, overrides=dict(over, **MESH222))
+    _train(one, dict(over, **ONE))
+    _train(sharded, dict(over, **MESH222))
     a, b = train_losses(one), train_losses(sharded)
     assert sorted(a) == sorted(b) == list(range(1, 11))
     np.testing.assert_allclose([b[s] for s in range(1, 11)], [a[s] for s in range(1, 11)], rtol=2e-6, atol=0)
     assert a[10] < a[1]
     # saved on (2,2,2) at step 5, resumed on one device: continues like the uninterrupted runs
-    run_train(moved, compile_cache, overrides=dict(over, **MESH222), extra=["--stop_at_step=5"])
-    out = run_train(moved, compile_cache, overrides=dict(over, **ONE))
-    assert "checkpoints/5" in out.stdout
+    _train(moved, dict(over, **MESH222), stop_at=5)
+    capsys.readouterr()
+    _train(moved, dict(over, **ONE))
+    assert f"resumed from {moved}/checkpoints/5" in capsys.readouterr().out
     c = train_losses(moved)
     np.testing.assert_allclose([c[s] for s in range(6, 11)], [a[s] for s in range(6, 11)], rtol=2e-6, atol=0)
 
