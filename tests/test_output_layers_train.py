@@ -8,7 +8,6 @@ import json
 import math
 import os
 
-import pytest
 from test_train_utils import compile_cache, train_cmd, train_losses  # noqa: F401
 
 from xlgen import cli
@@ -36,13 +35,6 @@ def _rank(workdir):
     return analyze(workdir, contexts=148)
 
 
-@pytest.fixture
-def in_process_cli(compile_cache, monkeypatch):
-    """`cli.main` keeps the session's compilation cache (it reads XLGEN_COMPILATION_CACHE) instead of the default."""
-    monkeypatch.setenv("XLGEN_COMPILATION_CACHE", compile_cache)
-    monkeypatch.setenv("XLGEN_COMPILATION_CACHE_MIN_SECS", "0.1")
-
-
 def run_train(workdir, overrides, extra=()):
     """`xlgen train` on txl_tiny with `overrides` (tests/test_train_utils.py's TINY first), in-process."""
     assert cli.main(train_cmd(workdir, overrides=overrides, extra=extra)[3:]) == 0
@@ -52,7 +44,7 @@ def run_cli(args):
     assert cli.main(args) == 0
 
 
-def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path, in_process_cli):
+def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path):
     over = dict(SMALL, **{"model.output_layer": "mos", "model.output.n_experts": 3, "model.output.expert_dropout": 0.1})
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run_train(full, over)
@@ -89,7 +81,7 @@ def test_mos_trains_resumes_exactly_and_breaks_the_softmax_rank_bound(tmp_path, 
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_doc_with_a_frozen_param_group_trains_resumes_exactly_and_ranks(tmp_path, in_process_cli):
+def test_doc_with_a_frozen_param_group_trains_resumes_exactly_and_ranks(tmp_path):
     """DOC (`output_layer=doc`, 2 components from the top state, 1 from block 1, 1 from the embedding) through
     `xlgen train`, with `optimizer.param_groups` freezing the mixture prior and giving the lower-layer projections
     their own learning rate: the loss falls, resume is bitwise exact, the frozen prior is the initial one at every
