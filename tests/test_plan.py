@@ -311,6 +311,7 @@ def test_jaxpr_matmul_flops_skips_dead_code():
 #   XLNet without bi_data: the position keys are still projected in both directions (once per batch).
 WIDE = ["--config.model.d_model=256", "--config.model.d_inner=1024", "--config.model.d_head=64"]
 TXL, XLNET, FUNNEL = "txl_tiny", "xlnet_tiny", "funnel_tiny"
+B111 = ["--config.model.block_sizes=1,1,1"]
 ADAPTIVE = ["--config.model.cutoffs=(20,40)", "--config.data.batch_size=32", "--config.data.tgt_len=64"]
 EXACT = {
     "txl_no_memory": (TXL, [*WIDE, "--config.model.d_embed=256", "--config.model.mem_len=0"]),
@@ -320,12 +321,14 @@ EXACT = {
     # scanned: the last layer runs without its dead content stream (XLA cannot remove it from one loop iteration;
     # before, this traced 1.51x the model)
     "xlnet_scanned_memory": (XLNET, [*WIDE, "--config.model.mem_len=16", "--config.model.scan_layers=True"]),
-    "funnel_mlm_relative_shift": (FUNNEL, []),  # last decoder layer + softmax at the pipeline's 9 rows per row
-    "funnel_mlm_every_position": (FUNNEL, ["--config.objective_options.max_predictions=-1"]),
-    "funnel_mlm_factorized": (FUNNEL, ["--config.model.attention_type=factorized"]),
+    # one layer per block (every kind of Funnel layer: full-length, pooling, pooled; the decoder)
+    "funnel_mlm_relative_shift": (FUNNEL, [*B111]),  # last decoder layer + softmax at the pipeline's 9 rows per row
+    "funnel_mlm_every_position": (FUNNEL, [*B111, "--config.objective_options.max_predictions=-1"]),
+    "funnel_mlm_factorized": (FUNNEL, [*B111, "--config.model.attention_type=factorized"]),
     "funnel_electra_factorized": (
         FUNNEL,
         [
+            *B111,
             "--config.objective=funnel_electra",
             "--config.data.pipeline=electra",
             "--config.model.attention_type=factorized",
@@ -334,6 +337,7 @@ EXACT = {
     "funnel_electra_max_predictions": (
         FUNNEL,
         [
+            *B111,
             "--config.objective=funnel_electra",
             "--config.data.pipeline=electra",
             "--config.objective_options.max_predictions=10",
