@@ -29,6 +29,20 @@ def test_make_mesh_axis_types_and_num_devices():
     assert one.devices.size == 1 and one.devices.flat[0] == jax.devices()[0]
 
 
+def test_make_mesh_splits_a_physical_axis_only_when_no_unsplit_layout_exists():
+    """data 2 x fsdp 16 over a v6e 4x8 torus needs the 4-long axis split (`jax.make_mesh` refuses it off v5e); a shape
+    the torus holds unsplit gets `jax.make_mesh`'s own layout."""
+    from xlgen.plan import topology
+
+    v6e = topology.topology_devices("v6e:4x8")
+    grid = sharding.make_mesh({"data": 2, "fsdp": 16, "tensor": 1}, v6e).devices
+    assert grid.shape == (2, 16, 1) and sorted(d.id for d in grid.flat) == sorted(d.id for d in v6e)
+    for name, shape in (("v4:2x2x4", (2, 8, 1)), ("v6e:4x8", (1, 32, 1)), ("v5e:4x8", (2, 16, 1))):
+        devices = topology.topology_devices(name)
+        ours = sharding.make_mesh(dict(zip(("data", "fsdp", "tensor"), shape)), devices).devices
+        assert (ours == jax.make_mesh(shape, sharding.MESH_AXES, devices=devices).devices).all(), name
+
+
 def test_logical_rules_dedup_divisibility_and_presets():
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     tp = sharding.rules_for("fsdp_tp")

@@ -128,7 +128,12 @@ def make_mesh(mesh_config, devices: Optional[Sequence] = None, num_slices: Optio
     slices = int(num_slices if num_slices is not None else get("num_slices", 1) or 1)
     shape = mesh_shape([mesh_config["data"], mesh_config["fsdp"], mesh_config["tensor"]], len(devices))
     if slices == 1:
-        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+        # `jax.make_mesh` splits a physical axis (e.g. 2 x 16 over a v6e 4x8 torus) only on v5e; any axis that divides
+        # the slice is a valid mesh on every chip, the unsplit assignment is kept whenever one exists.
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(shape, devices[: int(np.prod(shape))], allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
     return Mesh(hybrid_device_grid(shape, slices, devices), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
