@@ -98,19 +98,22 @@ CASES = {
     "txl_shared_keys": (2, 3, 64, 40, 72, 72, 1, 39, True, False, 1, None, 32),
     "funnel_stride2": (1, 2, 64, 32, 64, 128, 2, 64, True, True, 1, None, 0),
     "lane_dense_heads": (2, 2, 128, 32, 48, 80, 1, 32, False, True, 2, 0.1, 0),
-    "row_blocks": (1, 1, 64, 512, 1024, 1536, 1, 512, True, False, 1, 0.2, 512),
+    # three blocks of 128 query rows (first, middle, last): BLOCK_BYTES set to one [128, 896] float32 block
+    "row_blocks": (1, 1, 64, 384, 512, 896, 1, 384, True, False, 1, 0.2, 128),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_kernel_equals_xla_form_and_gradients(case):
+def test_kernel_equals_xla_form_and_gradients(case, monkeypatch):
     b, n, d, q, klen, rlen, stride, offset, shared_r, segments, mask_rows, rate, memory_rows = CASES[case]
     args, flags = _inputs(0, b, n, q, klen, rlen, d, shared_r, segments, mask_rows)
     kw = dict(shift=tpu_attention.Shift(offset, stride), scale=0.125, flags=flags, masks=True)
     if rate is not None:
         kw["dropout"] = (jnp.array([12345, 678], jnp.uint32), 1.0 - rate)
     if case == "row_blocks":
-        assert tpu_attention.block_rows(q, tpu_attention.padded_width(rlen, klen)) < q  # several query blocks
+        width = tpu_attention.padded_width(rlen, klen)
+        monkeypatch.setattr(tpu_attention, "BLOCK_BYTES", 4 * 128 * width)
+        assert tpu_attention.block_rows(q, width) == 128 < q  # several query blocks
     names = sorted(args)
     fused = lambda *xs: kernel(**dict(zip(names, xs)), memory_rows=memory_rows, **kw)
     ref = lambda *xs: reference(**dict(zip(names, xs)), **kw)

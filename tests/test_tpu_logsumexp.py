@@ -43,33 +43,44 @@ def _case(n, v, d, dtype, seed=0):
 def test_kernels_equal_the_xla_logsumexp(monkeypatch, n, v, d, dtype, vocab_block, xla_block):
     monkeypatch.setattr(tpu_logsumexp, "VOCAB_BLOCK", vocab_block)
     h, table, bias, g = _case(n, v, d, dtype)
+    target = jnp.asarray(np.random.default_rng(1).integers(0, v, n)).at[:2].set(jnp.asarray([0, v - 1]))
 
-    def loss(fn):
-        return lambda h, table, bias: jnp.sum(fn(h, table, bias) * g)
+    @jax.jit
+    def values_and_grads(h, table, bias):
+        """Each form's values and the gradients of <values, g> (dh, dtable, dbias): the log-normaliser, and with
+        targets the target log-probabilities; one compiled program."""
+        forms = {
+            "xla": lambda h, t, b: asm.logsumexp_rows(h, t, b, block=xla_block),
+            "kernel": lambda h, t, b: tpu_logsumexp.logsumexp_rows(h, t, b, interpret=True),
+            "xla_lp": lambda h, t, b: asm.target_log_probs(h, t, b, target, block=xla_block),
+            "kernel_lp": lambda h, t, b: -tpu_logsumexp.nll_rows(h, t, b, target, interpret=True),
+        }
+        out = {}
+        for name, fn in forms.items():
 
-    xla = lambda h, t, b: asm.logsumexp_rows(h, t, b, block=xla_block)  # noqa: E731 (the CPU: the XLA form)
-    kernel = lambda h, t, b: tpu_logsumexp.logsumexp_rows(h, t, b, interpret=True)  # noqa: E731
-    np.testing.assert_allclose(kernel(h, table, bias), xla(h, table, bias), rtol=1e-6, atol=2e-6)
-    want = jax.grad(loss(xla), argnums=(0, 1, 2))(h, table, bias)
-    got = jax.grad(loss(kernel), argnums=(0, 1, 2))(h, table, bias)
+            def loss(h, t, b, fn=fn):
+                value = fn(h, t, b)
+                return jnp.sum(value * g), value
+
+            (_, value), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(h, table, bias)
+            out[name] = (value, grads)
+        return out
+
+    got = values_and_grads(h, table, bias)
     # float32: the same sums in another order; bfloat16 rows: dh rounded to bfloat16 (one ulp), the XLA form's
     # backward products take the float32 softmax against bfloat16 operands as the kernel does
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=1e-2, atol=1e-2)
-    for name, a, b in zip(("dh", "dtable", "dbias"), got, want):
-        assert a.dtype == b.dtype, name
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)
-
-    # with targets (every vocabulary block's, the first and last entries among them): the kernels' log-normaliser
-    # minus target logit equals the XLA form's gathered target rows minus its log-normaliser, values and gradients
-    target = jnp.asarray(np.random.default_rng(1).integers(0, v, n)).at[:2].set(jnp.asarray([0, v - 1]))
-    xla_lp = lambda h, t, b: asm.target_log_probs(h, t, b, target, block=xla_block)  # noqa: E731
-    kernel_nll = lambda h, t, b: tpu_logsumexp.nll_rows(h, t, b, target, interpret=True)  # noqa: E731
-    np.testing.assert_allclose(-kernel_nll(h, table, bias), xla_lp(h, table, bias), rtol=1e-5, atol=2e-5)
-    want = jax.grad(loss(xla_lp), argnums=(0, 1, 2))(h, table, bias)
-    got = jax.grad(loss(lambda *a: -kernel_nll(*a)), argnums=(0, 1, 2))(h, table, bias)
-    for name, a, b in zip(("dh", "dtable", "dbias"), got, want):
-        assert a.dtype == b.dtype, name
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=name, **tol)
+    # the log-normaliser; with targets (every vocabulary block's, the first and last entries among them): the
+    # kernels' log-normaliser minus target logit equals the XLA form's gathered target rows minus its log-normaliser
+    value_tol = {"kernel": dict(rtol=1e-6, atol=2e-6), "kernel_lp": dict(rtol=1e-5, atol=2e-5)}
+    for kernel, xla in (("kernel", "xla"), ("kernel_lp", "xla_lp")):
+        (value, grads), (want_value, want_grads) = got[kernel], got[xla]
+        np.testing.assert_allclose(value, want_value, **value_tol[kernel])
+        for name, a, b in zip(("dh", "dtable", "dbias"), grads, want_grads):
+            assert a.dtype == b.dtype, name
+            np.testing.assert_allclose(
+                np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=f"{kernel} {name}", **tol
+            )
 
 
 def test_blocks():
@@ -103,10 +114,10 @@ def test_dense_tail_clusters_equal_the_chunked_ones():
         return jnp.sum(s.nll(h, labels, e) * jnp.linspace(0.5, 1.5, n))
 
     assert not operands.dense_tail_clusters(n, (8, 4), jnp.float32)
-    want = jax.value_and_grad(loss, argnums=(0, 1))(state, h)
+    want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(state, h)  # (traced here: the CPU form)
     with operands.emulate_tpu():
         assert operands.dense_tail_clusters(n, (8, 4), jnp.float32)
-        got = jax.value_and_grad(loss, argnums=(0, 1))(state, h)
+        got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(state, h)  # (traced here: the TPU form)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
