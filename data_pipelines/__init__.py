@@ -67,7 +67,7 @@ def default_config(pipeline: str = "lm") -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({**_COMMON, **_DEFAULTS[pipeline], "pipeline": pipeline})
 
 
-def _resolve(data_config) -> ml_collections.ConfigDict:
+def resolved(data_config) -> ml_collections.ConfigDict:
     """`data_config` completed with its pipeline's declared defaults (`default_config`); unknown keys are errors."""
     d = dict(data_config.to_dict() if hasattr(data_config, "to_dict") else data_config)
     pipeline = d.get("pipeline", _COMMON["pipeline"])
@@ -82,7 +82,7 @@ def _resolve(data_config) -> ml_collections.ConfigDict:
 def corpus_layout(data_config) -> str:
     """The corpus layout (`data_pipelines.corpus`) a data config's pipeline reads: "sentences" (XLNet's rows, Funnel's
     segment pairs) or "lm" (one token stream)."""
-    cfg = _resolve(data_config)
+    cfg = resolved(data_config)
     if cfg.pipeline in ("mlm", "electra"):
         return "sentences" if cfg.segment_pairs else "lm"
     return "sentences" if cfg.pipeline == "xlnet" else "lm"
@@ -92,7 +92,7 @@ def corpus_tokenizer(data_config, split: str = "train"):
     """The tokenizer a data config's pipeline encodes with (its corpus's), without building the pipeline."""
     from data_pipelines import corpus, mixture
 
-    cfg = _resolve(data_config)
+    cfg = resolved(data_config)
     if cfg.sources:
         cfg = _with_source(cfg, mixture.resolve_sources(cfg.sources)[0][0])
     return corpus.corpus_from_config(cfg, split, corpus_layout(cfg)).tokenizer
@@ -175,7 +175,7 @@ def make_pipeline(data_config, *, split: str = "train", process_index: int = 0, 
     """Builds the pipeline for `data_config.pipeline` and `split` ("train", "valid" or "test"). With
     `data.sources`, training reads the weighted mixture (`data_pipelines.mixture`) and evaluation the first
     source's split."""
-    cfg = _resolve(data_config)
+    cfg = resolved(data_config)
     if split not in ("train", "valid", "test"):
         raise ValueError(f"split={split!r}: expected train, valid or test")
     if cfg.sources:
@@ -219,7 +219,7 @@ def mlm_predictions_per_row(data_config) -> Optional[int]:
     d = data_config.to_dict() if hasattr(data_config, "to_dict") else dict(data_config)
     if d.get("pipeline", _COMMON["pipeline"]) not in ("mlm", "electra"):
         return None
-    cfg = _resolve(d)
+    cfg = resolved(d)
     from data_pipelines import mlm
 
     return mlm.predictions_per_row(cfg.seq_len, cfg.mask_prob, cfg.segment_pairs)

@@ -402,11 +402,8 @@ def prepared_corpus(
 
 
 def corpus_from_config(cfg, split: str, layout: str) -> TokenCorpus:
-    """Resolves `data.source` (embedded name, text file or prepared directory) for a split; keys the data config
-    leaves out read their declared defaults (`data_pipelines.default_config`)."""
-    from data_pipelines import _resolve
-
-    cfg = _resolve(cfg)
+    """Resolves `data.source` (embedded name, text file or prepared directory) for a split. `cfg`: a data config
+    with every key of its pipeline (`data_pipelines.resolved`)."""
     source = cfg.source
     src = None if source in EMBEDDED or not source else paths.as_path(source)  # local or gs://
     if src is not None and paths.is_remote(src):

@@ -217,6 +217,7 @@ def group_losses(
     """losses[workdir][c] for a group of Transformer-XL workdirs on the same evaluation tokens."""
     import tqdm
 
+    import data_pipelines
     from data_pipelines.corpus import corpus_from_config
     from xlgen.train.workdir_model import restore_params
 
@@ -226,7 +227,7 @@ def group_losses(
         module = program.make_model(params, train=False)
         if type(module).__name__ != "TransformerXLLM":
             raise ValueError(f"{wd}: RECL is computed for Transformer-XL language models, not {type(module).__name__}")
-        corpus = corpus_from_config(config.data, split, "lm")
+        corpus = corpus_from_config(data_pipelines.resolved(config.data), split, "lm")
         fp = corpus.tokenizer.fingerprint()
         toks = corpus.tokens(0, min(corpus.num_tokens, max_tokens + 1))
         if tokens is None:

@@ -168,10 +168,10 @@ def forward_flops_per_sequence(
 
 
 def _objective_name(config) -> str:
-    """The run's objective (`config.objective`, empty = the system's default)."""
-    from xlgen import registry
+    """The run's objective (`config.objective`, empty = the Funnel system's default, funnel_mlm)."""
+    from xlgen.models.funnel.objectives import FUNNEL_MLM
 
-    return registry.objective(config).name
+    return config.objective or FUNNEL_MLM.name
 
 
 def train_flops_per_step(config) -> float:

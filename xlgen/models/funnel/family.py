@@ -54,7 +54,7 @@ def _squad_outputs(model, batch, *, train: bool):
 FAMILY = Family(
     name="funnel",
     config_class=FunnelConfig,
-    default_objective="funnel_mlm",
+    default_objective=FUNNEL_MLM.name,
     objectives={FUNNEL_MLM.name: FUNNEL_MLM, FUNNEL_ELECTRA.name: FUNNEL_ELECTRA},
     models={"mlm": FunnelForMaskedLM, "electra": FunnelElectra, "base": FunnelBaseModel, "model": FunnelModel},
     layer_ids=layer_ids,

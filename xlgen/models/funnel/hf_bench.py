@@ -14,11 +14,11 @@ from xlgen.models.family import model_config
 def train_model(config):
     import transformers
 
-    from xlgen import registry
     from xlgen.models.funnel.hf_export import hf_config
     from xlgen.models.funnel.model import FunnelConfig
+    from xlgen.models.funnel.objectives import FUNNEL_MLM
 
-    if registry.objective(config).name != "funnel_mlm":
+    if (config.objective or FUNNEL_MLM.name) != FUNNEL_MLM.name:
         raise ValueError(
             f"objective={config.objective!r} has no Hugging Face counterpart in the bench (funnel_mlm has)"
         )
