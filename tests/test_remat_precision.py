@@ -49,17 +49,24 @@ SMALL = {
         "data.seq_len": 16,
     },
 }
-# the remat programs (one compile per policy) at d_model 16: the gradients' equality and the recomputed FLOPs'
-# order depend on the layers' structure, not their width
+# the remat programs (one compile per policy) at d_model 16 and one layer: the gradients' equality and the
+# recomputed FLOPs' order depend on the layer's structure (each layer is wrapped alike), not the width or depth
 REMAT_SMALLER = {
     "txl_tiny.py": {
+        "model.n_layer": 1,
         "model.d_model": 16,
         "model.d_embed": 16,
         "model.n_head": 2,
         "model.d_head": 8,
         "model.d_inner": 32,
     },
-    "xlnet_tiny.py": {"model.d_model": 16, "model.n_head": 2, "model.d_head": 8, "model.d_inner": 32},
+    "xlnet_tiny.py": {
+        "model.n_layer": 1,
+        "model.d_model": 16,
+        "model.n_head": 2,
+        "model.d_head": 8,
+        "model.d_inner": 32,
+    },
     "funnel_tiny.py": {"model.d_model": 16, "model.d_head": 8, "model.d_inner": 32},
 }
 _CPU_FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
