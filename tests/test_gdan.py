@@ -108,14 +108,19 @@ def _gen(v=13, tq=2, seed=0):
 def test_copy_mixture_eq_3_7():
     G = _gen(v=20, tq=3)
     p = jnp.array([[9, 10, 10, 0]])
-    enc, s0 = G.encode(p, jnp.array([3]), jnp.array([1]), jnp.array([1]))
-    carry = (s0, jnp.zeros((1, 16)))
-    _, logp = G.step(enc, p, carry, jnp.array([T.BOS]))
+
+    @nnx.jit
+    def first_step_log_prob(G):
+        """log P(y_1 | <bos>) [1, V] for the paragraph p (one compiled program; the gate's bias is an input)."""
+        enc, s0 = G.encode(p, jnp.array([3]), jnp.array([1]), jnp.array([1]))
+        return G.step(enc, p, (s0, jnp.zeros((1, 16))), jnp.array([T.BOS]))[1]
+
+    logp = first_step_log_prob(G)
     prob = np.exp(np.asarray(logp[0]))
     assert abs(prob.sum() - 1) < 1e-5  # a distribution over the vocabulary
     for bias, inside in ((-60.0, True), (60.0, False)):  # g -> 0: copy only; g -> 1: the vocabulary softmax only
         G.gate.bias[...] = jnp.array([bias])
-        _, lp = G.step(enc, p, carry, jnp.array([T.BOS]))
+        lp = first_step_log_prob(G)
         pr = np.exp(np.asarray(lp[0]))
         if inside:
             assert abs(pr[[9, 10]].sum() - 1) < 1e-5  # only the paragraph's words
@@ -134,14 +139,21 @@ def _questions(allowed):
 def test_sample_log_prob_is_teacher_forced_and_questions_sum_to_one():
     G = _gen()
     rows = (jnp.array([[9, 10, 11, 0]] * 64), jnp.full(64, 3), jnp.full(64, 1), jnp.full(64, 2))
-    q, lps = G.sample(*rows, jax.random.key(1))
-    lp_tf, mask = G.log_prob(*rows, q)
+    allowed = [T.UNK, T.EOS] + list(range(8, 13))
+    qs = jnp.asarray(_questions(allowed))
+    one = tuple(a[:1].repeat(len(qs), 0) for a in rows)
+
+    @nnx.jit
+    def sampled_teacher_forced_and_enumerated(G, key):
+        """(sampled questions, their sampling log P, teacher-forced log P and mask, log P of every question)."""
+        q, lps = G.sample(*rows, key)
+        lp_tf, mask = G.log_prob(*rows, q)
+        return q, lps, lp_tf, mask, G.log_prob(*one, qs)[0]
+
+    q, lps, lp_tf, mask, lp_all = sampled_teacher_forced_and_enumerated(G, jax.random.key(1))
     np.testing.assert_allclose(np.asarray(lps), np.asarray(lp_tf), rtol=1e-5, atol=1e-5)
     assert np.all(np.asarray(mask).sum(1) >= 1)
-    allowed = [T.UNK, T.EOS] + list(range(8, 13))
-    qs = _questions(allowed)
-    one = tuple(a[:1].repeat(len(qs), 0) for a in rows)
-    total = np.exp(np.asarray(G.log_prob(*one, jnp.asarray(qs))[0])).sum()
+    total = np.exp(np.asarray(lp_all)).sum()
     assert abs(total - 1) < 1e-4  # P_G is normalised over all questions (masking after <eos> is right)
     words, n = reader_question(jnp.array([[12, T.EOS, 0], [12, 11, 10]]))
     assert np.asarray(n).tolist() == [1, 3] and np.asarray(words[0]).tolist() == [12, 0, 0]
