@@ -89,10 +89,8 @@ def test_domain_tag_changes_the_readers_answer_probability(family, cfg):
     p = jnp.array([[11, 12, 13, 14, 15, 0], [16, 17, 18, 0, 0, 0]])
     q = jnp.array([[21, 22, 0], [23, 0, 0]])
     args = (p, jnp.array([5, 3]), q, jnp.array([2, 1]))
-    lp = {
-        t: np.asarray(reader.log_prob(D, mc, *args, jnp.full(2, t), jnp.array([1, 0]), jnp.array([2, 2])))
-        for t in (T.D_TRUE, T.D_GEN)
-    }
+    answer_log_prob = nnx.jit(lambda D, tags: reader.log_prob(D, mc, *args, tags, jnp.array([1, 0]), jnp.array([2, 2])))
+    lp = {t: np.asarray(answer_log_prob(D, jnp.full(2, t))) for t in (T.D_TRUE, T.D_GEN)}  # one program, two tags
     assert np.all(lp[T.D_TRUE] < 0) and np.all(np.abs(lp[T.D_TRUE] - lp[T.D_GEN]) > 1e-6)
 
 
