@@ -293,18 +293,32 @@ def test_disc_loss_reads_d_gen_for_generated_questions(fixture_dir):
         batch = {k: jnp.asarray(v) for k, v in gdata.Pipeline(c.data).batch(0).items()}
         key, step = jax.random.key(3), jnp.asarray(10)
         d_loss = dict(game.order)["disc"]
-        loss, aux = d_loss(models, batch, key, step, {})
-        q, ql = system.unlabeled_questions(models, batch, key, c)
 
-        def lp(prefix, qq, qlen, t):
-            rows = [batch[prefix + k] for k in ("p", "plen")]
-            return reader.log_prob(
-                models["disc"], c.model, *rows, qq, qlen, jnp.full(4, t), batch[prefix + "start"], batch[prefix + "end"]
-            )
+        @nnx.jit
+        def loss_and_tagged_references(models, batch, key, step):
+            """(D's loss, {tag: -J(L, d_true) - J(U_G, tag)}) in one compiled program."""
+            loss, _ = d_loss(models, batch, key, step, {})
+            q, ql = system.unlabeled_questions(models, batch, key, c)
 
-        lab = -jnp.mean(lp("l_", batch["l_q"], batch["l_qlen"], T.D_TRUE))
+            def lp(prefix, qq, qlen, t):
+                rows = [batch[prefix + k] for k in ("p", "plen")]
+                return reader.log_prob(
+                    models["disc"],
+                    c.model,
+                    *rows,
+                    qq,
+                    qlen,
+                    jnp.full(4, t),
+                    batch[prefix + "start"],
+                    batch[prefix + "end"],
+                )
+
+            lab = -jnp.mean(lp("l_", batch["l_q"], batch["l_qlen"], T.D_TRUE))
+            return loss, {t: lab - jnp.mean(lp("u_", q, ql, t)) for t in (T.D_TRUE, T.D_GEN)}
+
+        loss, wants = loss_and_tagged_references(models, batch, key, step)
         for t in (T.D_TRUE, T.D_GEN):
-            want = lab - jnp.mean(lp("u_", q, ql, t))
+            want = wants[t]
             assert (abs(float(loss) - float(want)) < 1e-4) == (t == tag), (t, float(loss), float(want))
         assert system.unlabeled_tag(c) == tag
 
