@@ -153,7 +153,9 @@ FAMILY = {
 _CPU_FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def _one_step(config_file, mesh_over):
+def _one_step(config_file, mesh_over, init=None):
+    """(updated parameters, metrics, initial state) of one train step on the mesh `mesh_over` names; the initial
+    state is `init` (a host tree) placed with this program's shardings, or (None) the program's own `init_state`."""
     from xlgen import sharding
     from xlgen.config import load_config
     from xlgen.train import build_program
@@ -166,12 +168,16 @@ def _one_step(config_file, mesh_over):
     rng = np.random.default_rng(0)
     batch = random_train_batch(program, rng)
     with jax.set_mesh(mesh):
-        state, mems = program.init_state()
+        if init is None:
+            state, mems = program.init_state()
+        else:
+            state, mems = jax.device_put(init[0], program.state_shardings), init[1]
         if mems is not None:
             mems = jax.device_put(rng.normal(size=program.mems_shape).astype(mems.dtype), program.mems_sharding)
+        host_state = jax.tree.map(np.asarray, state)
         step = program.train_step.lower(state, batch, mems).compile(compiler_options=_CPU_FAST)
         new_state, _, metrics = step(state, batch, mems)
-    return jax.tree.map(np.asarray, (new_state["params"], metrics))
+    return (*jax.tree.map(np.asarray, (new_state["params"], metrics)), (host_state, mems))
 
 
 @pytest.mark.parametrize("config_file", list(FAMILY))
@@ -188,10 +194,13 @@ def test_constrained_step_on_2x2x2_mesh_equals_one_device(config_file):
     into an abort, the 1200 s one into a 20-minute hang. The tests size XLA:CPU's pools at 8 threads per device
     (`PJRT_NPROC`, `test_train_utils.CPU_THREADS_PER_DEVICE`), several times the 2 a device held here; 4,500 executions of the adaptive steps (1,500 each of
     adaptive / fsdp, adaptive / fsdp_tp, adaptive_rows / fsdp) then ran clean under load."""
-    p1, m1 = _one_step(config_file, ONE)
+    p1, m1, init1 = _one_step(config_file, ONE)
     assert np.isfinite(m1["loss"]) and m1["grad_norm"] > 0
+    init8 = None  # the 8-device init state, compiled once (fsdp) and placed with the fsdp_tp shardings
     for rules in ("fsdp", "fsdp_tp"):
-        p2, m2 = _one_step(config_file, {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.rules": rules})
+        mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.rules": rules}
+        p2, m2, init8 = _one_step(config_file, mesh, init8)
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b, err_msg=f"{rules} init"), init8[0], init1[0])
         np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=1e-5, err_msg=rules)
         np.testing.assert_allclose(m2["grad_norm"], m1["grad_norm"], rtol=1e-5, err_msg=rules)
         for k in p1:
