@@ -89,10 +89,8 @@ def test_domain_tag_changes_the_readers_answer_probability(family, cfg):
     p = jnp.array([[11, 12, 13, 14, 15, 0], [16, 17, 18, 0, 0, 0]])
     q = jnp.array([[21, 22, 0], [23, 0, 0]])
     args = (p, jnp.array([5, 3]), q, jnp.array([2, 1]))
-    lp = {
-        t: np.asarray(reader.log_prob(D, mc, *args, jnp.full(2, t), jnp.array([1, 0]), jnp.array([2, 2])))
-        for t in (T.D_TRUE, T.D_GEN)
-    }
+    answer_log_prob = nnx.jit(lambda D, tags: reader.log_prob(D, mc, *args, tags, jnp.array([1, 0]), jnp.array([2, 2])))
+    lp = {t: np.asarray(answer_log_prob(D, jnp.full(2, t))) for t in (T.D_TRUE, T.D_GEN)}  # one program, two tags
     assert np.all(lp[T.D_TRUE] < 0) and np.all(np.abs(lp[T.D_TRUE] - lp[T.D_GEN]) > 1e-6)
 
 
@@ -108,14 +106,19 @@ def _gen(v=13, tq=2, seed=0):
 def test_copy_mixture_eq_3_7():
     G = _gen(v=20, tq=3)
     p = jnp.array([[9, 10, 10, 0]])
-    enc, s0 = G.encode(p, jnp.array([3]), jnp.array([1]), jnp.array([1]))
-    carry = (s0, jnp.zeros((1, 16)))
-    _, logp = G.step(enc, p, carry, jnp.array([T.BOS]))
+
+    @nnx.jit
+    def first_step_log_prob(G):
+        """log P(y_1 | <bos>) [1, V] for the paragraph p (one compiled program; the gate's bias is an input)."""
+        enc, s0 = G.encode(p, jnp.array([3]), jnp.array([1]), jnp.array([1]))
+        return G.step(enc, p, (s0, jnp.zeros((1, 16))), jnp.array([T.BOS]))[1]
+
+    logp = first_step_log_prob(G)
     prob = np.exp(np.asarray(logp[0]))
     assert abs(prob.sum() - 1) < 1e-5  # a distribution over the vocabulary
     for bias, inside in ((-60.0, True), (60.0, False)):  # g -> 0: copy only; g -> 1: the vocabulary softmax only
         G.gate.bias[...] = jnp.array([bias])
-        _, lp = G.step(enc, p, carry, jnp.array([T.BOS]))
+        lp = first_step_log_prob(G)
         pr = np.exp(np.asarray(lp[0]))
         if inside:
             assert abs(pr[[9, 10]].sum() - 1) < 1e-5  # only the paragraph's words
@@ -134,14 +137,21 @@ def _questions(allowed):
 def test_sample_log_prob_is_teacher_forced_and_questions_sum_to_one():
     G = _gen()
     rows = (jnp.array([[9, 10, 11, 0]] * 64), jnp.full(64, 3), jnp.full(64, 1), jnp.full(64, 2))
-    q, lps = G.sample(*rows, jax.random.key(1))
-    lp_tf, mask = G.log_prob(*rows, q)
+    allowed = [T.UNK, T.EOS] + list(range(8, 13))
+    qs = jnp.asarray(_questions(allowed))
+    one = tuple(a[:1].repeat(len(qs), 0) for a in rows)
+
+    @nnx.jit
+    def sampled_teacher_forced_and_enumerated(G, key):
+        """(sampled questions, their sampling log P, teacher-forced log P and mask, log P of every question)."""
+        q, lps = G.sample(*rows, key)
+        lp_tf, mask = G.log_prob(*rows, q)
+        return q, lps, lp_tf, mask, G.log_prob(*one, qs)[0]
+
+    q, lps, lp_tf, mask, lp_all = sampled_teacher_forced_and_enumerated(G, jax.random.key(1))
     np.testing.assert_allclose(np.asarray(lps), np.asarray(lp_tf), rtol=1e-5, atol=1e-5)
     assert np.all(np.asarray(mask).sum(1) >= 1)
-    allowed = [T.UNK, T.EOS] + list(range(8, 13))
-    qs = _questions(allowed)
-    one = tuple(a[:1].repeat(len(qs), 0) for a in rows)
-    total = np.exp(np.asarray(G.log_prob(*one, jnp.asarray(qs))[0])).sum()
+    total = np.exp(np.asarray(lp_all)).sum()
     assert abs(total - 1) < 1e-4  # P_G is normalised over all questions (masking after <eos> is right)
     words, n = reader_question(jnp.array([[12, T.EOS, 0], [12, 11, 10]]))
     assert np.asarray(n).tolist() == [1, 3] and np.asarray(words[0]).tolist() == [12, 0, 0]
@@ -166,30 +176,38 @@ def test_reinforce_gradient_exact_finite_difference_and_monte_carlo():
     def J(ps):
         return jnp.sum(jnp.exp(logp_all(ps)) * rewards)
 
-    exact = jax.grad(J)(params)
-    # expected REINFORCE gradient: sum_q P(q) (r - b) grad log P(q), b = 0.3 (a constant)
-    probs = jax.lax.stop_gradient(jnp.exp(logp_all(params)))
-    expected = jax.grad(lambda ps: len(qs) * system.reinforce_loss(probs * logp_all(ps), rewards, 0.3))(params)
+    n = 20000  # Monte Carlo sample size
+
+    @jax.jit
+    def gradients(ps, d, key):
+        """One program: dJ/dtheta; the expected REINFORCE gradient sum_q P(q) (r - b) grad log P(q) with b = 0.3 (a
+        constant); J's central finite difference along d; the system's loss gradient on n sampled questions with
+        baseline = their mean reward (and whether every sample is one of the enumerated questions)."""
+        probs = jax.lax.stop_gradient(jnp.exp(logp_all(ps)))
+        expected = jax.grad(lambda p: len(qs) * system.reinforce_loss(probs * logp_all(p), rewards, 0.3))(ps)
+        eps = 1e-3
+        shift = lambda s: jax.tree.map(lambda x, y: x + s * y, ps, d)  # noqa: E731
+        fd = (J(shift(eps)) - J(shift(-eps))) / (2 * eps)
+        rows = tuple(a.repeat(n, 0) for a in row)
+        q, _ = nnx.merge(gd, ps, rest).sample(*rows, key)
+        match = (q[:, None, :] == qs[None, :, :]).all(-1)  # [n, len(qs)]: which enumerated question was sampled
+        r = rewards[jnp.argmax(match, -1)]
+
+        def loss(p):
+            return system.reinforce_loss(nnx.merge(gd, p, rest).log_prob(*rows, q)[0], r, jnp.mean(r))
+
+        return jax.grad(J)(ps), expected, fd, jax.grad(loss)(ps), match.any(-1).all()
+
+    d = jax.tree.map(lambda x: jnp.asarray(np.random.default_rng(1).normal(size=x.shape), x.dtype), params)
+    exact, expected, fd, mc_grad, enumerated = gradients(params, d, jax.random.key(7))
     flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(t)])  # noqa: E731
     np.testing.assert_allclose(-flat(expected), flat(exact), rtol=1e-4, atol=1e-6)
     # central finite differences of J along a random direction
-    d = jax.tree.map(lambda x: jnp.asarray(np.random.default_rng(1).normal(size=x.shape), x.dtype), params)
-    eps = 1e-3
-    shift = lambda s: jax.tree.map(lambda x, y: x + s * y, params, d)  # noqa: E731
-    fd = (J(shift(eps)) - J(shift(-eps))) / (2 * eps)
     directional = float(flat(exact) @ flat(d))
     assert abs(float(fd) - directional) < 2e-3 * max(1.0, abs(directional))
-    # Monte Carlo: the system's loss on N sampled questions, baseline = their mean reward
-    n = 20000
-    rows = tuple(a.repeat(n, 0) for a in row)
-    table = {tuple(np.asarray(q).tolist()): i for i, q in enumerate(qs)}
-    q, _ = G.sample(*rows, jax.random.key(7))
-    r = rewards[jnp.asarray([table[tuple(x)] for x in np.asarray(q).tolist()])]
-
-    def loss(ps):
-        return system.reinforce_loss(nnx.merge(gd, ps, rest).log_prob(*rows, q)[0], r, jnp.mean(r))
-
-    mc = -flat(jax.grad(loss)(params))
+    # Monte Carlo: every sample is an enumerated question; the estimate converges to the exact gradient
+    assert bool(enumerated)
+    mc = -flat(mc_grad)
     cos = mc @ flat(exact) / (np.linalg.norm(mc) * np.linalg.norm(flat(exact)))
     assert cos > 0.97 and 0.85 < np.linalg.norm(mc) / np.linalg.norm(flat(exact)) < 1.15
 
@@ -275,18 +293,32 @@ def test_disc_loss_reads_d_gen_for_generated_questions(fixture_dir):
         batch = {k: jnp.asarray(v) for k, v in gdata.Pipeline(c.data).batch(0).items()}
         key, step = jax.random.key(3), jnp.asarray(10)
         d_loss = dict(game.order)["disc"]
-        loss, aux = d_loss(models, batch, key, step, {})
-        q, ql = system.unlabeled_questions(models, batch, key, c)
 
-        def lp(prefix, qq, qlen, t):
-            rows = [batch[prefix + k] for k in ("p", "plen")]
-            return reader.log_prob(
-                models["disc"], c.model, *rows, qq, qlen, jnp.full(4, t), batch[prefix + "start"], batch[prefix + "end"]
-            )
+        @nnx.jit
+        def loss_and_tagged_references(models, batch, key, step):
+            """(D's loss, {tag: -J(L, d_true) - J(U_G, tag)}) in one compiled program."""
+            loss, _ = d_loss(models, batch, key, step, {})
+            q, ql = system.unlabeled_questions(models, batch, key, c)
 
-        lab = -jnp.mean(lp("l_", batch["l_q"], batch["l_qlen"], T.D_TRUE))
+            def lp(prefix, qq, qlen, t):
+                rows = [batch[prefix + k] for k in ("p", "plen")]
+                return reader.log_prob(
+                    models["disc"],
+                    c.model,
+                    *rows,
+                    qq,
+                    qlen,
+                    jnp.full(4, t),
+                    batch[prefix + "start"],
+                    batch[prefix + "end"],
+                )
+
+            lab = -jnp.mean(lp("l_", batch["l_q"], batch["l_qlen"], T.D_TRUE))
+            return loss, {t: lab - jnp.mean(lp("u_", q, ql, t)) for t in (T.D_TRUE, T.D_GEN)}
+
+        loss, wants = loss_and_tagged_references(models, batch, key, step)
         for t in (T.D_TRUE, T.D_GEN):
-            want = lab - jnp.mean(lp("u_", q, ql, t))
+            want = wants[t]
             assert (abs(float(loss) - float(want)) < 1e-4) == (t == tag), (t, float(loss), float(want))
         assert system.unlabeled_tag(c) == tag
 
